@@ -1,0 +1,94 @@
+"""Device, architecture and version facts; the one place that branches on the Triton version.
+
+Importing this module switches Triton's interpreter on (TRITON_INTERPRET=1) when no CUDA device is
+present, so that every kernel runs on the CPU. It must therefore be imported before any kernel is defined.
+"""
+import functools
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402  (after the interpreter switch)
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false")
+TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
+# The device a kernel runs on: CUDA tensors, or CPU tensors under the interpreter.
+KERNEL_DEVICE = "cpu" if INTERPRET else "cuda"
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device_index: int = 0) -> int:
+    if INTERPRET:
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def is_hopper(device_index: int = 0) -> bool:
+    """True on sm_90 (H100/H200), where TMA tensor descriptors and wgmma are available."""
+    return not INTERPRET and torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_name() -> str:
+    return torch.cuda.get_device_name() if HAS_CUDA else "cpu (Triton interpreter)"
+
+
+def gpu_slug() -> str:
+    """Short name for result folders: 'h100', 'h200', or 'cpu'."""
+    name = gpu_name().lower()
+    for slug in ("h200", "h100", "a100", "l40s", "l4"):
+        if slug in name:
+            return slug
+    return "cpu" if not HAS_CUDA else name.replace("nvidia", "").strip().replace(" ", "-")
+
+
+def _alloc_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device=KERNEL_DEVICE)
+
+
+# Device-side tensor descriptors (tl.make_tensor_descriptor) need a scratch allocator.
+triton.set_allocator(_alloc_scratch)
+
+
+def check_kernel_device(op: str, **tensors: torch.Tensor) -> torch.device:
+    """Checks that every tensor is on one device that the kernels can run on; returns it.
+
+    Raises RuntimeError (torch's type for device mismatches) naming the offending argument.
+    """
+    device = None
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a Tensor, got {type(t).__name__}")
+        if t.device.type != KERNEL_DEVICE:
+            where = "the Triton interpreter is on" if INTERPRET else "the Triton interpreter is off"
+            raise RuntimeError(
+                f"{op}: argument '{name}' is on {t.device}, but {where}: "
+                f"dropin kernels need {KERNEL_DEVICE} tensors here")
+        if device is None:
+            device, first = t.device, name
+        elif t.device != device:
+            raise RuntimeError(
+                f"{op}: expected all tensors on the same device, but '{first}' is on {device} "
+                f"and '{name}' is on {t.device}")
+    return device
+
+
+def info() -> dict:
+    """Facts printed by `dropin info` and stored in every result file."""
+    import dropin
+    return {
+        "gpu": gpu_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dropin": dropin.__version__,
+        "interpreter": INTERPRET,
+        "cuda": torch.version.cuda,
+    }

@@ -1,0 +1,79 @@
+"""Config choice for the tiled kernels: pruned candidate lists, bucketed keys and an on-disk cache.
+
+A kernel asks `pick(name, key, configs, run)`; the first call for a key times each candidate with
+`triton.testing.do_bench` (on the GPU only) and remembers the winner in memory and on disk
+(`$DROPIN_CACHE_DIR`, default ~/.cache/dropin). Under the interpreter, or with DROPIN_AUTOTUNE=0, no
+timing happens: the first candidate (the heuristic default) is used.
+"""
+import json
+import os
+import pathlib
+
+import triton
+
+from .. import _runtime
+
+TUNING = not _runtime.INTERPRET and os.environ.get("DROPIN_AUTOTUNE", "1") != "0"
+_CACHE_DIR = pathlib.Path(os.environ.get("DROPIN_CACHE_DIR", pathlib.Path.home() / ".cache" / "dropin"))
+_memory: dict = {}
+_disk: dict | None = None
+
+
+def bucket(n: int) -> int:
+    """Sizes that share a config: the next power of two (at least 16)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def _cache_file() -> pathlib.Path:
+    return _CACHE_DIR / f"autotune-{_runtime.gpu_slug()}-triton{triton.__version__}.json"
+
+
+def _load_disk() -> dict:
+    global _disk
+    if _disk is None:
+        try:
+            _disk = json.loads(_cache_file().read_text())
+        except (OSError, ValueError):
+            _disk = {}
+    return _disk
+
+
+def _save_disk(key: str, config: dict) -> None:
+    disk = _load_disk()
+    disk[key] = config
+    try:
+        _CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = _cache_file().with_suffix(".tmp")
+        tmp.write_text(json.dumps(disk, indent=0, sort_keys=True))
+        tmp.replace(_cache_file())
+    except OSError:
+        pass  # a read-only home only costs re-tuning in the next process
+
+
+def _time(run, config) -> float:
+    try:
+        return triton.testing.do_bench(lambda: run(config), warmup=5, rep=25)
+    except triton.runtime.errors.OutOfResources:
+        return float("inf")
+
+
+def pick(name: str, key: tuple, configs: list, run) -> dict:
+    """The config for `key`: cached, else the fastest of `configs` by `run(config)`, else configs[0]."""
+    full_key = f"{name}|{'|'.join(map(str, key))}"
+    config = _memory.get(full_key)
+    if config is not None:
+        return config
+    config = _load_disk().get(full_key)
+    if config not in configs:
+        config = configs[0]
+        if TUNING and len(configs) > 1:
+            times = [_time(run, c) for c in configs]
+            config = configs[min(range(len(configs)), key=times.__getitem__)]
+            _save_disk(full_key, config)
+    _memory[full_key] = config
+    return config
+
+
+def config(block_m, block_n, block_k, warps, stages, **extra) -> dict:
+    """A candidate: block sizes, launch settings and any kernel-specific constexprs."""
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages, **extra)

@@ -1,0 +1,484 @@
+"""Matrix products: matmul, bmm and linear with a fused bias + activation epilogue; forward and backward.
+
+Every product is brought to one canonical form, C[b] = act(A[b] @ B[b] + bias), A: [B, M, K] and
+B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp32 by one of two kernels:
+- `_mm_tma_kernel` (Hopper): persistent grid, TMA tensor descriptors, wgmma. Needs each operand to have
+  one unit stride among its two matrix dims and 16-byte aligned other strides; A and B may each be
+  row- or column-major.
+- `_mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
+float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise
+full fp32 accuracy through "tf32x3" (each operand split into two tf32 halves, three tensor-core
+products, error of the order of fp32 rounding).
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from . import _autotune
+from .activations import activation_grad, activation_ref, apply_activation, check_activation
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# --- 1. References ----------------------------------------------------------------------------------
+
+def matmul_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a, b)
+
+
+def bmm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.bmm(a, b)
+
+
+def linear_ref(x, weight, bias=None, activation=None) -> torch.Tensor:
+    return activation_ref(F.linear(x, weight, bias), activation)
+
+
+# --- 2. Kernels -------------------------------------------------------------------------------------
+
+@triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row-tiles sweep the columns together, so tiles of B are reused from L2."""
+    width = GROUP_M * num_pid_n
+    first_m = (tile // width) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % group_m
+    pid_n = (tile % width) // group_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc = acc + bias.to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+               M, N, K,
+               stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+               HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """One output tile per program; grid (tiles, batch). C and Z are contiguous [batch, M, N]."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    batch = tl.program_id(1).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask; stores are masked.
+    a_ptrs = (a_ptr + batch * stride_ab + (offs_m % M).to(tl.int64)[:, None] * stride_am
+              + offs_k[None, :] * stride_ak)
+    b_ptrs = (b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk
+              + (offs_n % N).to(tl.int64)[None, :] * stride_bn)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+    offs_c = batch * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if STORE_Z:
+        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+                   M, N, K, BATCH,
+                   stride_ab, stride_a, stride_bb, stride_b,
+                   A_T: tl.constexpr, B_T: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Persistent: NUM_SMS programs walk the [batch, m, n] tiles. A is stored [BATCH, M, K] (A_T: [BATCH, K, M])
+    with unit inner stride and outer stride `stride_a`; likewise B [BATCH, K, N] (B_T: [BATCH, N, K])."""
+    if A_T:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, K, M], [stride_ab, stride_a, 1], [1, BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, M, K], [stride_ab, stride_a, 1], [1, BLOCK_M, BLOCK_K])
+    if B_T:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, N, K], [stride_bb, stride_b, 1], [1, BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, K, N], [stride_bb, stride_b, 1], [1, BLOCK_K, BLOCK_N])
+    c_desc = tl.make_tensor_descriptor(c_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
+    if STORE_Z:
+        z_desc = tl.make_tensor_descriptor(z_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # The epilogue recomputes its tile from a counter of its own, which keeps it out of the load pipeline.
+    tile_c = tl.program_id(0) - NUM_SMS
+    for tile in tl.range(tl.program_id(0), BATCH * tiles, NUM_SMS, flatten=True, warp_specialize=WARP_SPECIALIZE):
+        batch = tile // tiles
+        pid_m, pid_n = _tile_coords(tile % tiles, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            if A_T:
+                a = a_desc.load([batch, off_k, off_m]).reshape(BLOCK_K, BLOCK_M).T
+            else:
+                a = a_desc.load([batch, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
+            if B_T:
+                b = b_desc.load([batch, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
+            else:
+                b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        tile_c += NUM_SMS
+        batch_c = tile_c // tiles
+        pid_m, pid_n = _tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)
+        acc = _add_bias(acc, bias_ptr, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N, HAS_BIAS)
+        if STORE_Z:
+            z_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N],
+                         acc.to(z_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
+        c = apply_activation(acc, ACT).to(c_ptr.dtype.element_ty)
+        c_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N], c.reshape(1, BLOCK_M, BLOCK_N))
+
+
+@triton.jit
+def _act_grad_kernel(gy_ptr, z_ptr, gz_ptr, sum_ptr,
+                     R, N, stride_gr, stride_gn, rows_per_program,
+                     ACT: tl.constexpr, COL_SUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """grad_z = grad_y * act'(z) for [R, N] rows (when ACT != "none"), and the column sums of grad_z over
+    this program's rows into sum[program_id(1), :] (when COL_SUM). z, grad_z and sum are contiguous."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_start = tl.program_id(1) * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, R)
+    col_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for r in range(row_start, row_end, BLOCK_R):
+        offs_r = (r + tl.arange(0, BLOCK_R)).to(tl.int64)
+        mask = (offs_r < row_end)[:, None] & (offs_n < N)[None, :]
+        g = tl.load(gy_ptr + offs_r[:, None] * stride_gr + offs_n[None, :] * stride_gn, mask=mask, other=0.0)
+        g = g.to(tl.float32)
+        if ACT != "none":
+            offs = offs_r[:, None] * N + offs_n[None, :]
+            z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            g = (g * activation_grad(z, ACT)).to(gz_ptr.dtype.element_ty)
+            tl.store(gz_ptr + offs, g, mask=mask)
+        if COL_SUM:
+            col_sum += tl.sum(g.to(tl.float32), axis=0)
+    if COL_SUM:
+        tl.store(sum_ptr + tl.program_id(1) * N + offs_n, col_sum.to(sum_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+# --- 3. Launchers -----------------------------------------------------------------------------------
+
+_cfg = _autotune.config
+# Hopper TMA kernel, 16-bit and 32-bit operands: the largest tiles first (the default when not tuning).
+_TMA_CONFIGS = {
+    2: [_cfg(128, 256, 64, 8, 3, WARP_SPECIALIZE=False), _cfg(128, 256, 64, 8, 3, WARP_SPECIALIZE=True),
+        _cfg(128, 128, 64, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 128, 64, 4, 4, WARP_SPECIALIZE=True),
+        _cfg(64, 128, 64, 4, 4, WARP_SPECIALIZE=False), _cfg(64, 64, 128, 4, 4, WARP_SPECIALIZE=False),
+        _cfg(64, 64, 128, 4, 6, WARP_SPECIALIZE=False), _cfg(64, 32, 256, 4, 4, WARP_SPECIALIZE=False)],
+    4: [_cfg(128, 128, 32, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 128, 32, 8, 3, WARP_SPECIALIZE=True),
+        _cfg(128, 128, 64, 8, 2, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),
+        _cfg(64, 64, 64, 4, 3, WARP_SPECIALIZE=False), _cfg(64, 32, 64, 4, 3, WARP_SPECIALIZE=False)],
+}
+_PTR_CONFIGS = {
+    2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 64, 4, 4), _cfg(128, 16, 64, 4, 4),
+        _cfg(32, 64, 128, 4, 3), _cfg(16, 64, 256, 4, 3), _cfg(16, 32, 256, 4, 4), _cfg(16, 16, 256, 4, 2)],
+    4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 64, 32, 4, 4), _cfg(256, 16, 64, 8, 3),
+        _cfg(128, 16, 64, 4, 4), _cfg(64, 16, 128, 4, 4), _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2),
+        _cfg(16, 16, 256, 4, 2)],
+}
+
+
+def _fits(configs, M, N, min_m=16):
+    """Drops candidates whose tile is larger than the bucketed problem; keeps the smallest if none fits."""
+    bm, bn = max(min_m, _autotune.bucket(M)), _autotune.bucket(N)
+    fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn]
+    return fitting or configs[-1:]
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if dtype != torch.float32:
+        return "ieee"  # ignored for 16-bit operands
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
+
+
+def _tma_layout(t: torch.Tensor):
+    """(transposed, outer stride, batch stride) when `t` [B, R, C] suits a TMA descriptor, else None."""
+    size = t.element_size()
+    batch, rows, cols = t.shape
+    sb, sr, sc = t.stride()
+    if t.data_ptr() % 16:
+        return None
+    if sc == 1 and rows > 1 and (sr * size) % 16 == 0:
+        transposed, outer, extent = False, sr, rows
+    elif sr == 1 and (sc * size) % 16 == 0:
+        transposed, outer, extent = True, sc, cols
+    else:
+        return None
+    if batch == 1:
+        sb = outer * extent  # unused, but the descriptor needs a valid stride
+    elif sb == 0 or (sb * size) % 16:
+        return None
+    return transposed, outer, sb
+
+
+_plans: dict = {}
+
+
+def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] = None):
+    """C = act(A @ B + bias) for A [B, M, K], B [B, K, N] (same batch, any strides), bias [N] or None.
+    Returns (C, Z): C contiguous [B, M, N]; Z = A @ B + bias when save_preact (else an empty tensor).
+    `tma` forces the kernel choice (tests); None picks the TMA kernel wherever it applies.
+    The launch plan (kernel, grid, config) is made once per signature and reused: small products are
+    bound by launch cost."""
+    batch, M, K = a.shape
+    N = b.shape[2]
+    c = a.new_empty((batch, M, N))
+    z = a.new_empty((batch, M, N) if save_preact else (0,))
+    if c.numel() == 0:
+        return c, z
+    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16, b.data_ptr() % 16,
+           bias is None, activation, save_preact, _precision(a.dtype), tma)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 4096:
+            _plans.clear()
+        plan = _plans[key] = _make_plan(a, b, c, bias, z, activation, save_preact, tma)
+    plan(a, b, c, c if bias is None else bias, z)
+    return c, z
+
+
+def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
+    """Chooses the kernel and its config for this signature (tuning on first use); returns the launcher."""
+    batch, M, K = a.shape
+    N = b.shape[2]
+    a_layout, b_layout = _tma_layout(a), _tma_layout(b)
+    size = a.element_size()
+    if tma is None:
+        tma = (_runtime.is_hopper(a.device.index or 0) and K > 0 and a_layout is not None
+               and b_layout is not None and (N * size) % 16 == 0)
+    common = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact,
+                  PRECISION=_precision(a.dtype), GROUP_M=8)
+    if tma:
+        num_sms = _runtime.num_sms(a.device.index or 0)
+        scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
+        common.update(A_T=a_layout[0], B_T=b_layout[0], NUM_SMS=num_sms)
+
+        def launcher(cfg):
+            grid = (min(num_sms, batch * triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])),)
+            return lambda a, b, c, bias, z: _mm_tma_kernel[grid](a, b, c, bias, z, *scalars, **common, **cfg)
+
+        configs = _fits(_TMA_CONFIGS[size], M, N, min_m=64)
+        key = ("tma", a.dtype, common["PRECISION"], a_layout[0], b_layout[0])
+    else:
+        scalars = (M, N, K, *a.stride(), *b.stride())
+
+        def launcher(cfg):
+            grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), batch)
+            return lambda a, b, c, bias, z: _mm_kernel[grid](a, b, c, bias, z, *scalars, **common, **cfg)
+
+        configs = _fits(_PTR_CONFIGS[min(size, 4)], M, N)
+        key = ("ptr", a.dtype, common["PRECISION"], a.stride(1) == 1, b.stride(1) == 1)
+    key += tuple(map(_autotune.bucket, (batch, M, N, K)))
+    args = (a, b, c, c if bias is None else bias, z)
+    return launcher(_autotune.pick("matmul", key, configs, lambda cfg: launcher(cfg)(*args)))
+
+
+def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool):
+    """(grad_z, grad_bias) for y = act(z): grad_z [.., N] (empty for activation "none", where it is grad_y)
+    and the bias gradient, grad_z summed over every row (empty unless bias_grad)."""
+    N = grad_y.shape[-1]
+    g2 = grad_y.reshape(-1, N)
+    R = g2.shape[0]
+    grad_z = torch.empty_like(grad_y, memory_format=torch.contiguous_format) if activation != "none" \
+        else grad_y.new_empty(0)
+    grad_bias = grad_y.new_empty(N if bias_grad else 0)
+    if R * N == 0:
+        return grad_z, grad_bias.zero_()
+    block_r, block_n = 32, min(128, triton.next_power_of_2(N))
+    n_blocks = triton.cdiv(N, block_n)
+    splits = min(triton.cdiv(R, block_r), max(1, 2 * _runtime.num_sms(grad_y.device.index or 0) // n_blocks))
+    rows = triton.cdiv(triton.cdiv(R, splits), block_r) * block_r
+    splits = triton.cdiv(R, rows)
+    partial = grad_bias.view(1, N) if (splits == 1 and bias_grad) else \
+        torch.empty((splits, N) if bias_grad else (0,), device=grad_y.device, dtype=torch.float32)
+    _act_grad_kernel[(n_blocks, splits)](g2, g2 if z is None else z, grad_z, partial, R, N, *g2.stride(), rows,
+                                         ACT=activation, COL_SUM=bias_grad, BLOCK_R=block_r, BLOCK_N=block_n)
+    if bias_grad and splits > 1:
+        _act_grad_kernel[(n_blocks, 1)](partial, partial, partial, grad_bias, splits, N, N, 1, splits,
+                                        ACT="none", COL_SUM=True, BLOCK_R=block_r, BLOCK_N=block_n)
+    return grad_z, grad_bias
+
+
+# --- 4. Registration as custom ops (what torch.compile traces) -------------------------------------
+
+@torch.library.custom_op("dropin::mm", mutates_args=())
+def _mm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: str,
+           save_preact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _mm_impl(a, b, bias, activation, save_preact)
+
+
+@_mm_op.register_fake
+def _(a, b, bias, activation, save_preact):
+    shape = (a.shape[0], a.shape[1], b.shape[2])
+    return a.new_empty(shape), a.new_empty(shape if save_preact else (0,))
+
+
+@torch.library.custom_op("dropin::act_grad", mutates_args=())
+def _act_grad_op(grad_y: torch.Tensor, z: Optional[torch.Tensor], activation: str,
+                 bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _act_grad_impl(grad_y, z, activation, bias_grad)
+
+
+@_act_grad_op.register_fake
+def _(grad_y, z, activation, bias_grad):
+    grad_z = torch.empty_like(grad_y) if activation != "none" else grad_y.new_empty(0)
+    return grad_z, grad_y.new_empty(grad_y.shape[-1] if bias_grad else 0)
+
+
+def _mm(*args):
+    """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
+    return (_mm_op if torch.compiler.is_compiling() else _mm_impl)(*args)
+
+
+def _act_grad(*args):
+    return (_act_grad_op if torch.compiler.is_compiling() else _act_grad_impl)(*args)
+
+
+# --- 5. Autograd --------------------------------------------------------------------------------------
+
+def _product_like(x, y, like):
+    """x @ y, computed in the memory layout of `like` (column-major when `like` is), so that a gradient
+    lands in its parameter's own layout without a copy."""
+    if like.stride(1) == 1 and like.stride(2) != 1:
+        return _mm(y.mT, x.mT, None, "none", False)[0].mT
+    return _mm(x, y, None, "none", False)[0]
+
+
+class _MatmulFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, bias, activation):
+        save_preact = activation != "none" and any(ctx.needs_input_grad[:3])
+        c, z = _mm(a, b, bias, activation, save_preact)
+        ctx.save_for_backward(a, b, z if save_preact else None)
+        ctx.activation = activation
+        return c
+
+    @staticmethod
+    def backward(ctx, grad_c):
+        a, b, z = ctx.saved_tensors
+        need_a, need_b, need_bias, _ = ctx.needs_input_grad
+        grad_z, grad_bias = grad_c, None
+        if ctx.activation != "none" or need_bias:
+            gz, gbias = _act_grad(grad_c, z, ctx.activation, need_bias)
+            grad_z = gz if ctx.activation != "none" else grad_c
+            grad_bias = gbias if need_bias else None
+        grad_a = _product_like(grad_z, b.mT, a) if need_a else None
+        grad_b = _product_like(a.mT, grad_z, b) if need_b else None
+        return grad_a, grad_b, grad_bias, None
+
+
+# --- 6. Public functions -------------------------------------------------------------------------------
+
+def _check(op: str, **tensors) -> None:
+    """Types, device and dtype of the operands; errors of torch's own types, naming the argument."""
+    _runtime.check_kernel_device(op, **tensors)
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.dtype not in _DTYPES:
+            raise RuntimeError(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
+        if first is None:
+            first = name, t.dtype
+        elif t.dtype != first[1]:
+            raise RuntimeError(f"{op}: expected '{first[0]}' and '{name}' to have the same dtype, "
+                               f"but got {first[1]} and {t.dtype}")
+
+
+def _autocast(*tensors):
+    """Casts floating operands the way torch.autocast casts them for matmul / linear."""
+    device_type = tensors[0].device.type
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t if t is None or t.dtype == torch.float64 else t.to(dtype) for t in tensors)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`torch.matmul(a, b)`: 1-D, 2-D and batched operands with broadcast batch dims, any strides.
+
+    float32 / float16 / bfloat16 (both the same), fp32 accumulation; float32 uses tf32 only where torch
+    would (`torch.backends.cuda.matmul.allow_tf32`)."""
+    for name, t in (("a", a), ("b", b)):
+        if isinstance(t, torch.Tensor) and t.dim() == 0:
+            raise RuntimeError(f"matmul: both arguments need to be at least 1-D, but '{name}' is 0-D")
+    _check("matmul", a=a, b=b)
+    a, b = _autocast(a, b)
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    (M, K), (K2, N) = a2.shape[-2:], b2.shape[-2:]
+    if K != K2:
+        raise RuntimeError(f"matmul: 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} cannot be multiplied "
+                           f"(inner dimensions {K} and {K2})")
+    try:
+        batch = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except RuntimeError as e:
+        raise RuntimeError(f"matmul: batch dimensions of 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} "
+                           f"do not broadcast") from e
+    if b2.dim() == 2 and a2.dim() > 2:  # fold a's batch into M: one large product
+        c = _MatmulFunction.apply(a2.reshape(1, -1, K), b2.unsqueeze(0), None, "none")
+    else:
+        a3 = a2.expand(*batch, M, K).reshape(-1, M, K)
+        b3 = b2.expand(*batch, K, N).reshape(-1, K, N)
+        c = _MatmulFunction.apply(a3, b3, None, "none")
+    c = c.view(*batch, M, N)
+    if a.dim() == 1:
+        c = c.squeeze(-2)
+    if b.dim() == 1:
+        c = c.squeeze(-1)
+    return c
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`torch.bmm(a, b)`: a [B, M, K] @ b [B, K, N] -> [B, M, N], any strides."""
+    for name, t in (("a", a), ("b", b)):
+        if isinstance(t, torch.Tensor) and t.dim() != 3:
+            raise RuntimeError(f"bmm: argument '{name}' must be a 3-D tensor, got {t.dim()}-D")
+    _check("bmm", a=a, b=b)
+    a, b = _autocast(a, b)
+    if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise RuntimeError(f"bmm: 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} have mismatched "
+                           f"batch or inner dimensions")
+    return _MatmulFunction.apply(a, b, None, "none")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None) -> torch.Tensor:
+    """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
+    bias [N] or None; activation None, "relu", "gelu", "gelu_tanh" or "silu"."""
+    act = check_activation(activation)
+    if isinstance(x, torch.Tensor) and x.dim() == 0:
+        raise RuntimeError("linear: argument 'x' must be at least 1-D, got 0-D")
+    if isinstance(weight, torch.Tensor) and weight.dim() not in (1, 2):
+        raise RuntimeError(f"linear: argument 'weight' must be 1-D or 2-D, got {weight.dim()}-D")
+    _check("linear", x=x, weight=weight, bias=bias)
+    x, weight, bias = _autocast(x, weight, bias)
+    w2 = weight.unsqueeze(0) if weight.dim() == 1 else weight
+    N, K = w2.shape
+    if x.shape[-1] != K:
+        raise RuntimeError(f"linear: 'x' {tuple(x.shape)} and 'weight' {tuple(weight.shape)} cannot be "
+                           f"multiplied (in_features {x.shape[-1]} and {K})")
+    if bias is not None:
+        if bias.dim() > 1 or bias.numel() != N:
+            raise RuntimeError(f"linear: argument 'bias' must have {N} elements (out_features), "
+                               f"got shape {tuple(bias.shape)}")
+        bias = bias.reshape(N)
+    y = _MatmulFunction.apply(x.reshape(1, -1, K), w2.t().unsqueeze(0), bias, act)
+    return y.view(*x.shape[:-1], N) if weight.dim() == 2 else y.view(x.shape[:-1])
