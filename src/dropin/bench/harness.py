@@ -1,0 +1,426 @@
+"""Benchmark harness shared by every suite: correctness against float64, timing, roofline, output.
+
+A suite is a function `cases(quick: bool) -> list[Case]`. `run_suite` checks and times every provider of
+every case, prints progress to stderr and the table to stdout, and writes
+`<results_dir>/<gpu-slug>/<suite>.json` (format: DESIGN.md, "Result files").
+
+Provider hooks: a provider is any callable taking the case's inputs. If it has an attribute `fallback`
+(read after its first call), the row reports it. A provider that raises `Skipped` gets a row with a
+`note` instead of numbers (see `skipped`, `compiled`); any other exception gives a row with an `error`.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime
+import functools
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ContextManager
+
+import torch
+
+from dropin import _runtime
+
+# Forward tolerances on ||out - ref|| / ||ref|| against float64 (DESIGN.md), keyed by Case.dtype.
+TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 2e-2}
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Case:
+    """One benchmark case.
+
+    dtype: a TOLERANCES key ("tf32" means float32 tensors with TF32 allowed, see `allow_tf32`).
+    make_inputs: returns a fresh tuple of random inputs (never zeros); every provider gets the same ones.
+    providers: name -> callable(*inputs); the one named "dropin" gets `speedup_vs` in its row.
+    reference: callable(*inputs) run on float64 copies of the inputs.
+    flops / bytes: minimal work and memory traffic (0: not counted); the roofline takes the larger floor.
+    ceiling: key of the compute ceiling in `measure_ceilings()` (default: "<dtype>_tflops").
+    context: entered around every provider's check and timing (e.g. `lambda: allow_tf32(True)`).
+    """
+    name: str
+    dtype: str
+    make_inputs: Callable[[], tuple]
+    providers: dict[str, Callable]
+    reference: Callable
+    flops: float = 0.0
+    bytes: float = 0.0
+    ceiling: str | None = None
+    context: Callable[[], ContextManager] = contextlib.nullcontext
+
+
+class Skipped(Exception):
+    """Raised by a provider that cannot run here; its row gets this message as `note`."""
+
+
+def skipped(reason: str) -> Callable:
+    """A provider that is unavailable, e.g. `skipped("skipped: interpreter")`."""
+    def provider(*inputs):
+        raise Skipped(reason)
+    return provider
+
+
+def compiled(fn: Callable) -> Callable:
+    """torch.compile(fn) as a provider: compiled on its first call (the correctness check, before timing),
+    after a dynamo reset so that every case gets its own static graph. Skipped under the interpreter."""
+    if _runtime.INTERPRET:
+        return skipped("skipped: interpreter")
+    state = {}
+
+    def provider(*inputs):
+        if "fn" not in state:
+            torch._dynamo.reset()
+            state["fn"] = torch.compile(fn, dynamic=False)
+        return state["fn"](*inputs)
+    return provider
+
+
+@contextlib.contextmanager
+def allow_tf32(enabled: bool):
+    """Sets torch.backends.cuda.matmul.allow_tf32 inside the block, restores it after."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def randn(*shape: int, dtype: str | torch.dtype) -> torch.Tensor:
+    """Standard-normal tensor on the device the kernels run on; dtype is a torch dtype or a TOLERANCES key."""
+    dtype = TORCH_DTYPES.get(dtype, dtype)
+    return torch.randn(*shape, dtype=dtype, device=_runtime.KERNEL_DEVICE)
+
+
+def to_float64(x):
+    """float64 copy of a floating tensor; anything else unchanged."""
+    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| over entries where ref is not NaN; NaN if out has NaN/Inf anywhere else,
+    or a NaN where ref has none (NaN never passes)."""
+    out, ref = out.double(), ref.double()
+    if out.shape != ref.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
+    ref_nan = torch.isnan(ref)
+    if not torch.equal(torch.isnan(out), ref_nan) or not torch.isfinite(out[~ref_nan]).all():
+        return math.nan
+    diff = (out - ref)[~ref_nan].norm().item()
+    norm = ref[~ref_nan].norm().item()
+    return diff / norm if norm > 0 else diff
+
+
+def time_fn(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> list[float]:
+    """Per-call times in ms. On CUDA: triton.testing.do_bench (CUDA events, L2 flushed each call). Under
+    the interpreter: a perf_counter loop of a few calls (at least 3, about rep_ms in total, at most 20)."""
+    if not _runtime.INTERPRET:
+        import triton.testing
+        return list(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
+    times = []
+    while len(times) < 3 or (sum(times) < rep_ms and len(times) < 20):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def summarize(times_ms: list[float]) -> dict:
+    """mean/median/min/max of timing samples, as result-row keys."""
+    return {"median_ms": statistics.median(times_ms), "mean_ms": statistics.fmean(times_ms),
+            "min_ms": min(times_ms), "max_ms": max(times_ms)}
+
+
+@functools.lru_cache(maxsize=None)
+def measure_ceilings() -> dict:
+    """Measured once per process on the GPU: dense matmul TFLOP/s through torch per dtype (best of 4096^3
+    and 8192^3), and copy bandwidth in GB/s (1 GiB device-to-device, bytes read + written).
+    Empty under the interpreter."""
+    if _runtime.INTERPRET:
+        return {}
+    ceilings = {}
+    for key in ("bf16", "fp16", "tf32", "fp32"):
+        best = 0.0
+        for n in (4096, 8192):
+            a, b = randn(n, n, dtype=key), randn(n, n, dtype=key)
+            with allow_tf32(key == "tf32"):
+                ms = statistics.median(time_fn(lambda: torch.matmul(a, b)))
+            best = max(best, 2 * n**3 / ms / 1e9)
+        ceilings[f"{key}_tflops"] = round(best, 1)
+    src = torch.randn(2**28, device="cuda")
+    dst = torch.empty_like(src)
+    ms = statistics.median(time_fn(lambda: dst.copy_(src)))
+    ceilings["copy_gbps"] = round(2 * src.nbytes / ms / 1e6, 1)
+    return ceilings
+
+
+def _roofline(case: Case, ceilings: dict, median_ms: float) -> tuple[float | None, str | None]:
+    """(% of the roofline floor time, "compute" | "memory"), or (None, None) without ceilings."""
+    peak, bandwidth = ceilings.get(case.ceiling or f"{case.dtype}_tflops"), ceilings.get("copy_gbps")
+    floors = {}
+    if case.flops and peak:
+        floors["compute"] = case.flops / peak / 1e9
+    if case.bytes and bandwidth:
+        floors["memory"] = case.bytes / bandwidth / 1e6
+    if not floors:
+        return None, None
+    bound = max(floors, key=floors.get)
+    return 100 * floors[bound] / median_ms, bound
+
+
+def run_case(case: Case, ceilings: dict | None = None, warmup_ms: float = 25, rep_ms: float = 100,
+             log: Callable[[str], None] = lambda line: None) -> list[dict]:
+    """Checks and times every provider of one case; returns one result row per provider."""
+    ceilings = ceilings or {}
+    inputs = case.make_inputs()
+    ref = case.reference(*map(to_float64, inputs))
+    tol = TOLERANCES[case.dtype]
+    rows = []
+    for name, fn in case.providers.items():
+        row = {"case": case.name, "provider": name, "dtype": case.dtype,
+               "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
+               "tflops": None, "gbps": None, "pct_of_ceiling": None, "bound": None,
+               "correct": None, "rel_err": None, "tol": tol, "fallback": False}
+        rows.append(row)
+        try:
+            with case.context():
+                err = rel_error(fn(*inputs), ref)
+                row["fallback"] = bool(getattr(fn, "fallback", False))
+                times = time_fn(lambda: fn(*inputs), warmup_ms, rep_ms)
+        except Skipped as e:
+            row["note"] = str(e)
+            log(f"  {name}: {e}")
+            continue
+        except Exception as e:  # a failing provider is reported, not fatal
+            row.update(correct=False, error=_describe(e))
+            log(f"  {name}: ERROR {_one_line(row['error'])}")
+            continue
+        row.update(summarize(times))
+        median = row["median_ms"]
+        row["tflops"] = case.flops / median / 1e9 if case.flops else None
+        row["gbps"] = case.bytes / median / 1e6 if case.bytes else None
+        row["pct_of_ceiling"], row["bound"] = _roofline(case, ceilings, median)
+        row["correct"] = err <= tol  # False for NaN
+        row["rel_err"] = err
+        if math.isnan(err):
+            row["error"] = "output has NaN/Inf where the reference has none"
+        log(f"  {name}: {median:.4f} ms median, {_rate(row)}, rel_err {err:.1e} "
+            f"{'ok' if row['correct'] else 'FAILED'} (tol {tol:g})")
+    ours = next((r for r in rows if r["provider"] == "dropin" and r["median_ms"]), None)
+    if ours:
+        ours["speedup_vs"] = {r["provider"]: r["median_ms"] / ours["median_ms"]
+                              for r in rows if r is not ours and r["median_ms"]}
+    return rows
+
+
+def _describe(e: Exception) -> str:
+    """'Type: message', plus the chained cause (where Triton puts the reason for a CompilationError)."""
+    text = f"{type(e).__name__}: {e}".strip()
+    cause = e.__cause__
+    return text + (f"\ncaused by {type(cause).__name__}: {cause}".rstrip() if cause else "")
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """First and last line of a long message, for the terminal (the rows keep it whole)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    short = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return short if len(short) <= limit else short[:limit] + "..."
+
+
+def case_passed(rows: list[dict]) -> bool:
+    """True when every provider that ran (not skipped) was correct."""
+    return all(r["correct"] for r in rows if "note" not in r)
+
+
+def _by_case(rows: list[dict]) -> dict[str, list[dict]]:
+    cases = {}
+    for r in rows:
+        cases.setdefault(r["case"], []).append(r)
+    return cases
+
+
+def failed_cases(rows: list[dict]) -> list[str]:
+    """Names of the cases in which some provider was incorrect or raised."""
+    return [name for name, case_rows in _by_case(rows).items() if not case_passed(case_rows)]
+
+
+def run_cases(cases: list[Case], ceilings: dict | None = None, warmup_ms: float = 25,
+              rep_ms: float = 100, label: str = "bench") -> list[dict]:
+    """Runs every case, with progress lines on stderr; returns all rows."""
+    def log(line):
+        print(line, file=sys.stderr, flush=True)
+    rows = []
+    for i, case in enumerate(cases, 1):
+        log(f"[{label} {i}/{len(cases)}] {case.name}")
+        rows += run_case(case, ceilings, warmup_ms, rep_ms, log)
+    return rows
+
+
+def environment(suite: str, command: str, ceilings: dict) -> dict:
+    """The result file's `env`: versions, device, date, command, timing method and ceilings."""
+    env = dict(_runtime.info())
+    env.update(suite=suite, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               command=command, ceilings=ceilings,
+               timing="Triton interpreter on the CPU (perf_counter); not GPU performance"
+               if _runtime.INTERPRET else "triton.testing.do_bench (CUDA events, L2 flushed)")
+    return env
+
+
+def _rate(row: dict) -> str:
+    if row["tflops"] is not None and row["bound"] != "memory":
+        t = row["tflops"]
+        return f"{t:.1f} TF/s" if t >= 1 else f"{t * 1e3:.2f} GF/s"
+    return "-" if row["gbps"] is None else f"{row['gbps']:.1f} GB/s"
+
+
+def _ms(v: float) -> str:
+    return f"{v:.4f}" if v < 10 else f"{v:.2f}"
+
+
+def format_table(rows: list[dict], env: dict) -> str:
+    """The seed-style terminal table: one line per case, a column group per provider, dropin's median
+    speed-up against each other provider, then pass/fail counts, failures, notes."""
+    cases = _by_case(rows)
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    others = [p for p in providers if p != "dropin"]
+    width = max([len(n) for n in cases] + [4]) + 9
+    cols = ["mean", "med", "min", "max", "rate", "%roof"]
+    widths = [9, 9, 9, 9, 12, 7]
+    group = sum(widths)
+    lines = [f"=== {env['suite']} on {env['gpu']}: latency (ms), rate, % of roofline; "
+             f"torch {env['torch']}, triton {env['triton']}, dropin {env['dropin']} ===",
+             " " * width + "".join(f"{p:>{group}}" for p in providers)
+             + ("   median speed-up of dropin" if "dropin" in providers and others else ""),
+             f"{'Case':<{width}}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths)) * len(providers)
+             + "".join(f"{'vs ' + p:>{max(len(p) + 5, 10)}}" for p in others if "dropin" in providers)]
+    for name, case_rows in cases.items():
+        by_provider = {r["provider"]: r for r in case_rows}
+        line = f"{'[PASSED]' if case_passed(case_rows) else '[FAILED]'} {name:<{width - 9}}"
+        for p in providers:
+            r = by_provider.get(p)
+            if r is None or r["median_ms"] is None:
+                text = "-" if r is None else r.get("note") or "ERROR (see below)"
+                line += f"{text:>{group}}"
+                continue
+            pct = "-" if r["pct_of_ceiling"] is None else f"{r['pct_of_ceiling']:.1f}"
+            cells = [_ms(r["mean_ms"]), _ms(r["median_ms"]), _ms(r["min_ms"]), _ms(r["max_ms"]), _rate(r), pct]
+            line += "".join(f"{c:>{w}}" for c, w in zip(cells, widths))
+        speedups = by_provider.get("dropin", {}).get("speedup_vs", {})
+        if "dropin" in providers:
+            line += "".join(f"{(f'{speedups[p]:.2f}x' if p in speedups else '-'):>{max(len(p) + 5, 10)}}"
+                            for p in others)
+        lines.append(line)
+    failed = failed_cases(rows)
+    lines.append(f"Passed: {len(cases) - len(failed)} | Failed: {len(failed)}")
+    for r in rows:
+        if r["correct"] is False:
+            why = _one_line(r["error"]) if "error" in r else f"rel_err {r['rel_err']:.2e} > tol {r['tol']:g}"
+            lines.append(f"  FAILED {r['case']} / {r['provider']}: {why}")
+    for note in dict.fromkeys(f"{r['provider']}: {r['note']}" for r in rows if "note" in r):
+        lines.append(f"  note: {note}")
+    if any(r["fallback"] for r in rows):
+        lines.append("  fallback (dropin fell back to torch): "
+                     + ", ".join(f"{r['case']} / {r['provider']}" for r in rows if r["fallback"]))
+    lines.append(f"  timing: {env['timing']}")
+    return "\n".join(lines)
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_json(path: str | Path, result: dict) -> Path:
+    """Writes {"env": ..., "rows": [...]} (non-finite floats as null); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_json_safe(result), indent=1) + "\n")
+    return path
+
+
+def write_csv(path: str | Path, rows: list[dict]) -> Path:
+    """One line per row; `speedup_vs` becomes columns speedup_vs_<provider>."""
+    flat = []
+    for r in rows:
+        r = dict(r)
+        for p, x in r.pop("speedup_vs", {}).items():
+            r[f"speedup_vs_{p}"] = x
+        flat.append(r)
+    fields = list(dict.fromkeys(k for r in flat for k in r))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(flat)
+    return path
+
+
+def write_plot(path: str | Path, rows: list[dict], title: str) -> Path:
+    """Horizontal bars per case and provider (PNG): % of roofline where ceilings were measured, else
+    TFLOP/s (GB/s for cases without a FLOP count); each bar is labelled with its rate."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = _by_case(rows)
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    roofline = any(r["pct_of_ceiling"] is not None for r in rows)
+    height = 0.8 / len(providers)
+    fig, ax = plt.subplots(figsize=(10, 1 + 0.3 * len(rows)))
+    for j, p in enumerate(providers):
+        ran = [next((r for r in rs if r["provider"] == p and r["median_ms"]), None) for rs in cases.values()]
+        values = [0 if r is None else (r["pct_of_ceiling"] if roofline else r["tflops"] or r["gbps"]) or 0
+                  for r in ran]
+        bars = ax.barh([i + j * height for i in range(len(cases))], values, height, label=p)
+        ax.bar_label(bars, ["" if r is None else _rate(r) for r in ran], fontsize=7, padding=2)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(cases))], list(cases), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("% of roofline (median)" if roofline else "TFLOP/s, or GB/s without a FLOP count (median)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run_suite(suite: str, cases: list[Case], *, results_dir: str | Path = "benchmarks/results",
+              save: bool = True, json_path=None, csv_path=None, plot: bool = False, command: str | None = None,
+              warmup_ms: float = 25, rep_ms: float = 100) -> dict:
+    """Measures ceilings, runs the cases, prints the table to stdout and writes the requested files.
+
+    Returns {"env": ..., "rows": [...]}; `failed_cases(result["rows"])` lists the failures."""
+    if _runtime.INTERPRET:
+        print(f"[{suite}] running under the Triton interpreter (no GPU): small cases, CPU timings",
+              file=sys.stderr)
+    ceilings = measure_ceilings()
+    env = environment(suite, command or " ".join(sys.argv), ceilings)
+    result = {"env": env, "rows": run_cases(cases, ceilings, warmup_ms, rep_ms, label=suite)}
+    print(format_table(result["rows"], env), flush=True)
+    default = Path(results_dir) / _runtime.gpu_slug() / f"{suite}.json"
+    written = []
+    if save:
+        written.append(write_json(default, result))
+    if json_path:
+        written.append(write_json(json_path, result))
+    if csv_path:
+        written.append(write_csv(csv_path, result["rows"]))
+    if plot:
+        written.append(write_plot(default.with_suffix(".png"), result["rows"], f"{suite} on {env['gpu']}"))
+    for path in written:
+        print(f"[{suite}] wrote {path}", file=sys.stderr)
+    return result

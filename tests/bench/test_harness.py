@@ -1,0 +1,158 @@
+"""The benchmark harness: statistics, correctness verdicts, error rows, result files (small torch cases)."""
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from dropin import _runtime
+from dropin.bench import harness
+from dropin.bench.harness import Case, Skipped
+
+ROW_KEYS = {"case", "provider", "dtype", "median_ms", "mean_ms", "min_ms", "max_ms", "tflops", "gbps",
+            "pct_of_ceiling", "correct", "rel_err", "fallback"}
+
+
+class FallbackMatmul:
+    """A provider that reports having fallen back to torch."""
+    fallback = True
+
+    def __call__(self, a, b):
+        return torch.matmul(a, b)
+
+
+def _raise(a, b):
+    raise ValueError("boom")
+
+
+def _raise_with_cause(a, b):
+    try:
+        raise KeyError("the reason")
+    except KeyError as e:
+        raise RuntimeError("at 1:2:\n  source excerpt") from e
+
+
+def mm_case(name="mm", dtype="fp32", **providers):
+    return Case(name=name, dtype=dtype,
+                make_inputs=lambda: (harness.randn(8, 5, dtype=dtype), harness.randn(5, 3, dtype=dtype)),
+                providers=providers or {"dropin": torch.matmul, "torch": torch.matmul},
+                reference=torch.matmul, flops=2 * 8 * 5 * 3, bytes=4 * (8 * 5 + 5 * 3 + 8 * 3))
+
+
+def run(case):
+    return {r["provider"]: r for r in harness.run_case(case, warmup_ms=1, rep_ms=1)}
+
+
+def test_summarize():
+    assert harness.summarize([3.0, 1.0, 10.0, 2.0]) == {
+        "median_ms": 2.5, "mean_ms": 4.0, "min_ms": 1.0, "max_ms": 10.0}
+
+
+def test_time_fn_gives_samples():
+    times = harness.time_fn(lambda: torch.ones(4).sum(), warmup_ms=1, rep_ms=1)
+    assert len(times) >= (3 if _runtime.INTERPRET else 1) and all(t >= 0 for t in times)
+
+
+def test_rel_error():
+    ref = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    assert harness.rel_error(ref.float(), ref) == 0
+    assert harness.rel_error(torch.tensor([3.0, 4.5]), ref) == pytest.approx(0.1)
+    assert math.isnan(harness.rel_error(torch.tensor([3.0, math.nan]), ref))
+    assert math.isnan(harness.rel_error(torch.tensor([3.0, math.inf]), ref))
+    # NaN where the reference has NaN too is not an error
+    assert harness.rel_error(torch.tensor([math.nan, 4.0]), torch.tensor([math.nan, 4.0])) == 0
+    with pytest.raises(ValueError, match="shape"):
+        harness.rel_error(torch.zeros(3), ref)
+
+
+def test_correct_rows_and_speedup():
+    rows = run(mm_case())
+    for row in rows.values():
+        assert ROW_KEYS <= row.keys()
+        assert row["correct"] is True and row["rel_err"] < 1e-6 and row["fallback"] is False
+        assert row["min_ms"] <= row["median_ms"] <= row["max_ms"]
+        assert row["tflops"] > 0 and row["gbps"] > 0
+    assert rows["dropin"]["speedup_vs"] == {
+        "torch": pytest.approx(rows["torch"]["median_ms"] / rows["dropin"]["median_ms"])}
+    assert "speedup_vs" not in rows["torch"]
+    assert harness.case_passed(list(rows.values()))
+
+
+def test_wrong_provider_fails_the_case():
+    rows = run(mm_case(dropin=lambda a, b: torch.matmul(a, b) + 0.01, torch=torch.matmul))
+    assert rows["dropin"]["correct"] is False and rows["dropin"]["rel_err"] > 1e-5
+    assert rows["torch"]["correct"] is True
+    assert not harness.case_passed(list(rows.values()))
+
+
+def test_tolerance_depends_on_dtype():
+    off_by_1e3 = lambda a, b: torch.matmul(a, b) * (1 + 1e-3)  # noqa: E731
+    assert run(mm_case(dtype="bf16", dropin=off_by_1e3))["dropin"]["correct"] is True
+    assert run(mm_case(dtype="fp32", dropin=off_by_1e3))["dropin"]["correct"] is False
+
+
+def test_nan_never_passes():
+    row = run(mm_case(dropin=lambda a, b: torch.matmul(a, b) * math.nan))["dropin"]
+    assert row["correct"] is False and math.isnan(row["rel_err"]) and "NaN" in row["error"]
+
+
+def test_raising_skipped_and_fallback_providers():
+    rows = run(mm_case(dropin=FallbackMatmul(), torch=torch.matmul, boom=_raise, chained=_raise_with_cause,
+                       gone=harness.skipped("skipped: not here")))
+    assert rows["dropin"]["fallback"] is True and rows["dropin"]["correct"] is True
+    assert rows["boom"]["correct"] is False and rows["boom"]["error"] == "ValueError: boom"
+    assert rows["boom"]["median_ms"] is None
+    assert rows["chained"]["error"].endswith("caused by KeyError: 'the reason'")
+    assert rows["gone"]["note"] == "skipped: not here" and rows["gone"]["correct"] is None
+    assert set(rows["dropin"]["speedup_vs"]) == {"torch"}
+    assert not harness.case_passed(list(rows.values()))  # the raising provider fails the case
+    del rows["boom"], rows["chained"]
+    assert harness.case_passed(list(rows.values()))  # a skipped one does not
+
+
+@pytest.mark.skipif(not _runtime.INTERPRET, reason="interpreter behaviour")
+def test_compiled_is_skipped_under_interpreter():
+    with pytest.raises(Skipped, match="interpreter"):
+        harness.compiled(torch.matmul)(torch.ones(2, 2), torch.ones(2, 2))
+    assert harness.measure_ceilings() == {}
+
+
+def test_allow_tf32_restores():
+    old = torch.backends.cuda.matmul.allow_tf32
+    with harness.allow_tf32(not old):
+        assert torch.backends.cuda.matmul.allow_tf32 is (not old)
+    assert torch.backends.cuda.matmul.allow_tf32 is old
+
+
+def test_run_suite_table_and_files(tmp_path, capsys):
+    cases = [mm_case("good"), mm_case("bad", dropin=lambda a, b: -torch.matmul(a, b), torch=torch.matmul)]
+    result = harness.run_suite("demo", cases, results_dir=tmp_path, json_path=tmp_path / "x.json",
+                               csv_path=tmp_path / "x.csv", command="dropin bench demo", rep_ms=1)
+    out = capsys.readouterr().out
+    assert "[PASSED] good" in out and "[FAILED] bad" in out and "Passed: 1 | Failed: 1" in out
+    assert harness.failed_cases(result["rows"]) == ["bad"]
+
+    saved = json.loads((tmp_path / _runtime.gpu_slug() / "demo.json").read_text())
+    assert saved == json.loads((tmp_path / "x.json").read_text())
+    assert {"gpu", "torch", "triton", "dropin", "date", "command", "ceilings"} <= saved["env"].keys()
+    assert saved["env"]["command"] == "dropin bench demo"
+    assert len(saved["rows"]) == 4 and all(ROW_KEYS <= r.keys() for r in saved["rows"])
+    if _runtime.INTERPRET:
+        assert all(r["pct_of_ceiling"] is None for r in saved["rows"])
+
+    with open(tmp_path / "x.csv") as f:
+        lines = list(csv.DictReader(f))
+    assert len(lines) == 4 and ROW_KEYS | {"speedup_vs_torch"} <= lines[0].keys()
+
+
+def test_no_save_writes_nothing(tmp_path):
+    harness.run_suite("demo", [mm_case()], results_dir=tmp_path, save=False, rep_ms=1)
+    assert not any(tmp_path.iterdir())
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    harness.run_suite("demo", [mm_case()], results_dir=tmp_path, save=False, plot=True, rep_ms=1)
+    png = tmp_path / _runtime.gpu_slug() / "demo.png"
+    assert png.read_bytes()[:4] == b"\x89PNG"

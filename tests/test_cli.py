@@ -1,0 +1,52 @@
+"""The `dropin` command line."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dropin import _runtime
+from dropin.cli import SUITES, main
+
+FAST = ["--warmup", "1", "--rep", "1"]
+
+
+def test_help_lists_suites(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert all(suite in out for suite in SUITES)
+
+
+def test_info_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "dropin.cli", "info"], capture_output=True, text=True,
+                         check=True).stdout
+    for key in ("gpu:", "torch:", "triton:", "dropin:", f"interpreter: {_runtime.INTERPRET}"):
+        assert key in out
+
+
+def test_bench_matmul_quick(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc = main(["bench", "matmul", "--quick", "--no-save", *FAST])
+    out = capsys.readouterr().out
+    assert "[PASSED]" in out or "[FAILED]" in out
+    assert rc == (1 if "[FAILED]" in out else 0)
+    assert not any(tmp_path.iterdir())  # --no-save
+
+
+def test_bench_bmm_files_and_filter(tmp_path, capsys):
+    rc = main(["bench", "bmm", "--quick", "--cases", "fp16", "--results-dir", str(tmp_path),
+               "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"), *FAST])
+    out = capsys.readouterr().out
+    assert out.count("fp16") >= 1 and "fp32" not in out.split("Passed:")[0]
+    result = json.loads((tmp_path / _runtime.gpu_slug() / "bmm.json").read_text())
+    assert {r["provider"] for r in result["rows"]} == {"dropin", "torch", "torch_compile"}
+    assert result["env"]["command"].startswith("dropin bench bmm")
+    assert (tmp_path / "r.json").exists() and (tmp_path / "r.csv").exists()
+    assert rc == (1 if "[FAILED]" in out else 0)
+
+
+def test_bench_no_matching_case(capsys):
+    assert main(["bench", "matmul", "--quick", "--no-save", "--cases", "no-such-case"]) == 2
+    assert "no case" in capsys.readouterr().err
