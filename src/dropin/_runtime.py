@@ -55,6 +55,33 @@ def _alloc_scratch(size: int, alignment: int, stream):
 triton.set_allocator(_alloc_scratch)
 
 
+class Launcher:
+    """Launches one Triton kernel on one grid with fixed constexprs, as `kernel[grid](*args, **constexprs)`.
+
+    After the first launch on a GPU, later calls re-launch the compiled kernel directly, skipping Triton's
+    per-call argument binding and cache look-up (about 15 us of CPU time per launch). The caller guarantees
+    that later `args` specialize as the first ones did (same dtypes, same 16-byte alignment, same integers).
+    """
+
+    def __init__(self, kernel, grid, constexprs: dict):
+        self.kernel, self.grid, self.constexprs = kernel, tuple(grid) + (1,) * (3 - len(grid)), constexprs
+        self.compiled = None
+
+    def __call__(self, *args):
+        compiled = self.compiled
+        if compiled is None or triton.knobs.runtime.launch_enter_hook is not None:
+            compiled = self.kernel[self.grid](*args, **self.constexprs)
+            if not INTERPRET:
+                names = self.kernel.arg_names[len(args):]
+                self.tail = tuple(self.constexprs[n] for n in names)
+                self.device = torch.cuda.current_device()
+                self.compiled = compiled
+            return
+        stream = torch._C._cuda_getCurrentRawStream(self.device)
+        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *args, *self.tail)
+
+
 def check_kernel_device(op: str, **tensors: torch.Tensor) -> torch.device:
     """Checks that every tensor is on one device that the kernels can run on; returns it.
 

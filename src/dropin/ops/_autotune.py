@@ -58,18 +58,18 @@ def _time(run, config) -> float:
 
 
 def pick(name: str, key: tuple, configs: list, run) -> dict:
-    """The config for `key`: cached, else the fastest of `configs` by `run(config)`, else configs[0]."""
+    """The config for `key`: a remembered one if it is still a candidate, else the fastest of `configs` by
+    `run(config)` when tuning, else configs[0]."""
     full_key = f"{name}|{'|'.join(map(str, key))}"
-    config = _memory.get(full_key)
-    if config is not None:
-        return config
-    config = _load_disk().get(full_key)
-    if config not in configs:
-        config = configs[0]
-        if TUNING and len(configs) > 1:
-            times = [_time(run, c) for c in configs]
-            config = configs[min(range(len(configs)), key=times.__getitem__)]
-            _save_disk(full_key, config)
+    for remembered in (_memory.get(full_key), _load_disk().get(full_key)):
+        if remembered in configs:
+            _memory[full_key] = remembered
+            return remembered
+    config = configs[0]
+    if TUNING and len(configs) > 1:
+        times = [_time(run, c) for c in configs]
+        config = configs[min(range(len(configs)), key=times.__getitem__)]
+        _save_disk(full_key, config)
     _memory[full_key] = config
     return config
 

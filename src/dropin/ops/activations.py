@@ -32,9 +32,9 @@ def activation_ref(x: torch.Tensor, activation) -> torch.Tensor:
     return x if activation is None else _REFS[activation](x)
 
 
-_SQRT1_2 = 0.7071067811865476
-_SQRT2_PI = 0.7978845608028654  # sqrt(2 / pi)
-_INV_SQRT_2PI = 0.3989422804014327
+_SQRT1_2 = tl.constexpr(0.7071067811865476)
+_SQRT2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
 @triton.jit
@@ -46,7 +46,7 @@ def apply_activation(z, ACT: tl.constexpr):
         y = 0.5 * z * (1.0 + tl.math.erf(z * _SQRT1_2))
     elif ACT == "gelu_tanh":
         # 0.5 * (1 + tanh(u)) == sigmoid(2u)
-        y = z * tl.sigmoid(2.0 * _SQRT2_PI * (z + 0.044715 * z * z * z))
+        y = z * tl.sigmoid((z + 0.044715 * z * z * z) * (2.0 * _SQRT2_PI))
     elif ACT == "silu":
         y = z * tl.sigmoid(z)
     else:
@@ -62,7 +62,7 @@ def activation_grad(z, ACT: tl.constexpr):
     elif ACT == "gelu":
         d = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2)) + z * _INV_SQRT_2PI * tl.exp(-0.5 * z * z)
     elif ACT == "gelu_tanh":
-        s = tl.sigmoid(2.0 * _SQRT2_PI * (z + 0.044715 * z * z * z))
+        s = tl.sigmoid((z + 0.044715 * z * z * z) * (2.0 * _SQRT2_PI))
         d = s + z * s * (1.0 - s) * 2.0 * _SQRT2_PI * (1.0 + 3.0 * 0.044715 * z * z)
     elif ACT == "silu":
         s = tl.sigmoid(z)

@@ -65,31 +65,84 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """One output tile per program; grid (tiles, batch). C and Z are contiguous [batch, M, N]."""
+    """One output tile per program; grid (tiles, batch, splits of K). C and Z are contiguous [batch, M, N];
+    with several splits, split s writes its fp32 partial product to C[s] of a [splits, batch, M, N] C."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     batch = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2).to(tl.int64)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
+    k_first = split * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
     # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask; stores are masked.
     a_ptrs = (a_ptr + batch * stride_ab + (offs_m % M).to(tl.int64)[:, None] * stride_am
               + offs_k[None, :] * stride_ak)
     b_ptrs = (b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk
               + (offs_n % N).to(tl.int64)[None, :] * stride_bn)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(k_first, k_last):
         k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
-    offs_c = batch * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    offs_c = (split * tl.num_programs(1) + batch) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if STORE_Z:
         tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
     tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemv_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+                 N, K,
+                 stride_ab, stride_ak, stride_bb, stride_bk, stride_bn,
+                 HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """M == 1: C[b, 0, :] = A[b, 0, :] @ B[b] on the CUDA cores in fp32 (a tensor-core tile would be 1/16 used
+    and its latency chain dominates such small products); grid (column blocks, batch)."""
+    batch = tl.program_id(1).to(tl.int64)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + batch * stride_ab + offs_k * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=k_mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n < N)[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(a[:, None] * b, axis=0)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    acc = _add_bias(acc[None, :], bias_ptr, offs_n, N, HAS_BIAS)
+    offs_c = batch * N + offs_n[None, :]
+    mask = offs_n[None, :] < N
+    if STORE_Z:
+        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
+                      SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """C = act(sum_s W[s] + bias) over [R, N] rows: the epilogue of a product split along K."""
+    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = offs_r[:, None] * N + offs_n[None, :]
+    mask = (offs_r[:, None] < R) & (offs_n[None, :] < N)
+    acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(w_ptr + s * R * N + offs, mask=mask, other=0.0)
+    acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+    if STORE_Z:
+        tl.store(z_ptr + offs, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -186,13 +239,19 @@ _TMA_CONFIGS = {
         _cfg(128, 128, 64, 8, 2, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),
         _cfg(64, 64, 64, 4, 3, WARP_SPECIALIZE=False), _cfg(64, 32, 64, 4, 3, WARP_SPECIALIZE=False)],
 }
+# Pointer kernel; SPLIT_K > 1 splits K over programs (skinny products that would leave SMs idle).
 _PTR_CONFIGS = {
     2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 64, 4, 4), _cfg(128, 16, 64, 4, 4),
-        _cfg(32, 64, 128, 4, 3), _cfg(16, 64, 256, 4, 3), _cfg(16, 32, 256, 4, 4), _cfg(16, 16, 256, 4, 2)],
+        _cfg(32, 64, 128, 4, 3), _cfg(16, 64, 256, 4, 3), _cfg(16, 32, 256, 4, 4), _cfg(16, 16, 256, 4, 2),
+        _cfg(16, 64, 128, 4, 4, SPLIT_K=4), _cfg(16, 32, 256, 4, 3, SPLIT_K=4), _cfg(16, 64, 128, 4, 4, SPLIT_K=8)],
     4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 64, 32, 4, 4), _cfg(256, 16, 64, 8, 3),
         _cfg(128, 16, 64, 4, 4), _cfg(64, 16, 128, 4, 4), _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2),
-        _cfg(16, 16, 256, 4, 2)],
+        _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=8),
+        _cfg(128, 16, 64, 4, 4, IEEE=True), _cfg(64, 16, 128, 4, 4, IEEE=True), _cfg(16, 16, 256, 4, 2, IEEE=True)],
 }
+# M == 1 (any dtype): column blocks of the vector-matrix kernel.
+_GEMV_CONFIGS = [_cfg(1, 64, 128, 4, 1), _cfg(1, 16, 256, 4, 1), _cfg(1, 32, 256, 4, 1), _cfg(1, 128, 64, 4, 1),
+                 _cfg(1, 256, 32, 8, 1)]
 
 
 def _fits(configs, M, N, min_m=16):
@@ -244,7 +303,7 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
     if c.numel() == 0:
         return c, z
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16, b.data_ptr() % 16,
-           bias is None, activation, save_preact, _precision(a.dtype), tma)
+           None if bias is None else bias.data_ptr() % 16, activation, save_preact, _precision(a.dtype), tma)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) > 4096:
@@ -255,36 +314,67 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
 
 
 def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
-    """Chooses the kernel and its config for this signature (tuning on first use); returns the launcher."""
+    """Chooses the kernel and its config for this signature (tuning on first use); returns the launcher.
+    Candidates: the TMA kernel's where it applies, and the pointer kernel's where it may win (skinny or
+    fp32 products, or no TMA)."""
     batch, M, K = a.shape
     N = b.shape[2]
-    a_layout, b_layout = _tma_layout(a), _tma_layout(b)
     size = a.element_size()
-    if tma is None:
+    a_layout, b_layout = _tma_layout(a), _tma_layout(b)
+    tuned = tma is None
+    if tuned:
         tma = (_runtime.is_hopper(a.device.index or 0) and K > 0 and a_layout is not None
                and b_layout is not None and (N * size) % 16 == 0)
-    common = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact,
-                  PRECISION=_precision(a.dtype), GROUP_M=8)
-    if tma:
-        num_sms = _runtime.num_sms(a.device.index or 0)
-        scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
-        common.update(A_T=a_layout[0], B_T=b_layout[0], NUM_SMS=num_sms)
-
-        def launcher(cfg):
-            grid = (min(num_sms, batch * triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])),)
-            return lambda a, b, c, bias, z: _mm_tma_kernel[grid](a, b, c, bias, z, *scalars, **common, **cfg)
-
-        configs = _fits(_TMA_CONFIGS[size], M, N, min_m=64)
-        key = ("tma", a.dtype, common["PRECISION"], a_layout[0], b_layout[0])
+        ptr = not tma or min(M, N) <= 64 or size == 4
     else:
+        ptr = not tma
+    configs = ([dict(cfg, KERNEL="tma") for cfg in _fits(_TMA_CONFIGS[size], M, N, min_m=64)] if tma else []) \
+        + ([dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N)] if ptr else [])
+    if M == 1 and tuned:
+        configs = [dict(cfg, KERNEL="gemv") for cfg in _fits(_GEMV_CONFIGS, 1, N, min_m=1)] + configs
+    epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact,
+                    PRECISION=_precision(a.dtype), GROUP_M=8)
+
+    def launcher(cfg):
+        cfg = dict(cfg)
+        kernel, splits = cfg.pop("KERNEL"), cfg.pop("SPLIT_K", 1)
+        tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+        if kernel == "gemv":
+            meta = dict(HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
+                        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
+            strides = (a.stride(0), a.stride(2), *b.stride())
+            launch = _runtime.Launcher(_gemv_kernel, (tiles, batch), meta)
+            return lambda a, b, c, bias, z: launch(a, b, c, bias, z, N, K, *strides)
+        if cfg.pop("IEEE", False) and epilogue["PRECISION"] == "tf32x3":
+            cfg["PRECISION"] = "ieee"  # fp32 FMAs: as exact as tf32x3, faster where N is tiny
+        if kernel == "tma":
+            num_sms = _runtime.num_sms(a.device.index or 0)
+            grid = (min(num_sms, batch * tiles),)
+            scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
+            meta = dict(epilogue, A_T=a_layout[0], B_T=b_layout[0], NUM_SMS=num_sms)
+            meta.update(cfg)
+            launch = _runtime.Launcher(_mm_tma_kernel, grid, meta)
+            return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         scalars = (M, N, K, *a.stride(), *b.stride())
+        if splits == 1:
+            meta = dict(epilogue)
+            meta.update(cfg)
+            launch = _runtime.Launcher(_mm_kernel, (tiles, batch, 1), meta)
+            return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
+        partial_meta = dict(epilogue, HAS_BIAS=False, ACT="none", STORE_Z=False)
+        partial_meta.update(cfg)
+        sum_meta = dict(SPLITS=splits, HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
+                        BLOCK_R=32, BLOCK_N=64)
+        launch_partial = _runtime.Launcher(_mm_kernel, (tiles, batch, splits), partial_meta)
+        launch_sum = _runtime.Launcher(_split_sum_kernel, (triton.cdiv(batch * M, 32), triton.cdiv(N, 64)), sum_meta)
 
-        def launcher(cfg):
-            grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), batch)
-            return lambda a, b, c, bias, z: _mm_kernel[grid](a, b, c, bias, z, *scalars, **common, **cfg)
+        def run_split(a, b, c, bias, z):
+            partial = torch.empty((splits, batch, M, N), device=a.device, dtype=torch.float32)
+            launch_partial(a, b, partial, partial, partial, *scalars)
+            launch_sum(partial, c, bias, z, batch * M, N)
+        return run_split
 
-        configs = _fits(_PTR_CONFIGS[min(size, 4)], M, N)
-        key = ("ptr", a.dtype, common["PRECISION"], a.stride(1) == 1, b.stride(1) == 1)
+    key = ("mm", a.dtype, epilogue["PRECISION"], tma, ptr, M == 1, a.stride(2) != 1, b.stride(2) != 1)
     key += tuple(map(_autotune.bucket, (batch, M, N, K)))
     args = (a, b, c, c if bias is None else bias, z)
     return launcher(_autotune.pick("matmul", key, configs, lambda cfg: launcher(cfg)(*args)))
