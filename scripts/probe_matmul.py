@@ -5,7 +5,6 @@ import sys
 import time
 
 import torch
-import triton
 from triton.testing import do_bench
 
 import dropin
@@ -17,53 +16,58 @@ def rel(o, r):
     return ((o.double() - r).norm() / r.norm()).item()
 
 
+def candidates(aa, bb, c, z):
+    """The configs `_make_plan` would tune over for these operands."""
+    seen = []
+    real = mm._autotune.pick
+    mm._autotune.pick = lambda name, key, configs, run: seen.extend(configs) or configs[0]
+    try:
+        mm._make_plan(aa, bb, c, None, z, "none", False, None)
+    finally:
+        mm._autotune.pick = real
+    return seen
+
+
+def plan_for(aa, bb, c, z, cfg):
+    real = mm._autotune.pick
+    mm._autotune.pick = lambda name, key, configs, run: cfg
+    try:
+        return mm._make_plan(aa, bb, c, None, z, "none", False, None)
+    finally:
+        mm._autotune.pick = real
+
+
 def probe(name, B, M, N, K, dt, tf32=False, layouts=("nn",)):
     torch.backends.cuda.matmul.allow_tf32 = tf32
     a = torch.randn(B, M, K, device="cuda", dtype=dt)
     b = torch.randn(B, K, N, device="cuda", dtype=dt)
-    ref = torch.bmm(a.double(), b.double()) if B * M * N * K < 2**33 else None
+    ref = torch.bmm(a.double(), b.double()) if B * M * N * K < 2**37 else None
     flops = 2 * B * M * N * K
     t_torch = do_bench(lambda: torch.bmm(a, b), return_mode="median")
     lines = [f"{name:28s} torch {t_torch * 1e3:8.1f}us {flops / t_torch / 1e9:6.1f}TF"]
+    c = torch.empty((B, M, N), device="cuda", dtype=dt)
+    z = c.new_empty(0)
     for lay in layouts:
         aa = a.mT.contiguous().mT if lay[0] == "t" else a
         bb = b.mT.contiguous().mT if lay[1] == "t" else b
-        al, bl = mm._tma_layout(aa), mm._tma_layout(bb)
-        for tma in (True, False):
-            if tma and (al is None or bl is None):
+        best = {}
+        for cfg in candidates(aa, bb, c, z):
+            try:
+                plan = plan_for(aa, bb, c, z, cfg)
+                c.fill_(float("nan"))
+                plan(aa, bb, c, c, z)
+                torch.cuda.synchronize()
+                err = rel(c, ref) if ref is not None else float("nan")
+                t = do_bench(lambda: plan(aa, bb, c, c, z), return_mode="median")
+            except Exception as e:  # report and go on: this is a probe
+                print("   FAIL", name, lay, cfg, type(e).__name__, str(e)[:300], flush=True)
                 continue
-            size = min(a.element_size(), 4)
-            configs = mm._fits((mm._TMA_CONFIGS if tma else mm._PTR_CONFIGS)[size], M, N, 64 if tma else 16)
-            common = dict(HAS_BIAS=False, ACT="none", STORE_Z=False, PRECISION=mm._precision(dt), GROUP_M=8)
-            c = torch.full((B, M, N), float("nan"), device="cuda", dtype=dt)
-            best = None
-            for cfg in configs:
-                if tma:
-                    ns = dropin._runtime.num_sms()
-                    tiles = B * triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-                    run = lambda: mm._mm_tma_kernel[(min(ns, tiles),)](  # noqa: E731
-                        aa, bb, c, c, c, M, N, K, B, al[2], al[1], bl[2], bl[1], A_T=al[0], B_T=bl[0],
-                        NUM_SMS=ns, **common, **cfg)
-                else:
-                    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), B)
-                    run = lambda: mm._mm_kernel[grid](  # noqa: E731
-                        aa, bb, c, c, c, M, N, K, *aa.stride(), *bb.stride(), **common, **cfg)
-                try:
-                    c.fill_(float("nan"))
-                    run()
-                    torch.cuda.synchronize()
-                    err = rel(c, ref) if ref is not None else float("nan")
-                    t = do_bench(run, return_mode="median")
-                except Exception as e:  # report and go on: this is a probe
-                    print("   FAIL", name, lay, tma, cfg, type(e).__name__, str(e)[:300], flush=True)
-                    continue
-                print(f"   {lay}{'T' if tma else 'P'} {t * 1e3:8.1f}us x{t_torch / t:.2f} err {err:.1e} {cfg}",
-                      flush=True)
-                if best is None or t < best[0]:
-                    best = (t, cfg, err)
-            if best:
-                lines.append(f"  {lay}{'T' if tma else 'P'} {best[0] * 1e3:8.1f}us x{t_torch / best[0]:.2f} "
-                             f"err {best[2]:.1e} {best[1]}")
+            print(f"   {lay} {t * 1e3:8.1f}us x{t_torch / t:.2f} err {err:.1e} {cfg}", flush=True)
+            k = cfg["KERNEL"]
+            if k not in best or t < best[k][0]:
+                best[k] = (t, cfg, err)
+        for k, (t, cfg, err) in best.items():
+            lines.append(f"  {lay} {k} {t * 1e3:8.1f}us x{t_torch / t:.2f} err {err:.1e} {cfg}")
     print("\n".join(lines), flush=True)
 
 
@@ -94,8 +98,8 @@ if __name__ == "__main__":
     b = torch.randn(2, 512, 10, device="cuda")
     c = torch.empty(2, 1, 10, device="cuda")
     common = dict(HAS_BIAS=False, ACT="none", STORE_Z=False, PRECISION="tf32x3", GROUP_M=8)
-    cfg = mm._PTR_CONFIGS[4][-1]
-    raw = lambda: mm._mm_kernel[(1, 2)](a, b, c, c, c, 1, 10, 512, *a.stride(), *b.stride(), **common, **cfg)  # noqa
+    cfg = dict(mm._PTR_CONFIGS[4][0])
+    raw = lambda: mm._mm_kernel[(1, 2, 1)](a, b, c, c, c, 1, 10, 512, *a.stride(), *b.stride(), **common, **cfg)  # noqa
     for name, fn in [("torch.bmm", lambda: torch.bmm(a, b)), ("dropin.bmm", lambda: dropin.bmm(a, b)),
                      ("_mm_impl", lambda: mm._mm_impl(a, b, None, "none", False)), ("raw launch", raw),
                      ("allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
@@ -108,3 +112,18 @@ if __name__ == "__main__":
         for _ in range(1000):
             fn()
         print(f"launch {name}: {(time.perf_counter() - t) * 1e3:.1f} us CPU per call", flush=True)
+    for shape_a, shape_b in [((2, 1, 512), (2, 512, 1000)), ((2, 1, 512), (2, 512, 10)), ((2, 512, 32), (2, 32, 16))]:
+        a = torch.randn(shape_a, device="cuda")
+        b = torch.randn(shape_b, device="cuda")
+        for name, fn in [("torch", torch.bmm), ("dropin", dropin.bmm)]:
+            fn(a, b)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(50):
+                    fn(a, b)
+                torch.cuda.synchronize()
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            gpu_us = sum(e.device_time for e in kernels) / 50
+            names = sorted({e.name[:40] for e in kernels})
+            bench = do_bench(lambda: fn(a, b), return_mode="median") * 1e3
+            print(f"{name} {shape_a}@{shape_b}: kernel {gpu_us:.1f} us/call, do_bench {bench:.1f} us, {names}",
+                  flush=True)

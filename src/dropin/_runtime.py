@@ -69,17 +69,18 @@ class Launcher:
 
     def __call__(self, *args):
         compiled = self.compiled
-        if compiled is None or triton.knobs.runtime.launch_enter_hook is not None:
+        if compiled is None:
             compiled = self.kernel[self.grid](*args, **self.constexprs)
             if not INTERPRET:
-                names = self.kernel.arg_names[len(args):]
-                self.tail = tuple(self.constexprs[n] for n in names)
+                self.tail = tuple(self.constexprs[n] for n in self.kernel.arg_names[len(args):])
                 self.device = torch.cuda.current_device()
                 self.compiled = compiled
             return
         stream = torch._C._cuda_getCurrentRawStream(self.device)
-        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                     *args, *self.tail)
+        hooks = triton.knobs.runtime
+        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(self.grid, stream, *args), hooks.launch_enter_hook,
+                     hooks.launch_exit_hook, *args, *self.tail)
 
 
 def check_kernel_device(op: str, **tensors: torch.Tensor) -> torch.device:

@@ -7,8 +7,7 @@ B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp
   row- or column-major.
 - `_mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
 float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise
-full fp32 accuracy through "tf32x3" (each operand split into two tf32 halves, three tensor-core
-products, error of the order of fp32 rounding).
+fp32 FMAs (true fp32).
 """
 from typing import Optional
 
@@ -152,8 +151,8 @@ def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                    A_T: tl.constexpr, B_T: tl.constexpr,
                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Persistent: NUM_SMS programs walk the [batch, m, n] tiles. A is stored [BATCH, M, K] (A_T: [BATCH, K, M])
+                   NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles. A is stored [BATCH, M, K] (A_T: [BATCH, K, M])
     with unit inner stride and outer stride `stride_a`; likewise B [BATCH, K, N] (B_T: [BATCH, N, K])."""
     if A_T:
         a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, K, M], [stride_ab, stride_a, 1], [1, BLOCK_K, BLOCK_M])
@@ -171,8 +170,9 @@ def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     # The epilogue recomputes its tile from a counter of its own, which keeps it out of the load pipeline.
-    tile_c = tl.program_id(0) - NUM_SMS
-    for tile in tl.range(tl.program_id(0), BATCH * tiles, NUM_SMS, flatten=True, warp_specialize=WARP_SPECIALIZE):
+    tile_c = tl.program_id(0) - NUM_PROGRAMS
+    for tile in tl.range(tl.program_id(0), BATCH * tiles, NUM_PROGRAMS, flatten=True,
+                         warp_specialize=WARP_SPECIALIZE):
         batch = tile // tiles
         pid_m, pid_n = _tile_coords(tile % tiles, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
@@ -189,7 +189,7 @@ def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
             else:
                 b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        tile_c += NUM_SMS
+        tile_c += NUM_PROGRAMS
         batch_c = tile_c // tiles
         pid_m, pid_n = _tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)
         acc = _add_bias(acc, bias_ptr, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N, HAS_BIAS)
@@ -230,11 +230,13 @@ def _act_grad_kernel(gy_ptr, z_ptr, gz_ptr, sum_ptr,
 
 _cfg = _autotune.config
 # Hopper TMA kernel, 16-bit and 32-bit operands: the largest tiles first (the default when not tuning).
+# OCC: programs per SM (2 lets one program's epilogue overlap another's loads).
 _TMA_CONFIGS = {
     2: [_cfg(128, 256, 64, 8, 3, WARP_SPECIALIZE=False), _cfg(128, 256, 64, 8, 3, WARP_SPECIALIZE=True),
         _cfg(128, 128, 64, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 128, 64, 4, 4, WARP_SPECIALIZE=True),
         _cfg(64, 128, 64, 4, 4, WARP_SPECIALIZE=False), _cfg(64, 64, 128, 4, 4, WARP_SPECIALIZE=False),
-        _cfg(64, 64, 128, 4, 6, WARP_SPECIALIZE=False), _cfg(64, 32, 256, 4, 4, WARP_SPECIALIZE=False)],
+        _cfg(64, 64, 128, 4, 6, WARP_SPECIALIZE=False), _cfg(64, 32, 256, 4, 4, WARP_SPECIALIZE=False),
+        _cfg(128, 128, 64, 4, 2, WARP_SPECIALIZE=False, OCC=2), _cfg(128, 64, 64, 4, 3, WARP_SPECIALIZE=False, OCC=2)],
     4: [_cfg(128, 128, 32, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 128, 32, 8, 3, WARP_SPECIALIZE=True),
         _cfg(128, 128, 64, 8, 2, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),
         _cfg(64, 64, 64, 4, 3, WARP_SPECIALIZE=False), _cfg(64, 32, 64, 4, 3, WARP_SPECIALIZE=False)],
@@ -246,25 +248,27 @@ _PTR_CONFIGS = {
         _cfg(16, 64, 128, 4, 4, SPLIT_K=4), _cfg(16, 32, 256, 4, 3, SPLIT_K=4), _cfg(16, 64, 128, 4, 4, SPLIT_K=8)],
     4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 64, 32, 4, 4), _cfg(256, 16, 64, 8, 3),
         _cfg(128, 16, 64, 4, 4), _cfg(64, 16, 128, 4, 4), _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2),
-        _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=8),
-        _cfg(128, 16, 64, 4, 4, IEEE=True), _cfg(64, 16, 128, 4, 4, IEEE=True), _cfg(16, 16, 256, 4, 2, IEEE=True)],
+        _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
 # M == 1 (any dtype): column blocks of the vector-matrix kernel.
 _GEMV_CONFIGS = [_cfg(1, 64, 128, 4, 1), _cfg(1, 16, 256, 4, 1), _cfg(1, 32, 256, 4, 1), _cfg(1, 128, 64, 4, 1),
                  _cfg(1, 256, 32, 8, 1)]
 
 
-def _fits(configs, M, N, min_m=16):
-    """Drops candidates whose tile is larger than the bucketed problem; keeps the smallest if none fits."""
+def _fits(configs, M, N, K, min_m=16):
+    """Drops candidates whose tile is larger than the bucketed problem, and K splits for short K; keeps the
+    smallest if none fits."""
     bm, bn = max(min_m, _autotune.bucket(M)), _autotune.bucket(N)
-    fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn]
+    fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn and (K >= 1024 or "SPLIT_K" not in c)]
     return fitting or configs[-1:]
 
 
 def _precision(dtype: torch.dtype) -> str:
-    if dtype != torch.float32:
-        return "ieee"  # ignored for 16-bit operands
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
+    """tl.dot's input precision: tf32 where torch allows it, else fp32 FMAs. (tf32x3 is faster but its
+    22-bit operand halves give up to 4x the error of an fp32 product: measured, not taken.)"""
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"  # fp32 FMAs; ignored for 16-bit operands
 
 
 def _tma_layout(t: torch.Tensor):
@@ -302,6 +306,10 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
     z = a.new_empty((batch, M, N) if save_preact else (0,))
     if c.numel() == 0:
         return c, z
+    if _precision(a.dtype) == "tf32":
+        # tf32 tensor-core products read both operands K-major; a transposed tile costs more than this copy
+        a = a if a.stride(2) == 1 else a.contiguous()
+        b = b if b.stride(1) == 1 else b.mT.contiguous().mT
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16, b.data_ptr() % 16,
            None if bias is None else bias.data_ptr() % 16, activation, save_preact, _precision(a.dtype), tma)
     plan = _plans.get(key)
@@ -328,10 +336,10 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
         ptr = not tma or min(M, N) <= 64 or size == 4
     else:
         ptr = not tma
-    configs = ([dict(cfg, KERNEL="tma") for cfg in _fits(_TMA_CONFIGS[size], M, N, min_m=64)] if tma else []) \
-        + ([dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N)] if ptr else [])
+    configs = ([dict(cfg, KERNEL="tma") for cfg in _fits(_TMA_CONFIGS[size], M, N, K, min_m=64)] if tma else []) \
+        + ([dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N, K)] if ptr else [])
     if M == 1 and tuned:
-        configs = [dict(cfg, KERNEL="gemv") for cfg in _fits(_GEMV_CONFIGS, 1, N, min_m=1)] + configs
+        configs = [dict(cfg, KERNEL="gemv") for cfg in _fits(_GEMV_CONFIGS, 1, N, K, min_m=1)] + configs
     epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact,
                     PRECISION=_precision(a.dtype), GROUP_M=8)
 
@@ -345,13 +353,11 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
             strides = (a.stride(0), a.stride(2), *b.stride())
             launch = _runtime.Launcher(_gemv_kernel, (tiles, batch), meta)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, N, K, *strides)
-        if cfg.pop("IEEE", False) and epilogue["PRECISION"] == "tf32x3":
-            cfg["PRECISION"] = "ieee"  # fp32 FMAs: as exact as tf32x3, faster where N is tiny
         if kernel == "tma":
-            num_sms = _runtime.num_sms(a.device.index or 0)
-            grid = (min(num_sms, batch * tiles),)
+            programs = cfg.pop("OCC", 1) * _runtime.num_sms(a.device.index or 0)
+            grid = (min(programs, batch * tiles),)
             scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
-            meta = dict(epilogue, A_T=a_layout[0], B_T=b_layout[0], NUM_SMS=num_sms)
+            meta = dict(epilogue, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs)
             meta.update(cfg)
             launch = _runtime.Launcher(_mm_tma_kernel, grid, meta)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)

@@ -1,0 +1,49 @@
+"""Every candidate config of the matmul kernels is right, whatever the tuner picks.
+
+The tuner is bypassed: each config of `_TMA_CONFIGS` / `_PTR_CONFIGS` (split-K ones included) is forced on
+operands with ragged edges, with bias, activation and the saved pre-activation, in every operand layout.
+Under the interpreter the TMA kernel runs too (tensor descriptors are emulated).
+"""
+import pytest
+import torch
+
+import dropin  # noqa: F401
+from _tol import DEVICE, ON_GPU, assert_close
+
+mm = __import__("dropin.ops.matmul", fromlist=["_make_plan"])
+
+CONFIGS = [pytest.param("tma", c, id=f"tma-{size}B-{i}") for size, cs in mm._TMA_CONFIGS.items()
+           for i, c in enumerate(cs)] + \
+          [pytest.param("ptr", c, id=f"ptr-{size}B-{i}") for size, cs in mm._PTR_CONFIGS.items()
+           for i, c in enumerate(cs)] + \
+          [pytest.param("gemv", c, id=f"gemv-{i}") for i, c in enumerate(mm._GEMV_CONFIGS)]
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Makes the tuner return the given config for the next plans."""
+    def force(cfg):
+        monkeypatch.setattr(mm._autotune, "pick", lambda name, key, configs, run: cfg)
+        mm._plans.clear()
+    yield force
+    mm._plans.clear()
+
+
+@pytest.mark.parametrize("kernel,cfg", CONFIGS)
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_every_config(kernel, cfg, layout, forced):
+    dtype = torch.float32 if cfg in mm._TMA_CONFIGS[4] + mm._PTR_CONFIGS[4] else torch.float16
+    if kernel == "tma" and not ON_GPU and cfg["BLOCK_M"] * cfg["BLOCK_N"] > 128 * 128:
+        pytest.skip("large TMA tiles are slow under the interpreter; they run on the GPU")
+    # every size a multiple of 8 (16-byte rows for TMA), none a multiple of a tile; the vector kernel: M = 1
+    batch, M, N, K = 2, 1 if kernel == "gemv" else 88, 40, 72
+    a = torch.randn(batch, M, K, dtype=dtype, device=DEVICE)
+    b = torch.randn(batch, K, N, dtype=dtype, device=DEVICE)
+    bias = torch.randn(N, dtype=dtype, device=DEVICE)
+    aa = a.mT.contiguous().mT if layout[0] == "t" else a
+    bb = b.mT.contiguous().mT if layout[1] == "t" else b
+    forced(dict(cfg, KERNEL=kernel))
+    c, z = mm._mm_impl(aa, bb, bias, "silu", True, tma=kernel == "tma")
+    z_ref = torch.bmm(a.double(), b.double()) + bias.double()
+    assert_close(z, z_ref, dtype, "fwd", what="pre-activation")
+    assert_close(c, torch.nn.functional.silu(z_ref), dtype, "fwd", what="output")
