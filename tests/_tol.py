@@ -1,0 +1,107 @@
+"""Shared test helpers: the device, the dtype list, DESIGN.md's tolerance table and `assert_close`.
+
+Every check is a relative error ||out - ref|| / ||ref|| against a float64 reference, and (when PyTorch's
+own output in the same dtype is given) at most 2x PyTorch's own error against that same reference.
+conftest.py has already switched the Triton interpreter on when there is no CUDA device.
+"""
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false")
+# Kernels run on CUDA tensors, or on CPU tensors under the interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+ON_GPU = DEVICE == "cuda"
+
+gpu = pytest.mark.gpu
+
+# Under the interpreter tl.dot on bfloat16 is garbage (numpy sees uint16), so bf16 runs on the GPU only.
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(torch.bfloat16, id="bf16", marks=gpu),
+]
+
+# DESIGN.md: relative error against float64, (forward, backward).
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-4),
+    "tf32": (5e-3, 5e-3),
+    torch.float16: (5e-3, 1e-2),
+    torch.bfloat16: (2e-2, 3e-2),
+}
+# "Never worse than 2x PyTorch's error" compares two rounding errors, so it allows NOISE_ULPS unit roundoffs
+# on top (an fp32 activation derivative 2 ulps off is not a defect), and it applies from MIN_NUMEL_2X
+# elements on: on a handful of numbers the ratio of two rounding errors is noise (PyTorch may round a lone
+# number exactly, and a lone sum that cancels magnifies both errors alike).
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, "tf32": 2.0**-11, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+NOISE_ULPS = 2
+MIN_NUMEL_2X = 32
+
+
+def tf32_enabled() -> bool:
+    return ON_GPU and torch.backends.cuda.matmul.allow_tf32
+
+
+def tolerance_key(dtype):
+    """The row of the table: float32 reads as tf32 while torch.backends.cuda.matmul.allow_tf32 is on."""
+    return "tf32" if dtype == torch.float32 and tf32_enabled() else dtype
+
+
+def tolerance(dtype, kind: str) -> float:
+    """kind: 'fwd' or 'bwd'."""
+    return TOLERANCES[tolerance_key(dtype)][{"fwd": 0, "bwd": 1}[kind]]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64 over the finite entries of ref.
+
+    A zero reference must be matched exactly: 0.0 if out is zero there too, else inf.
+    """
+    out, ref = out.detach().double(), ref.detach().double()
+    finite = torch.isfinite(ref)
+    diff = torch.linalg.vector_norm(out[finite] - ref[finite]).item()
+    scale = torch.linalg.vector_norm(ref[finite]).item()
+    if scale == 0.0:
+        return 0.0 if diff == 0.0 else float("inf")
+    return diff / scale
+
+
+def _same_non_finite(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    out, ref = out.detach().double(), ref.detach().double()
+    bad_nan = torch.isnan(out) != torch.isnan(ref)
+    assert not bad_nan.any(), (
+        f"{what}: NaN pattern differs from the reference at {bad_nan.sum().item()} place(s), "
+        f"first at index {tuple(bad_nan.nonzero()[0].tolist())}")
+    inf_out = torch.where(torch.isinf(out), out, 0.0)
+    inf_ref = torch.where(torch.isinf(ref), ref, 0.0)
+    bad_inf = inf_out != inf_ref
+    assert not bad_inf.any(), f"{what}: +-inf pattern differs from the reference at {bad_inf.sum().item()} place(s)"
+
+
+def assert_close(out, ref, dtype, kind: str, torch_out=None, what: str = "output") -> None:
+    """Asserts that `out` matches the float64 `ref` to DESIGN.md's tolerance for `dtype` and `kind`.
+
+    - out must be a tensor of ref's shape and device; its dtype must be torch_out's dtype when torch_out
+      is given (autocast), else `dtype`.
+    - NaN and +-inf must sit exactly where the reference has them.
+    - rel_err(out, ref) <= tolerance(dtype, kind), the tf32 row when TF32 is allowed on the GPU.
+    - With torch_out (PyTorch's own result in the same dtype) and at least MIN_NUMEL_2X elements:
+      rel_err(out, ref) must also be at most 2 * rel_err(torch_out, ref) + NOISE_ULPS * unit roundoff.
+    """
+    assert isinstance(out, torch.Tensor), f"{what}: expected a Tensor, got {type(out).__name__}"
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    assert out.device == ref.device, f"{what}: device {out.device} != reference {ref.device}"
+    want_dtype = torch_out.dtype if torch_out is not None else dtype
+    assert out.dtype == want_dtype, f"{what}: dtype {out.dtype} != {want_dtype}"
+    _same_non_finite(out, ref, what)
+    key = tolerance_key(dtype)
+    tol = tolerance(dtype, kind)
+    err = rel_err(out, ref)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e} ({key}, {kind})"
+    if torch_out is not None and ref.numel() >= MIN_NUMEL_2X:
+        torch_err = rel_err(torch_out, ref)
+        noise = NOISE_ULPS * UNIT_ROUNDOFF[key]
+        assert err <= 2 * torch_err + noise, (
+            f"{what}: relative error {err:.3e} is worse than 2x PyTorch's own {torch_err:.3e} "
+            f"(+ noise allowance {noise:.1e}) in {key}")

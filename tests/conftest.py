@@ -1,0 +1,57 @@
+"""Test set-up shared by the whole suite.
+
+- Without a CUDA device the Triton interpreter is switched on (TRITON_INTERPRET=1) here, before dropin or
+  triton is imported, so every kernel runs on CPU tensors.
+- Tests marked `gpu` are skipped without a CUDA device (or when the interpreter was forced on).
+- Each test seeds torch with a fresh random seed, shown in the report when the test fails;
+  DROPIN_TEST_SEED=<seed> replays it.
+"""
+import os
+import random
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import _tol` from any test folder
+
+import _tol  # noqa: E402  (reads TRITON_INTERPRET, set above)
+
+
+def pytest_report_header(config):
+    import triton
+
+    where = torch.cuda.get_device_name() if _tol.ON_GPU else "cpu, Triton interpreter"
+    return f"dropin tests: device={_tol.DEVICE} ({where}), torch {torch.__version__}, triton {triton.__version__}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if _tol.ON_GPU:
+        return
+    skip = pytest.mark.skip(reason="gpu: needs a CUDA device (this run uses the Triton interpreter on the CPU)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request):
+    seed = int(os.environ.get("DROPIN_TEST_SEED", random.randrange(2**31)))
+    torch.manual_seed(seed)
+    request.node.add_report_section("setup", "seed", f"DROPIN_TEST_SEED={seed}")
+    yield
+
+
+@pytest.fixture
+def allow_tf32():
+    """Sets torch.backends.cuda.matmul.allow_tf32 for one test (call it with True/False); restores it after."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+
+    def set_(value: bool):
+        torch.backends.cuda.matmul.allow_tf32 = value
+
+    yield set_
+    torch.backends.cuda.matmul.allow_tf32 = saved

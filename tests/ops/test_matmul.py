@@ -1,0 +1,492 @@
+"""dropin.ops.matmul / bmm / linear against PyTorch: torch semantics, DESIGN.md tolerances.
+
+Every numerical test goes through `check`: forward and the gradient of every input (for a random upstream
+gradient), against PyTorch in float64 (the reference) and against PyTorch's own error in the same dtype.
+On the CPU the kernels run under the Triton interpreter, so shapes stay small there; `gpu` tests add
+large shapes, bfloat16, torch.compile, autocast and TF32.
+"""
+import contextlib
+import importlib
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import mutually_broadcastable_shapes
+
+import dropin
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
+
+ACTIVATIONS = {
+    None: lambda t: t,
+    "relu": F.relu,
+    "gelu": F.gelu,  # exact (erf)
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def linear_ref(x, weight, bias=None, activation=None):
+    return ACTIVATIONS[activation](F.linear(x, weight, bias))
+
+
+def dropin_linear(activation):
+    return lambda x, weight, bias=None: dropin.ops.linear(x, weight, bias, activation=activation)
+
+
+def torch_linear(activation):
+    return lambda x, weight, bias=None: linear_ref(x, weight, bias, activation)
+
+
+def randn(*shape, dtype=torch.float32, std=1.0):
+    return torch.randn(*shape, dtype=dtype, device=DEVICE) * std
+
+
+def matmul_leaves(a_shape, b_shape, dtype, build=None):
+    """Random leaves a, b (the operands are build(a, b)). When a @ b is a single number they are positive:
+    a lone dot product of random signs can cancel to ~0, where every rounding is a large relative error
+    (PyTorch's too)."""
+    leaves = {"a": randn(*a_shape, dtype=dtype), "b": randn(*b_shape, dtype=dtype)}
+    meta = [torch.empty(s, device="meta") for s in (a_shape, b_shape)]
+    if torch.matmul(*(build(*meta) if build else meta)).numel() == 1:
+        leaves = {k: v.abs() for k, v in leaves.items()}
+    return leaves
+
+
+def check(op, ref_op, leaves: dict, build=None, backward=True, autocast_dtype=None):
+    """Checks op(*build(**leaves)) forward and, with backward, the gradient of every leaf.
+
+    ref_op is the PyTorch peer: run on float64 copies of the leaves it is the reference, run on the leaves
+    themselves it gives PyTorch's own error. build turns the leaves into the op's arguments (views, etc.).
+    With autocast_dtype, op and PyTorch run under torch.autocast and the reference sees the leaves
+    rounded to that dtype, as autocast does.
+    """
+    build = build or (lambda **t: tuple(t.values()))
+    dtype = autocast_dtype or next(iter(leaves.values())).dtype
+    originals = {k: v.clone() for k, v in leaves.items()}
+
+    def run(fn, cast, autocast):
+        ins = {k: cast(v).detach().requires_grad_(backward) for k, v in leaves.items()}
+        ctx = torch.autocast(DEVICE, dtype=autocast_dtype) if autocast else contextlib.nullcontext()
+        with ctx:
+            out = fn(*build(**ins))
+        return ins, out
+
+    on_ref = (lambda t: t.to(autocast_dtype).double()) if autocast_dtype else (lambda t: t.double())
+    ins, out = run(op, lambda t: t, autocast_dtype is not None)
+    ins_t, out_t = run(ref_op, lambda t: t, autocast_dtype is not None)
+    ins_64, ref = run(ref_op, on_ref, False)
+    for k, v in leaves.items():
+        torch.testing.assert_close(v, originals[k], rtol=0, atol=0, equal_nan=True,
+                                   msg=lambda m, k=k: f"the op modified its input '{k}': {m}")
+    assert_close(out, ref, dtype, "fwd", torch_out=out_t, what="forward")
+    if not backward:
+        return
+    assert out.requires_grad, "forward output does not require grad: no autograd support"
+    grad = torch.randn(ref.shape, device=DEVICE, dtype=out_t.dtype)
+    grads = torch.autograd.grad(out, list(ins.values()), grad, allow_unused=True)
+    grads_t = torch.autograd.grad(out_t, list(ins_t.values()), grad)
+    grads_64 = torch.autograd.grad(ref, list(ins_64.values()), grad.double())
+    for name, g, g_t, g_64 in zip(leaves, grads, grads_t, grads_64):
+        assert g is not None, f"no gradient for '{name}'"
+        assert_close(g, g_64, dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
+
+
+def shape_id(shape):
+    return "x".join(map(str, shape)) or "scalar"
+
+
+# ------------------------------------------------------------------------------------------ matmul 2-D
+# (M, K, N); 1, 7, 33, 127 and 1000 in every role, non-powers of two, one past the usual block sizes.
+SHAPES_2D = [
+    pytest.param((1, 1, 1), id="1x1x1"),
+    pytest.param((1, 33, 1000), id="row-1x33x1000"),
+    pytest.param((1000, 7, 33), id="tall-1000x7x33"),
+    pytest.param((7, 1000, 33), id="deep-7x1000x33"),
+    pytest.param((127, 33, 7), id="127x33x7"),
+    pytest.param((64, 64, 64), id="64x64x64"),
+    pytest.param((17, 129, 65), id="weird-17x129x65"),
+    pytest.param((512, 1024, 768), id="512x1024x768", marks=gpu),
+    pytest.param((4096, 512, 4096), id="4096x512x4096", marks=gpu),
+    pytest.param((96, 8192, 80), id="splitk-96x8192x80", marks=gpu),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mkn", SHAPES_2D)
+def test_matmul_2d(mkn, dtype):
+    m, k, n = mkn
+    check(dropin.ops.matmul, torch.matmul, matmul_leaves((m, k), (k, n), dtype))
+
+
+# --------------------------------------------------------------------------- matmul 1-D, batched, broadcast
+BATCHED = [
+    ((33,), (33,)),
+    ((33,), (33, 17)),
+    ((7, 33), (33,)),
+    ((3, 7, 33), (3, 33, 17)),
+    ((3, 7, 33), (33, 17)),
+    ((7, 33), (3, 33, 17)),
+    ((33,), (3, 33, 17)),
+    ((3, 7, 33), (33,)),
+    ((2, 1, 7, 33), (3, 33, 17)),
+    ((2, 3, 7, 33), (2, 3, 33, 17)),
+    ((1, 3, 7, 33), (2, 1, 33, 17)),
+    ((2, 1, 1, 33), (1, 4, 33, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("a_shape,b_shape", BATCHED, ids=[f"{shape_id(a)}@{shape_id(b)}" for a, b in BATCHED])
+def test_matmul_batched_broadcast(a_shape, b_shape, dtype):
+    check(dropin.ops.matmul, torch.matmul, matmul_leaves(a_shape, b_shape, dtype))
+
+
+# ------------------------------------------------------------------------------------- strides and views
+# layout -> (storage shape for a logical (rows, cols) operand, the view of that storage)
+LAYOUTS = {
+    "contig": (lambda r, c: (r, c), lambda t, r, c: t),
+    "T": (lambda r, c: (c, r), lambda t, r, c: t.mT),
+    "slice": (lambda r, c: (r, 2 * c), lambda t, r, c: t[:, ::2]),  # inner stride 2
+    "offset": (lambda r, c: (r + 2, c + 3), lambda t, r, c: t[2:, 3:]),  # storage offset, padded rows
+    # stride 0; positive, since an expanded a times an expanded b is a multiple of one sum, which must not cancel
+    "expand": (lambda r, c: (1, c), lambda t, r, c: t.abs().expand(r, c)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b_layout", LAYOUTS)
+@pytest.mark.parametrize("a_layout", LAYOUTS)
+def test_matmul_strided_views(a_layout, b_layout, dtype):
+    m, k, n = 33, 65, 17
+    (a_storage, a_view), (b_storage, b_view) = LAYOUTS[a_layout], LAYOUTS[b_layout]
+    leaves = {"a": randn(*a_storage(m, k), dtype=dtype), "b": randn(*b_storage(k, n), dtype=dtype)}
+    # Both expanded: the gradient of a's one stored row is one sum of random signs, which may cancel.
+    check(dropin.ops.matmul, torch.matmul, leaves, build=lambda a, b: (a_view(a, m, k), b_view(b, k, n)),
+          backward=not a_layout == b_layout == "expand")
+
+
+B, M, K, N = 3, 7, 33, 17
+# id -> (a storage, a view, b storage, b view), all views (B, M, K) and (B, K, N)
+BATCHED_VIEWS = {
+    "a-batch-stride0": ((M, K), lambda a: a.expand(B, M, K), (B, K, N), lambda b: b),
+    "b-batch-stride0": ((B, M, K), lambda a: a, (1, K, N), lambda b: b.expand(B, K, N)),
+    "a-mT": ((B, K, M), lambda a: a.mT, (B, K, N), lambda b: b),
+    "b-mT": ((B, M, K), lambda a: a, (B, N, K), lambda b: b.mT),
+    "both-mT": ((B, K, M), lambda a: a.mT, (B, N, K), lambda b: b.mT),
+    "batch-permuted": ((M, B, K), lambda a: a.transpose(0, 1), (K, N, B), lambda b: b.permute(2, 0, 1)),
+    "b-slice": ((B, M, K), lambda a: a, (B, K, 2 * N), lambda b: b[..., ::2]),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", BATCHED_VIEWS)
+@pytest.mark.parametrize("op", ["matmul", "bmm"])
+def test_batched_strided_views(op, case, dtype):
+    a_storage, a_view, b_storage, b_view = BATCHED_VIEWS[case]
+    leaves = {"a": randn(*a_storage, dtype=dtype), "b": randn(*b_storage, dtype=dtype)}
+    check(getattr(dropin.ops, op), getattr(torch, op), leaves, build=lambda a, b: (a_view(a), b_view(b)))
+
+
+# ------------------------------------------------------------------------------------------------- bmm
+BMM_SHAPES = [
+    pytest.param((1, 1, 1, 1), id="1x1x1x1"),
+    pytest.param((4, 33, 7, 17), id="4x33x7x17"),
+    pytest.param((2, 127, 33, 7), id="2x127x33x7"),
+    pytest.param((3, 17, 129, 65), id="weird-3x17x129x65"),
+    pytest.param((16, 512, 128, 512), id="16x512x128x512", marks=gpu),
+    pytest.param((64, 1000, 64, 1000), id="64x1000x64x1000", marks=gpu),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bmkn", BMM_SHAPES)
+def test_bmm(bmkn, dtype):
+    b, m, k, n = bmkn
+    check(dropin.ops.bmm, torch.bmm, {"a": randn(b, m, k, dtype=dtype), "b": randn(b, k, n, dtype=dtype)})
+
+
+# ---------------------------------------------------------------------------------------------- linear
+def linear_leaves(x_shape, n, dtype, bias=True):
+    """x, weight (std 1/sqrt(K), as initialised in nn.Linear) and bias; positive for a single output (see
+    matmul_leaves; also keeps a lone pre-activation off gelu's and silu's stationary points)."""
+    k = x_shape[-1]
+    leaves = {"x": randn(*x_shape, dtype=dtype), "weight": randn(n, k, dtype=dtype, std=1 / math.sqrt(max(k, 1)))}
+    if bias:
+        leaves["bias"] = randn(n, dtype=dtype)
+    if math.prod(x_shape[:-1]) * n == 1:
+        leaves = {name: t.abs() for name, t in leaves.items()}
+    return leaves
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("activation", list(ACTIVATIONS), ids=str)
+def test_linear_activation(activation, bias, dtype):
+    check(dropin_linear(activation), torch_linear(activation), linear_leaves((5, 7, 33), 17, dtype, bias))
+
+
+LINEAR_SHAPES = [  # (x shape, out_features)
+    pytest.param((33,), 7, id="x1d-33-n7"),
+    pytest.param((1, 1), 1, id="1x1-n1"),
+    pytest.param((1000, 7), 33, id="1000x7-n33"),
+    pytest.param((2, 3, 127), 1, id="2x3x127-n1"),
+    pytest.param((2, 1, 3, 64), 64, id="2x1x3x64-n64"),
+    pytest.param((3, 129), 65, id="weird-3x129-n65"),
+    pytest.param((4, 256, 1024), 768, id="4x256x1024-n768", marks=gpu),
+    pytest.param((8, 512, 4096), 1024, id="8x512x4096-n1024", marks=gpu),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_shape,n", LINEAR_SHAPES)
+def test_linear_shapes(x_shape, n, dtype):
+    check(dropin_linear("gelu"), torch_linear("gelu"), linear_leaves(x_shape, n, dtype))
+
+
+LINEAR_VIEWS = {  # id -> {leaf: (storage shape, view)}; x (7, 33) -> weight (17, 33), bias (17,)
+    "x-T": {"x": ((33, 7), lambda t: t.t())},
+    "x-slice": {"x": ((7, 66), lambda t: t[:, ::2])},
+    "x-expand": {"x": ((1, 33), lambda t: t.expand(7, 33))},
+    "x-3d-permuted": {"x": ((7, 2, 33), lambda t: t.transpose(0, 1))},
+    "weight-T": {"weight": ((33, 17), lambda t: t.t())},
+    "weight-offset": {"weight": ((19, 36), lambda t: t[2:, 3:])},
+    "bias-slice": {"bias": ((34,), lambda t: t[::2])},
+    "bias-expand": {"bias": ((1,), lambda t: t.expand(17))},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", LINEAR_VIEWS)
+def test_linear_strided_views(case, dtype):
+    views = LINEAR_VIEWS[case]
+    leaves = linear_leaves((7, 33), 17, dtype)
+    std = {"x": 1.0, "weight": 33**-0.5, "bias": 1.0}
+    for name, (storage, _) in views.items():
+        leaves[name] = randn(*storage, dtype=dtype, std=std[name])
+
+    def build(**t):
+        return tuple(views[k][1](v) if k in views else v for k, v in t.items())
+
+    check(dropin_linear("silu"), torch_linear("silu"), leaves, build=build)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "Relu", "none", "gelu_erf"])
+def test_linear_unknown_activation(activation):
+    x, w = randn(3, 4), randn(5, 4)
+    with pytest.raises(ValueError, match="'activation'"):
+        dropin.ops.linear(x, w, activation=activation)
+
+
+# ------------------------------------------------------------------------------------------ empty dims
+EMPTY_MATMUL = [
+    ((0, 33), (33, 17)),
+    ((7, 0), (0, 17)),
+    ((7, 33), (33, 0)),
+    ((0,), (0,)),
+    ((0,), (0, 17)),
+    ((3, 7, 0), (0, 17)),
+    ((0, 7, 33), (0, 33, 17)),
+    ((0, 7, 33), (33, 17)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("a_shape,b_shape", EMPTY_MATMUL,
+                         ids=[f"{shape_id(a)}@{shape_id(b)}" for a, b in EMPTY_MATMUL])
+def test_matmul_empty(a_shape, b_shape, dtype):
+    check(dropin.ops.matmul, torch.matmul, matmul_leaves(a_shape, b_shape, dtype))
+
+
+EMPTY_BMM = [(0, 7, 33, 17), (3, 7, 0, 17), (3, 0, 33, 17), (3, 7, 33, 0)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bmkn", EMPTY_BMM, ids=shape_id)
+def test_bmm_empty(bmkn, dtype):
+    b, m, k, n = bmkn
+    check(dropin.ops.bmm, torch.bmm, {"a": randn(b, m, k, dtype=dtype), "b": randn(b, k, n, dtype=dtype)})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", list(ACTIVATIONS), ids=str)
+@pytest.mark.parametrize("x_shape,n", [((0, 33), 17), ((7, 0), 17), ((7, 33), 0), ((2, 0, 33), 17)],
+                         ids=["m0", "k0", "n0", "batch0"])
+def test_linear_empty(x_shape, n, activation, dtype):
+    # K = 0: the output is activation(bias) on every row, and only bias gets a nonzero gradient.
+    check(dropin_linear(activation), torch_linear(activation), linear_leaves(x_shape, n, dtype))
+
+
+# ---------------------------------------------------------------------------------------- NaN and inf
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["matmul", "linear", "linear-relu"])
+def test_nan_and_inf_propagate(op, dtype):
+    """A NaN in a row of a and an inf in a column of b give torch's NaN row and +-inf column."""
+    m, k, n = 9, 40, 11
+    a, b = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype)
+    a[4, 5] = float("nan")
+    b[17, 3] = float("inf")
+    if op == "matmul":
+        check(dropin.ops.matmul, torch.matmul, {"a": a, "b": b}, backward=False)
+    else:
+        act = "relu" if op == "linear-relu" else None
+        leaves = {"x": a, "weight": b.t().contiguous(), "bias": randn(n, dtype=dtype)}
+        check(dropin_linear(act), torch_linear(act), leaves, backward=False)
+
+
+# ---------------------------------------------------------------------------------- random configurations
+CPU_DTYPES = [torch.float32, torch.float16]
+
+
+@settings(max_examples=50 if ON_GPU else 15, deadline=None,
+          phases=list(Phase) if ON_GPU else [Phase.explicit, Phase.reuse, Phase.generate])  # CPU: no slow shrinking
+@given(
+    batch=mutually_broadcastable_shapes(num_shapes=2, max_dims=2, max_side=3),
+    mkn=st.tuples(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40)),
+    a_form=st.sampled_from(["normal", "transposed", "vector"]),
+    b_form=st.sampled_from(["normal", "transposed", "vector"]),
+    dtype=st.sampled_from(CPU_DTYPES + ([torch.bfloat16] if ON_GPU else [])),
+)
+def test_matmul_random_configs(batch, mkn, a_form, b_form, dtype):
+    m, k, n = mkn
+    (a_batch, b_batch) = batch.input_shapes
+    a_storage = {"normal": (*a_batch, m, k), "transposed": (*a_batch, k, m), "vector": (k,)}[a_form]
+    b_storage = {"normal": (*b_batch, k, n), "transposed": (*b_batch, n, k), "vector": (k,)}[b_form]
+
+    def build(a, b):
+        return (a.mT if a_form == "transposed" else a), (b.mT if b_form == "transposed" else b)
+
+    check(dropin.ops.matmul, torch.matmul, matmul_leaves(a_storage, b_storage, dtype, build), build=build)
+
+
+# ------------------------------------------------------------------------------------------- references
+def test_reference_functions():
+    """dropin.ops.matmul holds matmul_ref, bmm_ref, linear_ref (DESIGN.md): plain torch, float64-exact."""
+    module = importlib.import_module("dropin.ops.matmul")  # dropin.ops.matmul is also the function
+    a, b = randn(2, 5, 7).double(), randn(2, 7, 3).double()
+    torch.testing.assert_close(module.matmul_ref(a, b), torch.matmul(a, b), rtol=1e-12, atol=0)
+    torch.testing.assert_close(module.bmm_ref(a, b), torch.bmm(a, b), rtol=1e-12, atol=0)
+    x, w, bias = randn(4, 7).double(), randn(3, 7).double(), randn(3).double()
+    for activation in ACTIVATIONS:
+        torch.testing.assert_close(module.linear_ref(x, w, bias, activation), linear_ref(x, w, bias, activation),
+                                   rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+WRONG_DEVICE = "cpu" if ON_GPU else "meta"  # a device the kernels cannot run on here
+
+
+def T(*shape, dtype=torch.float32, device=None):
+    return torch.randn(shape, device=device or DEVICE).to(dtype)
+
+
+def I(*shape):  # noqa: E743
+    return torch.ones(*shape, dtype=torch.int32, device=DEVICE)
+
+
+fp16 = torch.float16
+ERRORS = [  # (id, op, arguments, exception, the argument the message must name)
+    ("mm-dtype-mismatch", "matmul", lambda: (T(3, 4), T(4, 5, dtype=fp16)), RuntimeError, "b"),
+    ("mm-inner-dim", "matmul", lambda: (T(3, 4), T(5, 6)), RuntimeError, "b"),
+    ("mm-batch-mismatch", "matmul", lambda: (T(2, 3, 4), T(3, 4, 5)), RuntimeError, "b"),
+    ("mm-int", "matmul", lambda: (I(3, 4), I(4, 5)), RuntimeError, "a"),
+    ("mm-0dim-a", "matmul", lambda: (T(), T(4)), RuntimeError, "a"),
+    ("mm-0dim-b", "matmul", lambda: (T(4), T()), RuntimeError, "b"),
+    ("mm-list-a", "matmul", lambda: ([[1.0]], T(1, 1)), TypeError, "a"),
+    ("mm-float-b", "matmul", lambda: (T(1, 1), 2.0), TypeError, "b"),
+    ("mm-device-a", "matmul", lambda: (T(3, 4, device=WRONG_DEVICE), T(4, 5)), RuntimeError, "a"),
+    ("mm-device-b", "matmul", lambda: (T(3, 4), T(4, 5, device=WRONG_DEVICE)), RuntimeError, "b"),
+    ("bmm-2d-a", "bmm", lambda: (T(3, 4), T(2, 4, 5)), RuntimeError, "a"),
+    ("bmm-4d-b", "bmm", lambda: (T(2, 3, 4), T(1, 2, 4, 5)), RuntimeError, "b"),
+    ("bmm-batch-mismatch", "bmm", lambda: (T(2, 3, 4), T(3, 4, 5)), RuntimeError, "b"),
+    ("bmm-no-broadcast", "bmm", lambda: (T(2, 3, 4), T(1, 4, 5)), RuntimeError, "b"),
+    ("bmm-inner-dim", "bmm", lambda: (T(2, 3, 4), T(2, 5, 5)), RuntimeError, "b"),
+    ("bmm-dtype-mismatch", "bmm", lambda: (T(2, 3, 4), T(2, 4, 5, dtype=fp16)), RuntimeError, "b"),
+    ("bmm-int", "bmm", lambda: (I(2, 3, 4), I(2, 4, 5)), RuntimeError, "a"),
+    ("bmm-tuple-b", "bmm", lambda: (T(2, 3, 4), (1.0,)), TypeError, "b"),
+    ("bmm-device-b", "bmm", lambda: (T(2, 3, 4), T(2, 4, 5, device=WRONG_DEVICE)), RuntimeError, "b"),
+    ("linear-in-features", "linear", lambda: (T(3, 4), T(5, 6)), RuntimeError, "weight"),
+    ("linear-weight-3d", "linear", lambda: (T(3, 4), T(2, 5, 4)), RuntimeError, "weight"),
+    ("linear-weight-dtype", "linear", lambda: (T(3, 4), T(5, 4, dtype=fp16)), RuntimeError, "weight"),
+    ("linear-bias-dtype", "linear", lambda: (T(3, 4), T(5, 4), T(5, dtype=fp16)), RuntimeError, "bias"),
+    ("linear-bias-shape", "linear", lambda: (T(3, 4), T(5, 4), T(6)), RuntimeError, "bias"),
+    ("linear-x-0dim", "linear", lambda: (T(), T(5, 4)), RuntimeError, "x"),
+    ("linear-int", "linear", lambda: (I(3, 4), I(5, 4)), RuntimeError, "x"),
+    ("linear-x-list", "linear", lambda: ([[1.0]], T(5, 1)), TypeError, "x"),
+    ("linear-weight-list", "linear", lambda: (T(3, 4), [[1.0] * 4]), TypeError, "weight"),
+    ("linear-bias-float", "linear", lambda: (T(3, 4), T(5, 4), 1.0), TypeError, "bias"),
+    ("linear-device-x", "linear", lambda: (T(3, 4, device=WRONG_DEVICE), T(5, 4)), RuntimeError, "x"),
+    ("linear-device-weight", "linear", lambda: (T(3, 4), T(5, 4, device=WRONG_DEVICE)), RuntimeError, "weight"),
+    ("linear-device-bias", "linear", lambda: (T(3, 4), T(5, 4), T(5, device=WRONG_DEVICE)), RuntimeError, "bias"),
+]
+TORCH_OPS = {"matmul": torch.matmul, "bmm": torch.bmm, "linear": F.linear}
+
+
+@pytest.mark.parametrize("op,args,exc,name", [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
+def test_bad_input_raises(op, args, exc, name):
+    args = args()
+    with pytest.raises(exc, match=f"'{name}'"):
+        getattr(dropin.ops, op)(*args)
+    try:  # where PyTorch rejects the input too, it raises the same type
+        TORCH_OPS[op](*args)
+    except Exception as e:  # noqa: BLE001
+        assert isinstance(e, exc), f"torch raises {type(e).__name__}, the test expects {exc.__name__}"
+
+
+@gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("op", ["matmul", "bmm", "linear"])
+def test_tensors_on_different_gpus(op):
+    a, b = T(2, 3, 4, device="cuda:0"), T(2, 4, 5, device="cuda:1")
+    if op == "linear":
+        a, b = a[0], b[0].t()
+    with pytest.raises(RuntimeError, match="'b'" if op != "linear" else "'weight'"):
+        getattr(dropin.ops, op)(a, b)
+
+
+# ------------------------------------------------------------------------- GPU: TF32, compile, autocast
+@gpu
+@pytest.mark.parametrize("tf32", [False, True], ids=["allow_tf32-off", "allow_tf32-on"])
+@pytest.mark.parametrize("op", ["matmul", "linear"])
+def test_float32_follows_allow_tf32(op, tf32, allow_tf32):
+    """True fp32 (1e-5) unless torch.backends.cuda.matmul.allow_tf32; then the tf32 tolerance."""
+    allow_tf32(tf32)
+    if op == "matmul":
+        check(dropin.ops.matmul, torch.matmul, {"a": randn(256, 2048), "b": randn(2048, 384)})
+    else:
+        check(dropin_linear("relu"), torch_linear("relu"), linear_leaves((4, 64, 2048), 384, torch.float32))
+
+
+def _chain(matmul, linear, bmm):
+    def f(a, b, weight, bias, c):
+        return bmm(linear(matmul(a, b), weight, bias, "gelu"), c)
+    return f
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_compile_fullgraph(dtype):
+    """matmul -> linear(+bias, gelu) -> bmm compiled with fullgraph=True (no graph break), fwd and bwd."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_chain(dropin.ops.matmul, dropin.ops.linear, dropin.ops.bmm), fullgraph=True)
+    reference = _chain(torch.matmul, linear_ref, torch.bmm)
+    leaves = {"a": randn(2, 64, 96, dtype=dtype), "b": randn(96, 128, dtype=dtype),
+              "weight": randn(80, 128, dtype=dtype, std=128**-0.5), "bias": randn(80, dtype=dtype),
+              "c": randn(2, 80, 48, dtype=dtype)}
+    check(compiled, reference, leaves)
+
+
+@gpu
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("op", ["matmul", "bmm", "linear"])
+def test_autocast(op, amp_dtype):
+    """fp32 inputs under torch.autocast: the output dtype of torch's op, fp32 grads, amp tolerance."""
+    if op == "linear":
+        fn, ref, leaves = dropin_linear("gelu_tanh"), torch_linear("gelu_tanh"), linear_leaves((4, 96, 256), 160,
+                                                                                                 torch.float32)
+    else:
+        fn, ref = getattr(dropin.ops, op), getattr(torch, op)
+        leaves = {"a": randn(4, 96, 256), "b": randn(4, 256, 160)}
+    check(fn, ref, leaves, autocast_dtype=amp_dtype)

@@ -1,0 +1,107 @@
+"""Self-checks of the shared assert helper: it must reject wrong results, not only accept right ones.
+
+No kernels run here, so every dtype is checked on every machine.
+"""
+import pytest
+import torch
+
+from _tol import NOISE_ULPS, UNIT_ROUNDOFF, assert_close, rel_err, tolerance
+
+ALL_DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in (torch.float32, torch.float16, torch.bfloat16)]
+KINDS = ["fwd", "bwd"]
+
+
+def reference():
+    return torch.randn(64, 32, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_accepts_a_correctly_rounded_result(dtype, kind):
+    ref = reference()
+    assert_close(ref.to(dtype), ref, dtype, kind, torch_out=ref.to(dtype))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_rejects_an_error_above_the_tolerance(dtype, kind):
+    ref = reference()
+    out = (ref * (1 + 3 * tolerance(dtype, kind))).to(dtype)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_close(out, ref, dtype, kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_rejects_more_than_twice_torchs_error(dtype, kind):
+    """0.8x the tolerance passes the table alone, but not next to a PyTorch result that is simply rounded."""
+    ref = reference()
+    out = (ref * (1 + 0.8 * tolerance(dtype, kind))).to(dtype)
+    assert_close(out, ref, dtype, kind)
+    with pytest.raises(AssertionError, match="worse than 2x PyTorch"):
+        assert_close(out, ref, dtype, kind, torch_out=ref.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_two_x_rule_allows_ulp_noise(dtype):
+    """One ulp off on a quarter of the entries passes next to a PyTorch result with no error at all."""
+    assert NOISE_ULPS >= 1
+    exact = reference().to(dtype).double()  # representable: PyTorch's error is 0
+    ulp = torch.exp2(torch.floor(torch.log2(exact.abs()))) * torch.finfo(dtype).eps
+    out = (exact + ulp * (torch.rand_like(exact) < 0.25)).to(dtype)
+    assert 0 < rel_err(out, exact) <= NOISE_ULPS * UNIT_ROUNDOFF[dtype]
+    assert_close(out, exact, dtype, "fwd", torch_out=exact.to(dtype))
+
+
+def test_rejects_off_by_one_k_matmul():
+    """The kind of bug a kernel makes (dropping the last K step) fails in every dtype."""
+    a, b = torch.randn(33, 65, dtype=torch.float64), torch.randn(65, 17, dtype=torch.float64)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        wrong = (a[:, :-1] @ b[:-1]).to(dtype)
+        with pytest.raises(AssertionError):
+            assert_close(wrong, a @ b, dtype, "fwd", torch_out=(a @ b).to(dtype))
+
+
+def test_nan_passes_only_where_the_reference_has_nan():
+    ref = reference()
+    ref[3, 4] = float("nan")
+    out = ref.float()
+    assert_close(out, ref, torch.float32, "fwd")  # same place: fine
+    moved = ref.float()
+    moved[3, 4], moved[5, 6] = 1.0, float("nan")
+    with pytest.raises(AssertionError, match="NaN"):
+        assert_close(moved, ref, torch.float32, "fwd")
+    extra = ref.float()
+    extra[0, 0] = float("nan")
+    with pytest.raises(AssertionError, match="NaN"):
+        assert_close(extra, ref, torch.float32, "fwd")
+    with pytest.raises(AssertionError, match="NaN"):  # a NaN output never matches a finite reference
+        assert_close(torch.full_like(ref, float("nan")).float(), reference(), torch.float32, "fwd")
+
+
+def test_inf_must_match_in_place_and_sign():
+    ref = reference()
+    ref[1, 2] = float("inf")
+    assert_close(ref.float(), ref, torch.float32, "fwd")
+    flipped = ref.float()
+    flipped[1, 2] = -float("inf")
+    with pytest.raises(AssertionError, match="inf"):
+        assert_close(flipped, ref, torch.float32, "fwd")
+
+
+def test_zero_reference_must_be_matched_exactly():
+    ref = torch.zeros(4, 5, dtype=torch.float64)
+    assert rel_err(torch.zeros(4, 5), ref) == 0.0
+    assert_close(torch.zeros(4, 5), ref, torch.float32, "fwd")
+    with pytest.raises(AssertionError):
+        assert_close(torch.full((4, 5), 1e-30), ref, torch.float32, "fwd")
+
+
+def test_rejects_wrong_dtype_shape_and_type():
+    ref = reference()
+    with pytest.raises(AssertionError, match="dtype"):
+        assert_close(ref.half(), ref, torch.float32, "fwd")
+    with pytest.raises(AssertionError, match="shape"):
+        assert_close(ref.float().t(), ref, torch.float32, "fwd")
+    with pytest.raises(AssertionError, match="Tensor"):
+        assert_close(ref.tolist(), ref, torch.float32, "fwd")
