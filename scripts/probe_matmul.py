@@ -79,7 +79,7 @@ CASES = [
     ("bf16 16x4096x4096", 1, 16, 4096, 4096, torch.bfloat16, False, ("nn", "nt")),
     ("fp16 4096^3", 1, 4096, 4096, 4096, torch.float16, False, ("nn",)),
     ("tf32 4096^3", 1, 4096, 4096, 4096, torch.float32, True, ("nn", "nt")),
-    ("fp32x3 4096^3", 1, 4096, 4096, 4096, torch.float32, False, ("nn",)),
+    ("fp32 4096^3", 1, 4096, 4096, 4096, torch.float32, False, ("nn",)),
     ("fp32 50000x10x784", 1, 50000, 10, 784, torch.float32, False, ("nn",)),
     ("bmm 32x512^3 fp32", 32, 512, 512, 512, torch.float32, False, ("nn",)),
     ("bmm 2x1x1000x512", 2, 1, 1000, 512, torch.float32, False, ("nn",)),

@@ -78,9 +78,10 @@ class Launcher:
             return
         stream = torch._C._cuda_getCurrentRawStream(self.device)
         hooks = triton.knobs.runtime
-        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(self.grid, stream, *args), hooks.launch_enter_hook,
-                     hooks.launch_exit_hook, *args, *self.tail)
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        metadata = None if enter is None and leave is None else compiled.launch_metadata(self.grid, stream, *args)
+        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
+                     *args, *self.tail)
 
 
 def check_kernel_device(op: str, **tensors: torch.Tensor) -> torch.device:

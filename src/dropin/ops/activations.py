@@ -41,7 +41,7 @@ _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 def apply_activation(z, ACT: tl.constexpr):
     """act(z) for an fp32 tensor z."""
     if ACT == "relu":
-        y = tl.maximum(z, 0.0)
+        y = tl.where(z < 0.0, 0.0, z)  # NaN stays NaN, as in torch
     elif ACT == "gelu":
         y = 0.5 * z * (1.0 + tl.math.erf(z * _SQRT1_2))
     elif ACT == "gelu_tanh":

@@ -9,6 +9,7 @@ B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp
 float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise
 fp32 FMAs (true fp32).
 """
+import math
 from typing import Optional
 
 import torch
@@ -246,8 +247,9 @@ _PTR_CONFIGS = {
     2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 64, 4, 4), _cfg(128, 16, 64, 4, 4),
         _cfg(32, 64, 128, 4, 3), _cfg(16, 64, 256, 4, 3), _cfg(16, 32, 256, 4, 4), _cfg(16, 16, 256, 4, 2),
         _cfg(16, 64, 128, 4, 4, SPLIT_K=4), _cfg(16, 32, 256, 4, 3, SPLIT_K=4), _cfg(16, 64, 128, 4, 4, SPLIT_K=8)],
-    4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 64, 32, 4, 4), _cfg(256, 16, 64, 8, 3),
-        _cfg(128, 16, 64, 4, 4), _cfg(64, 16, 128, 4, 4), _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2),
+    4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 128, 16, 8, 4), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4),
+        _cfg(64, 64, 32, 4, 4), _cfg(256, 16, 64, 8, 3), _cfg(128, 16, 64, 4, 4), _cfg(128, 16, 32, 4, 4),
+        _cfg(64, 16, 32, 4, 4), _cfg(64, 16, 128, 4, 4), _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2),
         _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
 # M == 1 (any dtype): column blocks of the vector-matrix kernel.
@@ -296,16 +298,16 @@ _plans: dict = {}
 
 def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] = None):
     """C = act(A @ B + bias) for A [B, M, K], B [B, K, N] (same batch, any strides), bias [N] or None.
-    Returns (C, Z): C contiguous [B, M, N]; Z = A @ B + bias when save_preact (else an empty tensor).
+    Returns (C, Z): C contiguous [B, M, N]; Z = A @ B + bias when save_preact, else None.
     `tma` forces the kernel choice (tests); None picks the TMA kernel wherever it applies.
     The launch plan (kernel, grid, config) is made once per signature and reused: small products are
     bound by launch cost."""
     batch, M, K = a.shape
     N = b.shape[2]
     c = a.new_empty((batch, M, N))
-    z = a.new_empty((batch, M, N) if save_preact else (0,))
+    z = a.new_empty((batch, M, N)) if save_preact else c  # c stands in for an unused Z
     if c.numel() == 0:
-        return c, z
+        return c, z if save_preact else None
     if _precision(a.dtype) == "tf32":
         # tf32 tensor-core products read both operands K-major; a transposed tile costs more than this copy
         a = a if a.stride(2) == 1 else a.contiguous()
@@ -318,7 +320,7 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
             _plans.clear()
         plan = _plans[key] = _make_plan(a, b, c, bias, z, activation, save_preact, tma)
     plan(a, b, c, c if bias is None else bias, z)
-    return c, z
+    return c, z if save_preact else None
 
 
 def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
@@ -390,7 +392,7 @@ def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool):
     """(grad_z, grad_bias) for y = act(z): grad_z [.., N] (empty for activation "none", where it is grad_y)
     and the bias gradient, grad_z summed over every row (empty unless bias_grad)."""
     N = grad_y.shape[-1]
-    g2 = grad_y.reshape(-1, N)
+    g2 = grad_y.reshape(math.prod(grad_y.shape[:-1]), N)
     R = g2.shape[0]
     grad_z = torch.empty_like(grad_y, memory_format=torch.contiguous_format) if activation != "none" \
         else grad_y.new_empty(0)
@@ -417,7 +419,8 @@ def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool):
 @torch.library.custom_op("dropin::mm", mutates_args=())
 def _mm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: str,
            save_preact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _mm_impl(a, b, bias, activation, save_preact)
+    c, z = _mm_impl(a, b, bias, activation, save_preact)
+    return c, z if z is not None else a.new_empty(0)
 
 
 @_mm_op.register_fake
@@ -455,6 +458,14 @@ def _product_like(x, y, like):
     if like.stride(1) == 1 and like.stride(2) != 1:
         return _mm(y.mT, x.mT, None, "none", False)[0].mT
     return _mm(x, y, None, "none", False)[0]
+
+
+def _product(a, b, bias, activation):
+    """act(a @ b + bias) in canonical form, through an autograd node only where a gradient is wanted (the
+    node costs launch time, which small products feel)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias)):
+        return _MatmulFunction.apply(a, b, bias, activation)
+    return _mm(a, b, bias, activation, False)[0]
 
 
 class _MatmulFunction(torch.autograd.Function):
@@ -529,11 +540,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"matmul: batch dimensions of 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} "
                            f"do not broadcast") from e
     if b2.dim() == 2 and a2.dim() > 2:  # fold a's batch into M: one large product
-        c = _MatmulFunction.apply(a2.reshape(1, -1, K), b2.unsqueeze(0), None, "none")
+        c = _product(a2.reshape(1, math.prod(a2.shape[:-1]), K), b2.unsqueeze(0), None, "none")
     else:
-        a3 = a2.expand(*batch, M, K).reshape(-1, M, K)
-        b3 = b2.expand(*batch, K, N).reshape(-1, K, N)
-        c = _MatmulFunction.apply(a3, b3, None, "none")
+        a3 = a2.expand(*batch, M, K).reshape(math.prod(batch), M, K)
+        b3 = b2.expand(*batch, K, N).reshape(math.prod(batch), K, N)
+        c = _product(a3, b3, None, "none")
     c = c.view(*batch, M, N)
     if a.dim() == 1:
         c = c.squeeze(-2)
@@ -552,7 +563,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise RuntimeError(f"bmm: 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} have mismatched "
                            f"batch or inner dimensions")
-    return _MatmulFunction.apply(a, b, None, "none")
+    return _product(a, b, None, "none")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -575,6 +586,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         if bias.dim() > 1 or bias.numel() != N:
             raise RuntimeError(f"linear: argument 'bias' must have {N} elements (out_features), "
                                f"got shape {tuple(bias.shape)}")
-        bias = bias.reshape(N)
-    y = _MatmulFunction.apply(x.reshape(1, -1, K), w2.t().unsqueeze(0), bias, act)
+        bias = bias.reshape(N).contiguous()  # the kernels read bias with unit stride
+    y = _product(x.reshape(1, math.prod(x.shape[:-1]), K), w2.t().unsqueeze(0), bias, act)
     return y.view(*x.shape[:-1], N) if weight.dim() == 2 else y.view(x.shape[:-1])
