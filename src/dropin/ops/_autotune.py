@@ -2,8 +2,9 @@
 
 A kernel asks `pick(name, key, configs, run)`; the first call for a key times each candidate with
 `triton.testing.do_bench` (on the GPU only) and remembers the winner in memory and on disk
-(`$DROPIN_CACHE_DIR`, default ~/.cache/dropin). Under the interpreter, or with DROPIN_AUTOTUNE=0, no
-timing happens: the first candidate (the heuristic default) is used.
+(`$DROPIN_CACHE_DIR`, default ~/.cache/dropin). Choices tuned on the project's own GPUs ship in `tuned/`
+(same file names), so the benchmark shapes need no tuning there. Under the interpreter, or with
+DROPIN_AUTOTUNE=0, no timing happens: the first candidate (the heuristic default) is used.
 """
 import json
 import os
@@ -15,6 +16,7 @@ from .. import _runtime
 
 TUNING = not _runtime.INTERPRET and os.environ.get("DROPIN_AUTOTUNE", "1") != "0"
 _CACHE_DIR = pathlib.Path(os.environ.get("DROPIN_CACHE_DIR", pathlib.Path.home() / ".cache" / "dropin"))
+_SHIPPED_DIR = pathlib.Path(__file__).with_name("tuned")
 _memory: dict = {}
 _disk: dict | None = None
 
@@ -24,17 +26,20 @@ def bucket(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _cache_file() -> pathlib.Path:
-    return _CACHE_DIR / f"autotune-{_runtime.gpu_slug()}-triton{triton.__version__}.json"
+def _cache_file(folder: pathlib.Path = _CACHE_DIR) -> pathlib.Path:
+    return folder / f"autotune-{_runtime.gpu_slug()}-triton{triton.__version__}.json"
 
 
 def _load_disk() -> dict:
+    """The shipped choices for this GPU and Triton, overridden by the user's own cache."""
     global _disk
     if _disk is None:
-        try:
-            _disk = json.loads(_cache_file().read_text())
-        except (OSError, ValueError):
-            _disk = {}
+        _disk = {}
+        for path in (_cache_file(_SHIPPED_DIR), _cache_file()):
+            try:
+                _disk.update(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                pass
     return _disk
 
 

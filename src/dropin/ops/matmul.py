@@ -52,6 +52,17 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
+    """acc + a @ b. True fp32 adds each K tile's product separately: a two-level sum whose rounding error
+    grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long K)."""
+    if PRECISION == "ieee" and a.dtype == tl.float32:
+        acc = acc + tl.dot(a, b, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
@@ -87,7 +98,7 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = _dot_acc(acc, a, b, PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
@@ -153,8 +164,9 @@ def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles. A is stored [BATCH, M, K] (A_T: [BATCH, K, M])
-    with unit inner stride and outer stride `stride_a`; likewise B [BATCH, K, N] (B_T: [BATCH, N, K])."""
+    """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles.
+    A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
+    likewise B [BATCH, K, N] (B_T: [BATCH, N, K])."""
     if A_T:
         a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, K, M], [stride_ab, stride_a, 1], [1, BLOCK_K, BLOCK_M])
     else:
@@ -189,7 +201,7 @@ def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                 b = b_desc.load([batch, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
             else:
                 b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = _dot_acc(acc, a, b, PRECISION)
         tile_c += NUM_PROGRAMS
         batch_c = tile_c // tiles
         pid_m, pid_n = _tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)
@@ -257,11 +269,12 @@ _GEMV_CONFIGS = [_cfg(1, 64, 128, 4, 1), _cfg(1, 16, 256, 4, 1), _cfg(1, 32, 256
                  _cfg(1, 256, 32, 8, 1)]
 
 
-def _fits(configs, M, N, K, min_m=16):
-    """Drops candidates whose tile is larger than the bucketed problem, and K splits for short K; keeps the
-    smallest if none fits."""
+def _fits(configs, M, N, K, max_k=256, min_m=16):
+    """Drops candidates whose tile is larger than the bucketed problem, K tiles over max_k, and K splits for
+    short K; keeps the smallest if none fits."""
     bm, bn = max(min_m, _autotune.bucket(M)), _autotune.bucket(N)
-    fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn and (K >= 1024 or "SPLIT_K" not in c)]
+    fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn and c["BLOCK_K"] <= max_k
+               and (K >= 1024 or "SPLIT_K" not in c)]
     return fitting or configs[-1:]
 
 
@@ -338,12 +351,13 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
         ptr = not tma or min(M, N) <= 64 or size == 4
     else:
         ptr = not tma
-    configs = ([dict(cfg, KERNEL="tma") for cfg in _fits(_TMA_CONFIGS[size], M, N, K, min_m=64)] if tma else []) \
-        + ([dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N, K)] if ptr else [])
+    precision = _precision(a.dtype)
+    max_k = 64 if precision == "ieee" and size == 4 else 256  # bounds the inner sum of true fp32 (_dot_acc)
+    configs = ([dict(cfg, KERNEL="tma") for cfg in _fits(_TMA_CONFIGS[size], M, N, K, max_k, 64)] if tma else []) \
+        + ([dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)] if ptr else [])
     if M == 1 and tuned:
         configs = [dict(cfg, KERNEL="gemv") for cfg in _fits(_GEMV_CONFIGS, 1, N, K, min_m=1)] + configs
-    epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact,
-                    PRECISION=_precision(a.dtype), GROUP_M=8)
+    epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision, GROUP_M=8)
 
     def launcher(cfg):
         cfg = dict(cfg)
@@ -382,7 +396,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
             launch_sum(partial, c, bias, z, batch * M, N)
         return run_split
 
-    key = ("mm", a.dtype, epilogue["PRECISION"], tma, ptr, M == 1, a.stride(2) != 1, b.stride(2) != 1)
+    key = ("mm", a.dtype, precision, tma, ptr, M == 1, a.stride(2) != 1, b.stride(2) != 1)
     key += tuple(map(_autotune.bucket, (batch, M, N, K)))
     args = (a, b, c, c if bias is None else bias, z)
     return launcher(_autotune.pick("matmul", key, configs, lambda cfg: launcher(cfg)(*args)))

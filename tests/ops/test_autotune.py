@@ -1,0 +1,53 @@
+"""The config cache: no tuning under the interpreter, remembered choices reused only while still candidates,
+shipped choices overridden by the user's cache."""
+import json
+
+import pytest
+
+import dropin  # noqa: F401
+
+at = __import__("dropin.ops._autotune", fromlist=["pick"])
+CONFIGS = [at.config(64, 64, 32, 4, 3), at.config(32, 32, 32, 4, 2)]
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty memory, an empty user cache in tmp_path/user and a shipped table in tmp_path/shipped."""
+    monkeypatch.setattr(at, "_memory", {})
+    monkeypatch.setattr(at, "_disk", None)
+    monkeypatch.setattr(at, "_CACHE_DIR", tmp_path / "user")
+    monkeypatch.setattr(at, "_SHIPPED_DIR", tmp_path / "shipped")
+    monkeypatch.setattr(at, "TUNING", False)
+    return tmp_path
+
+
+def _write(path, table):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table))
+
+
+def test_untuned_pick_is_the_first_candidate(fresh):
+    def run(config):
+        raise AssertionError("no timing without tuning")
+    assert at.pick("k", (1, 2), CONFIGS, run) == CONFIGS[0]
+
+
+def test_remembered_choice_must_still_be_a_candidate(fresh):
+    _write(at._cache_file(), {"k|1": CONFIGS[1], "k|2": at.config(16, 16, 16, 1, 1)})
+    assert at.pick("k", (1,), CONFIGS, None) == CONFIGS[1]
+    assert at.pick("k", (2,), CONFIGS, None) == CONFIGS[0]  # stale entry ignored
+
+
+def test_user_cache_overrides_shipped_table(fresh):
+    _write(at._cache_file(at._SHIPPED_DIR), {"k|1": CONFIGS[1], "k|2": CONFIGS[1]})
+    _write(at._cache_file(), {"k|2": CONFIGS[0]})
+    assert at.pick("k", (1,), CONFIGS, None) == CONFIGS[1]
+    assert at.pick("k", (2,), CONFIGS, None) == CONFIGS[0]
+
+
+def test_tuning_times_every_candidate_and_saves_the_fastest(fresh, monkeypatch):
+    monkeypatch.setattr(at, "TUNING", True)
+    times = {id(CONFIGS[0]): 2.0, id(CONFIGS[1]): 1.0}
+    monkeypatch.setattr(at, "_time", lambda run, config: times[id(config)])
+    assert at.pick("k", (3,), CONFIGS, None) == CONFIGS[1]
+    assert json.loads(at._cache_file().read_text())["k|3"] == CONFIGS[1]
