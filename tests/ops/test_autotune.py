@@ -27,9 +27,9 @@ def _write(path, table):
 
 
 def test_untuned_pick_is_the_first_candidate(fresh):
-    def run(config):
+    def prepare(config):
         raise AssertionError("no timing without tuning")
-    assert at.pick("k", (1, 2), CONFIGS, run) == CONFIGS[0]
+    assert at.pick("k", (1, 2), CONFIGS, prepare) == CONFIGS[0]
 
 
 def test_remembered_choice_must_still_be_a_candidate(fresh):
@@ -48,6 +48,6 @@ def test_user_cache_overrides_shipped_table(fresh):
 def test_tuning_times_every_candidate_and_saves_the_fastest(fresh, monkeypatch):
     monkeypatch.setattr(at, "TUNING", True)
     times = {id(CONFIGS[0]): 2.0, id(CONFIGS[1]): 1.0}
-    monkeypatch.setattr(at, "_time", lambda run, config: times[id(config)])
+    monkeypatch.setattr(at, "_time", lambda prepare, config: times[id(config)])
     assert at.pick("k", (3,), CONFIGS, None) == CONFIGS[1]
     assert json.loads(at._cache_file().read_text())["k|3"] == CONFIGS[1]

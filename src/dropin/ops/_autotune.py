@@ -1,6 +1,7 @@
 """Config choice for the tiled kernels: pruned candidate lists, bucketed keys and an on-disk cache.
 
-A kernel asks `pick(name, key, configs, run)`; the first call for a key times each candidate with
+A kernel asks `pick(name, key, configs, prepare)`; the first call for a key times each candidate's
+launch (`prepare(config)` returns it, ready to call repeatedly) with
 `triton.testing.do_bench` (on the GPU only) and remembers the winner in memory and on disk
 (`$DROPIN_CACHE_DIR`, default ~/.cache/dropin). Choices tuned on the project's own GPUs ship in `tuned/`
 (same file names), so the benchmark shapes need no tuning there. Under the interpreter, or with
@@ -55,16 +56,16 @@ def _save_disk(key: str, config: dict) -> None:
         pass  # a read-only home only costs re-tuning in the next process
 
 
-def _time(run, config) -> float:
+def _time(prepare, config) -> float:
     try:
-        return triton.testing.do_bench(lambda: run(config), warmup=5, rep=25)
+        return triton.testing.do_bench(prepare(config), warmup=5, rep=25)
     except triton.runtime.errors.OutOfResources:
         return float("inf")
 
 
-def pick(name: str, key: tuple, configs: list, run) -> dict:
-    """The config for `key`: a remembered one if it is still a candidate, else the fastest of `configs` by
-    `run(config)` when tuning, else configs[0]."""
+def pick(name: str, key: tuple, configs: list, prepare) -> dict:
+    """The config for `key`: a remembered one if it is still a candidate, else (when tuning) the one whose
+    launch `prepare(config)` runs fastest, else configs[0]."""
     full_key = f"{name}|{'|'.join(map(str, key))}"
     for remembered in (_memory.get(full_key), _load_disk().get(full_key)):
         if remembered in configs:
@@ -72,7 +73,7 @@ def pick(name: str, key: tuple, configs: list, run) -> dict:
             return remembered
     config = configs[0]
     if TUNING and len(configs) > 1:
-        times = [_time(run, c) for c in configs]
+        times = [_time(prepare, c) for c in configs]
         config = configs[min(range(len(configs)), key=times.__getitem__)]
         _save_disk(full_key, config)
     _memory[full_key] = config
