@@ -321,12 +321,13 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
     z = a.new_empty((batch, M, N)) if save_preact else c  # c stands in for an unused Z
     if c.numel() == 0:
         return c, z if save_preact else None
-    if _precision(a.dtype) == "tf32":
+    precision = _precision(a.dtype)
+    if precision == "tf32":
         # tf32 tensor-core products read both operands K-major; a transposed tile costs more than this copy
         a = a if a.stride(2) == 1 else a.contiguous()
         b = b if b.stride(1) == 1 else b.mT.contiguous().mT
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16, b.data_ptr() % 16,
-           None if bias is None else bias.data_ptr() % 16, activation, save_preact, _precision(a.dtype), tma)
+           None if bias is None else bias.data_ptr() % 16, activation, save_preact, precision, tma)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) > 4096:
@@ -353,11 +354,13 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
         ptr = not tma
     precision = _precision(a.dtype)
     max_k = 64 if precision == "ieee" and size == 4 else 256  # bounds the inner sum of true fp32 (_dot_acc)
-    configs = ([dict(cfg, KERNEL="tma") for cfg in _fits(_TMA_CONFIGS[size], M, N, K, max_k, 64)] if tma else []) \
-        + ([dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)] if ptr else [])
+    configs = [dict(cfg, KERNEL="tma") for cfg in _fits(_TMA_CONFIGS[size], M, N, K, max_k, 64)] if tma else []
+    if ptr:
+        configs += [dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]
     if M == 1 and tuned:
         configs = [dict(cfg, KERNEL="gemv") for cfg in _fits(_GEMV_CONFIGS, 1, N, K, min_m=1)] + configs
-    epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision, GROUP_M=8)
+    epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision,
+                    GROUP_M=8)
 
     def launcher(cfg):
         cfg = dict(cfg)
@@ -388,7 +391,8 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
         sum_meta = dict(SPLITS=splits, HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
                         BLOCK_R=32, BLOCK_N=64)
         launch_partial = _runtime.Launcher(_mm_kernel, (tiles, batch, splits), partial_meta)
-        launch_sum = _runtime.Launcher(_split_sum_kernel, (triton.cdiv(batch * M, 32), triton.cdiv(N, 64)), sum_meta)
+        sum_grid = (triton.cdiv(batch * M, 32), triton.cdiv(N, 64))
+        launch_sum = _runtime.Launcher(_split_sum_kernel, sum_grid, sum_meta)
 
         def run_split(a, b, c, bias, z):
             partial = torch.empty((splits, batch, M, N), device=a.device, dtype=torch.float32)
