@@ -9,7 +9,7 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 suites=${*:-matmul bmm}
 status=0
-python3 -m pytest -q -x --durations=15 tests 2>&1 | tee "$OUT/pytest.log" || status=1
+python3 -m pytest -q --durations=15 tests 2>&1 | tee "$OUT/pytest.log" || status=1
 for suite in $suites; do
   python3 -m dropin.cli bench "$suite" --plot 2>&1 | tee "$OUT/bench-$suite.log" || status=1
 done
