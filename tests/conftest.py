@@ -2,6 +2,7 @@
 
 - Without a CUDA device the Triton interpreter is switched on (TRITON_INTERPRET=1) here, before dropin or
   triton is imported, so every kernel runs on CPU tensors.
+- Kernel configs are not tuned: the first candidate runs (DROPIN_AUTOTUNE=0 unless set).
 - Tests marked `gpu` are skipped without a CUDA device (or when the interpreter was forced on).
 - Each test seeds torch with a fresh random seed, shown in the report when the test fails;
   DROPIN_TEST_SEED=<seed> replays it.
@@ -15,6 +16,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+# Tests never tune (each config is checked by test_matmul_configs); DROPIN_AUTOTUNE=1 overrides.
+os.environ.setdefault("DROPIN_AUTOTUNE", "0")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import _tol` from any test folder
 

@@ -51,23 +51,25 @@ def _alloc_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device=KERNEL_DEVICE)
 
 
-# Device-side tensor descriptors (tl.make_tensor_descriptor) need a scratch allocator.
-triton.set_allocator(_alloc_scratch)
-
-
 class Launcher:
     """Launches one Triton kernel on one grid with fixed constexprs, as `kernel[grid](*args, **constexprs)`.
 
     After the first launch on a GPU, later calls re-launch the compiled kernel directly, skipping Triton's
     per-call argument binding and cache look-up (about 15 us of CPU time per launch). The caller guarantees
     that later `args` specialize as the first ones did (same dtypes, same 16-byte alignment, same integers).
+    `scratch`: the kernel builds tensor descriptors on the device, which take global scratch memory from
+    Triton's allocator; that setting is per thread (autograd runs backward in threads of its own), so it is
+    made before each launch.
     """
 
-    def __init__(self, kernel, grid, constexprs: dict):
+    def __init__(self, kernel, grid, constexprs: dict, scratch: bool = False):
         self.kernel, self.grid, self.constexprs = kernel, tuple(grid) + (1,) * (3 - len(grid)), constexprs
+        self.scratch = scratch
         self.compiled = None
 
     def __call__(self, *args):
+        if self.scratch:
+            triton.set_allocator(_alloc_scratch)
         compiled = self.compiled
         if compiled is None:
             compiled = self.kernel[self.grid](*args, **self.constexprs)

@@ -378,7 +378,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
             scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
             meta = dict(epilogue, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs)
             meta.update(cfg)
-            launch = _runtime.Launcher(_mm_tma_kernel, grid, meta)
+            launch = _runtime.Launcher(_mm_tma_kernel, grid, meta, scratch=True)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         scalars = (M, N, K, *a.stride(), *b.stride())
         if splits == 1:
