@@ -86,6 +86,13 @@ def test_wrong_provider_fails_the_case():
     assert not harness.case_passed(list(rows.values()))
 
 
+def test_worse_than_twice_torch_fails_within_tolerance():
+    off_by_1_5e2 = lambda a, b: torch.matmul(a, b) * (1 + 1.5e-2)  # noqa: E731  (bf16 tolerance: 2e-2)
+    row = run(mm_case(dtype="bf16", dropin=off_by_1_5e2, torch=torch.matmul))["dropin"]
+    assert row["rel_err"] < harness.TOLERANCES["bf16"]
+    assert row["correct"] is False and "2x torch" in row["error"]
+
+
 def test_tolerance_depends_on_dtype():
     off_by_1e3 = lambda a, b: torch.matmul(a, b) * (1 + 1e-3)  # noqa: E731
     assert run(mm_case(dtype="bf16", dropin=off_by_1e3))["dropin"]["correct"] is True

@@ -30,6 +30,9 @@ from dropin import _runtime
 # Forward tolerances on ||out - ref|| / ||ref|| against float64 (DESIGN.md), keyed by Case.dtype.
 TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 2e-2}
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# DESIGN.md: dropin is also never worse than 2x PyTorch's own error; the allowance of 2 unit roundoffs keeps
+# the ratio of two tiny rounding errors from deciding (the same rule as tests/_tol.py).
+UNIT_ROUNDOFF = {"fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11, "bf16": 2.0**-8}
 
 
 @dataclass
@@ -216,6 +219,13 @@ def run_case(case: Case, ceilings: dict | None = None, warmup_ms: float = 25, re
     if ours:
         ours["speedup_vs"] = {r["provider"]: r["median_ms"] / ours["median_ms"]
                               for r in rows if r is not ours and r["median_ms"]}
+        peer = next((r for r in rows if r["provider"] == "torch" and r["correct"]), None)
+        if ours["correct"] and peer:
+            bound = 2 * peer["rel_err"] + 2 * UNIT_ROUNDOFF[case.dtype]
+            if ours["rel_err"] > bound:
+                ours.update(correct=False, error=f"relative error {ours['rel_err']:.2e} is worse than 2x torch's "
+                                                 f"own {peer['rel_err']:.2e} (bound {bound:.2e})")
+                log(f"  dropin: FAILED: {ours['error']}")
     return rows
 
 
