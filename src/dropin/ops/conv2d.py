@@ -1,0 +1,610 @@
+"""2-D convolution (torch.nn.functional.conv2d semantics) with a fused bias + activation epilogue; fwd and bwd.
+
+Every pass is an implicit GEMM, read through strides (NCHW, channels_last or any other layout, no copies),
+accumulated in fp32 with tl.dot, with masks for padding and edges; grid over (tiles, tiles, groups):
+- forward `_conv_fwd_kernel`: output pixels (N*OH*OW) x output channels of a group, reduced over
+  (KH, KW, Cin/groups); epilogue bias, activation, and the pre-activation kept for the backward.
+- input gradient `_conv_dgrad_kernel` (a transposed convolution): input pixels (N*H*W) x input channels
+  of a group, reduced over (KH, KW, Cout/groups), gathering from the output gradient; the stride and
+  dilation are handled by masks (a tap contributes where ih + pad - kh*dil is a multiple of the stride).
+- weight gradient `_conv_wgrad_kernel`: output channels x (Cin/groups*KH*KW), reduced over N*OH*OW, with
+  an optional split of that reduction (fp32 partials summed afterwards) for small weights on large images.
+- `_conv_act_grad_kernel`: grad of the activation and the bias gradient (per-tile column sums).
+float32 follows torch's rule for convolutions: tf32 when `torch.backends.cudnn.allow_tf32` (torch's default:
+True) is set, otherwise fp32 FMAs (true fp32).
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from . import _autotune
+from .activations import activation_grad, activation_ref, apply_activation, check_activation
+from .matmul import _dot_acc
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# --- 1. Reference ----------------------------------------------------------------------------------------
+
+def conv2d_ref(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
+    return activation_ref(F.conv2d(input, weight, bias, stride, padding, dilation, groups), activation)
+
+
+# --- 2. Kernels ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
+                     C_G, H, W, COUT_G, OH, OW, P, KH, KW,
+                     sxn, sxc, sxh, sxw, swo, swc, swh, sww, syn, syc, syh, syw,
+                     STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                     DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[n, g*COUT_G + co, oh, ow] = act(sum_{kh, kw, c} x[n, g*C_G + c, ih, iw] * w[g*COUT_G + co, c, kh, kw]
+    + bias); grid (pixel tiles, channel tiles, groups). z (when STORE_Z) has y's strides."""
+    g = tl.program_id(2).to(tl.int64)
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < P
+    n_ok = offs_n < COUT_G
+    ow = offs_m % OW
+    t = offs_m // OW
+    oh = t % OH
+    n = t // OH
+    x_base = x_ptr + n * sxn + g * C_G * sxc
+    co = g * COUT_G + offs_n
+    w_base = w_ptr + co.to(tl.int64)[None, :] * swo
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kh in range(0, KH):
+        ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+        h_ok = m_ok & (ih >= 0) & (ih < H)
+        for kw in range(0, KW):
+            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+            row_ok = h_ok & (iw >= 0) & (iw < W)
+            a_ptrs = (x_base + ih * sxh + iw * sxw)[:, None] + offs_k[None, :] * sxc
+            b_ptrs = w_base + kh * swh + kw * sww + offs_k[:, None] * swc
+            for c0 in range(0, C_G, BLOCK_K):
+                k_ok = offs_k < C_G - c0
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                acc = _dot_acc(acc, a, b, PRECISION)
+                a_ptrs += BLOCK_K * sxc
+                b_ptrs += BLOCK_K * swc
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    offs_y = (n * syn + oh * syh + ow * syw)[:, None] + co.to(tl.int64)[None, :] * syc
+    mask = m_ok[:, None] & n_ok[None, :]
+    if STORE_Z:
+        tl.store(z_ptr + offs_y, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offs_y, apply_activation(acc, ACT).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
+                       C_G, H, W, COUT_G, OH, OW, P, KH, KW,
+                       sdn, sdc, sdh, sdw, swo, swc, swh, sww, sxn, sxc, sxh, sxw,
+                       STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                       DIL_H: tl.constexpr, DIL_W: tl.constexpr, PRECISION: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """dx[n, g*C_G + c, ih, iw] = sum_{kh, kw, co} dy[n, g*COUT_G + co, oh, ow] * w[g*COUT_G + co, c, kh, kw]
+    where oh*STRIDE_H == ih + PAD_H - kh*DIL_H (same for w); grid (input pixel tiles, channel tiles,
+    groups), P = N*H*W."""
+    g = tl.program_id(2).to(tl.int64)
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < P
+    n_ok = offs_n < C_G
+    iw = offs_m % W
+    t = offs_m // W
+    ih = t % H
+    n = t // H
+    dy_base = dy_ptr + n * sdn + g * COUT_G * sdc
+    c = g * C_G + offs_n
+    w_base = w_ptr + g * COUT_G * swo + offs_n.to(tl.int64)[None, :] * swc
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kh in range(0, KH):
+        th = ih + PAD_H - kh * DIL_H
+        oh = tl.maximum(th, 0) // STRIDE_H
+        h_ok = m_ok & (th >= 0) & (th % STRIDE_H == 0) & (oh < OH)
+        for kw in range(0, KW):
+            tw = iw + PAD_W - kw * DIL_W
+            ow = tl.maximum(tw, 0) // STRIDE_W
+            row_ok = h_ok & (tw >= 0) & (tw % STRIDE_W == 0) & (ow < OW)
+            a_ptrs = (dy_base + oh * sdh + ow * sdw)[:, None] + offs_k[None, :] * sdc
+            b_ptrs = w_base + kh * swh + kw * sww + offs_k[:, None] * swo
+            for k0 in range(0, COUT_G, BLOCK_K):
+                k_ok = offs_k < COUT_G - k0
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                acc = _dot_acc(acc, a, b, PRECISION)
+                a_ptrs += BLOCK_K * sdc
+                b_ptrs += BLOCK_K * swo
+    offs_x = (n * sxn + ih * sxh + iw * sxw)[:, None] + c.to(tl.int64)[None, :] * sxc
+    tl.store(dx_ptr + offs_x, acc.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
+                       C_G, H, W, COUT_G, OH, OW, P, KH, KW,
+                       sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, swo, swc, swh, sww, sws,
+                       STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                       DIL_H: tl.constexpr, DIL_W: tl.constexpr, PRECISION: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """dw[g*COUT_G + co, c, kh, kw] = sum_{n, oh, ow} dy[n, g*COUT_G + co, oh, ow] * x[n, g*C_G + c, ih, iw];
+    columns j = (c, kh, kw); grid (co tiles x column tiles, groups, splits of the N*OH*OW reduction);
+    split s writes at dw + s * sws."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(C_G * KH * KW, BLOCK_N)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    g = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    k_tiles = tl.cdiv(P, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
+    k_first = split * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < COUT_G
+    n_ok = offs_n < C_G * KH * KW
+    kw = offs_n % KW
+    t = offs_n // KW
+    kh = t % KH
+    c = t // KH
+    co = g * COUT_G + offs_m
+    dy_base = dy_ptr + co.to(tl.int64)[:, None] * sdc
+    x_base = x_ptr + (g * C_G + c).to(tl.int64)[None, :] * sxc
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    offs_k = k_first.to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
+    for kt in range(k_first, k_last):
+        k_ok = offs_k < P
+        ow = offs_k % OW
+        t2 = offs_k // OW
+        oh = t2 % OH
+        n = t2 // OH
+        a = tl.load(dy_base + (n * sdn + oh * sdh + ow * sdw)[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        ih = oh[:, None] * STRIDE_H - PAD_H + kh[None, :] * DIL_H
+        iw = ow[:, None] * STRIDE_W - PAD_W + kw[None, :] * DIL_W
+        b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        b = tl.load(x_base + (n * sxn)[:, None] + ih * sxh + iw * sxw, mask=b_ok, other=0.0)
+        acc = _dot_acc(acc, a, b, PRECISION)
+        offs_k += BLOCK_K
+    offs_w = (split.to(tl.int64) * sws + co.to(tl.int64)[:, None] * swo
+              + (c * swc + kh * swh + kw * sww)[None, :])
+    tl.store(dw_ptr + offs_w, acc.to(dw_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _conv_act_grad_kernel(dy_ptr, z_ptr, dz_ptr, part_ptr,
+                          COUT, HW, OW, P,
+                          sdn, sdc, sdh, sdw, szn, szc, szh, szw,
+                          ACT: tl.constexpr, COL_SUM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dz = dy * act'(z) (dz and z share y's strides; skipped for ACT "none") and, with COL_SUM, the sum of
+    dz over this tile's pixels into part[pid_p, c] (fp32); grid (pixel tiles, channel tiles)."""
+    pid_p = tl.program_id(0)
+    offs_p = pid_p.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    p_ok = offs_p < P
+    c_ok = offs_c < COUT
+    mask = p_ok[:, None] & c_ok[None, :]
+    n = offs_p // HW
+    r = offs_p % HW
+    oh = r // OW
+    ow = r % OW
+    cc = offs_c.to(tl.int64)[None, :]
+    dy = tl.load(dy_ptr + (n * sdn + oh * sdh + ow * sdw)[:, None] + cc * sdc, mask=mask, other=0.0)
+    dy = dy.to(tl.float32)
+    if ACT != "none":
+        offs_z = (n * szn + oh * szh + ow * szw)[:, None] + cc * szc
+        z = tl.load(z_ptr + offs_z, mask=mask, other=0.0).to(tl.float32)
+        dy = dy * activation_grad(z, ACT)
+        tl.store(dz_ptr + offs_z, dy.to(dz_ptr.dtype.element_ty), mask=mask)
+    if COL_SUM:
+        tl.store(part_ptr + pid_p * COUT + offs_c, tl.sum(tl.where(mask, dy, 0.0), axis=0), mask=c_ok)
+
+
+# --- 3. Launchers ----------------------------------------------------------------------------------------
+
+# Tiles (BLOCK_M, BLOCK_N, BLOCK_K): M = pixels (fwd, dgrad) or output channels (wgrad), N = channels,
+# K = the channels reduced per tap (fwd, dgrad) or pixels (wgrad). Clamped to the problem by _fit; the first
+# fitting one is the untuned default.
+_FWD_CONFIGS = [
+    _autotune.config(64, 64, 32, 4, 3),
+    _autotune.config(128, 64, 32, 4, 3),
+    _autotune.config(128, 128, 32, 8, 3),
+    _autotune.config(64, 128, 64, 4, 3),
+    _autotune.config(32, 32, 16, 4, 2),
+]
+_DGRAD_CONFIGS = _FWD_CONFIGS
+_WGRAD_CONFIGS = [
+    _autotune.config(32, 64, 64, 4, 3, SPLIT_K=1),
+    _autotune.config(64, 64, 64, 4, 3, SPLIT_K=1),
+    _autotune.config(64, 128, 64, 8, 3, SPLIT_K=1),
+    _autotune.config(32, 64, 64, 4, 3, SPLIT_K=4),
+    _autotune.config(64, 64, 32, 4, 3, SPLIT_K=16),
+]
+
+_plans: dict = {}
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision: tf32 where torch's convolutions allow it (cudnn.allow_tf32), else fp32."""
+    if dtype == torch.float32 and torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET:
+        return "tf32"
+    return "ieee"
+
+
+def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
+    """cfg with its blocks shrunk to the problem (powers of two, at least 16 for tl.dot)."""
+    cfg = dict(cfg)
+    for name, extent in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
+        cfg[name] = max(16, min(cfg[name], triton.next_power_of_2(max(extent, 1))))
+    if precision == "ieee" and size == 4:
+        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], 64)  # bounds the inner sum of true fp32 (_dot_acc)
+    return cfg
+
+
+def _configs(configs, m, n, k, size, precision):
+    out = []
+    for cfg in configs:
+        cfg = _fit(cfg, m, n, k, size, precision)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """torch's suggest_memory_format for a 4-D tensor: channels_last when its strides are that layout's."""
+    return t.dim() == 4 and t.stride(1) == 1 and t.shape[1] > 1 and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _out_format(x, w):
+    return torch.channels_last if _channels_last(x) or _channels_last(w) else torch.contiguous_format
+
+
+def _out_hw(H, W, KH, KW, stride, padding, dilation):
+    """padding: (top, bottom, left, right)."""
+    oh = (H + padding[0] + padding[1] - dilation[0] * (KH - 1) - 1) // stride[0] + 1
+    ow = (W + padding[2] + padding[3] - dilation[1] * (KW - 1) - 1) // stride[1] + 1
+    return oh, ow
+
+
+def _geom(x, w, stride, padding, dilation, groups):
+    N, C, H, W = x.shape
+    COUT, C_G, KH, KW = w.shape
+    OH, OW = _out_hw(H, W, KH, KW, stride, padding, dilation)
+    return N, C_G, H, W, COUT // groups, OH, OW, KH, KW
+
+
+def _conv_meta(stride, padding, dilation, precision):
+    return dict(STRIDE_H=stride[0], STRIDE_W=stride[1], PAD_H=padding[0], PAD_W=padding[2],
+                DIL_H=dilation[0], DIL_W=dilation[1], PRECISION=precision)
+
+
+def _align(*ts):
+    return tuple(None if t is None else t.data_ptr() % 16 for t in ts)
+
+
+def _pick(name, key, configs, launcher, args):
+    def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
+        launch = launcher(cfg)
+        return lambda: launch(*args)
+    return launcher(_autotune.pick(name, key, configs, prepare))
+
+
+def _fwd_impl(x, w, bias, stride, padding, dilation, groups: int, activation: str, save_preact: bool):
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
+    fmt = _out_format(x, w)
+    y = torch.empty((N, COUT_G * groups, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt)
+    z = torch.empty_like(y) if save_preact else y.new_empty(0)
+    if y.numel() == 0:
+        return y, z
+    if C_G * KH * KW == 0:  # an empty reduction: bias only
+        y.copy_((bias if bias is not None else y.new_zeros(1)).view(1, -1, 1, 1).expand_as(y))
+        z.copy_(y) if save_preact else None
+        y.copy_(activation_ref(y, None if activation == "none" else activation))
+        return y, z
+    precision = _precision(x.dtype)
+    key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), x.dtype, _align(x, w, y, bias), stride, padding,
+           dilation, groups, activation, save_preact, precision, fmt)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 4096:
+            _plans.clear()
+        P = N * OH * OW
+        scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *x.stride(), *w.stride(), *y.stride())
+        meta0 = dict(_conv_meta(stride, padding, dilation, precision), HAS_BIAS=bias is not None, ACT=activation,
+                     STORE_Z=save_preact)
+
+        def launcher(cfg):
+            grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
+            launch = _runtime.Launcher(_conv_fwd_kernel, grid, dict(meta0, **cfg))
+            return lambda x, w, y, b, z: launch(x, w, y, b, z, *scalars)
+
+        configs = _configs(_FWD_CONFIGS, P, COUT_G, C_G, x.element_size(), precision)
+        tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
+        plan = _plans[key] = _pick("conv2d", tkey, configs, launcher,
+                                   (x, w, y, y if bias is None else bias, z if save_preact else y))
+    plan(x, w, y, y if bias is None else bias, z if save_preact else y)
+    return y, z
+
+
+def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
+    """The gradient of the input x (same strides as x where x is dense, else contiguous)."""
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
+    dx = torch.empty_like(x)
+    if dx.numel() == 0:
+        return dx
+    if dz.numel() == 0 or COUT_G == 0:
+        return dx.zero_()
+    precision = _precision(x.dtype)
+    key = ("dgrad", dz.shape, dz.stride(), dx.stride(), w.shape, w.stride(), x.shape, x.dtype,
+           _align(dz, w, dx), stride, padding, dilation, groups, precision)
+    plan = _plans.get(key)
+    if plan is None:
+        P = N * H * W
+        scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *w.stride(), *dx.stride())
+        meta0 = _conv_meta(stride, padding, dilation, precision)
+
+        def launcher(cfg):
+            grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(C_G, cfg["BLOCK_N"]), groups)
+            launch = _runtime.Launcher(_conv_dgrad_kernel, grid, dict(meta0, **cfg))
+            return lambda dz, w, dx: launch(dz, w, dx, *scalars)
+
+        configs = _configs(_DGRAD_CONFIGS, P, C_G, COUT_G, x.element_size(), precision)
+        tkey = ("dgrad", x.dtype, precision, _channels_last(x), KH, KW, stride,
+                *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
+        plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, (dz, w, dx))
+    plan(dz, w, dx)
+    return dx
+
+
+def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
+    """The gradient of the weight w (same strides as w where w is dense, else contiguous)."""
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
+    dw = torch.empty_like(w)
+    if dw.numel() == 0:
+        return dw
+    if dz.numel() == 0:
+        return dw.zero_()
+    precision = _precision(x.dtype)
+    key = ("wgrad", dz.shape, dz.stride(), x.shape, x.stride(), w.shape, dw.stride(), x.dtype,
+           _align(dz, x, dw), stride, padding, dilation, groups, precision)
+    plan = _plans.get(key)
+    if plan is None:
+        P = N * OH * OW
+        cols = C_G * KH * KW
+        meta0 = _conv_meta(stride, padding, dilation, precision)
+        base = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *x.stride())
+
+        def launcher(cfg):
+            cfg = dict(cfg)
+            splits = max(1, min(cfg.pop("SPLIT_K"), triton.cdiv(P, cfg["BLOCK_K"])))
+            grid = (triton.cdiv(COUT_G, cfg["BLOCK_M"]) * triton.cdiv(cols, cfg["BLOCK_N"]), groups, splits)
+            launch = _runtime.Launcher(_conv_wgrad_kernel, grid, dict(meta0, **cfg))
+            if splits == 1:
+                scalars = base + (*dw.stride(), 0)
+                return lambda dz, x, dw: launch(dz, x, dw, *scalars)
+            shape = (splits, *w.shape)
+            scalars = base + (C_G * KH * KW, KH * KW, KW, 1, w.numel())
+
+            def run_split(dz, x, dw):
+                partial = torch.empty(shape, device=dz.device, dtype=torch.float32)
+                launch(dz, x, partial, *scalars)
+                dw.copy_(partial.sum(0))
+            return run_split
+
+        configs = _configs(_WGRAD_CONFIGS, COUT_G, cols, P, x.element_size(), precision)
+        tkey = ("wgrad", x.dtype, precision, _channels_last(x), KH, KW, stride,
+                *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
+        plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, (dz, x, dw))
+    plan(dz, x, dw)
+    return dw
+
+
+def _act_grad_impl(dy, z, activation: str, bias_grad: bool):
+    """(dz, dbias) for y = act(z): dz in z's strides (empty for activation "none", where it is dy) and the
+    bias gradient (empty unless bias_grad)."""
+    N, COUT, OH, OW = dy.shape
+    dz = torch.empty_like(z) if activation != "none" else dy.new_empty(0)
+    P = N * OH * OW
+    block_p, block_c = 64, min(64, triton.next_power_of_2(max(COUT, 1)))
+    tiles_p = triton.cdiv(P, block_p)
+    part = torch.empty((tiles_p, COUT) if bias_grad else (0,), device=dy.device, dtype=torch.float32)
+    if P * COUT > 0:
+        zz = z if activation != "none" else dy
+        _conv_act_grad_kernel[(tiles_p, triton.cdiv(COUT, block_c))](
+            dy, zz, dz if activation != "none" else dy, part, COUT, OH * OW, OW, P, *dy.stride(), *zz.stride(),
+            ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c)
+    dbias = part.sum(0).to(dy.dtype) if bias_grad else dy.new_empty(0)
+    return dz, dbias
+
+
+# --- 4. Registration as custom ops (what torch.compile traces) --------------------------------------------
+
+@torch.library.custom_op("dropin::conv2d", mutates_args=())
+def _fwd_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], padding: list[int],
+            dilation: list[int], groups: int, activation: str, save_preact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(x, w, bias, tuple(stride), tuple(padding), tuple(dilation), groups, activation, save_preact)
+
+
+@_fwd_op.register_fake
+def _(x, w, bias, stride, padding, dilation, groups, activation, save_preact):
+    OH, OW = _out_hw(x.shape[2], x.shape[3], w.shape[2], w.shape[3], stride, padding, dilation)
+    y = x.new_empty((x.shape[0], w.shape[0], OH, OW), memory_format=_out_format(x, w))
+    return y, torch.empty_like(y) if save_preact else x.new_empty(0)
+
+
+@torch.library.custom_op("dropin::conv2d_dgrad", mutates_args=())
+def _dgrad_op(dz: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
+              dilation: list[int], groups: int) -> torch.Tensor:
+    return _dgrad_impl(dz, x, w, tuple(stride), tuple(padding), tuple(dilation), groups)
+
+
+@_dgrad_op.register_fake
+def _(dz, x, w, stride, padding, dilation, groups):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("dropin::conv2d_wgrad", mutates_args=())
+def _wgrad_op(dz: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
+              dilation: list[int], groups: int) -> torch.Tensor:
+    return _wgrad_impl(dz, x, w, tuple(stride), tuple(padding), tuple(dilation), groups)
+
+
+@_wgrad_op.register_fake
+def _(dz, x, w, stride, padding, dilation, groups):
+    return torch.empty_like(w)
+
+
+@torch.library.custom_op("dropin::conv2d_act_grad", mutates_args=())
+def _act_grad_op(dy: torch.Tensor, z: torch.Tensor, activation: str,
+                 bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _act_grad_impl(dy, z, activation, bias_grad)
+
+
+@_act_grad_op.register_fake
+def _(dy, z, activation, bias_grad):
+    dz = torch.empty_like(z) if activation != "none" else dy.new_empty(0)
+    return dz, dy.new_empty(dy.shape[1] if bias_grad else 0)
+
+
+def _switch(op, impl):
+    """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
+    return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)
+
+
+_fwd = _switch(_fwd_op, _fwd_impl)
+_dgrad = _switch(_dgrad_op, _dgrad_impl)
+_wgrad = _switch(_wgrad_op, _wgrad_impl)
+_act_grad = _switch(_act_grad_op, _act_grad_impl)
+
+
+# --- 5. Autograd -----------------------------------------------------------------------------------------
+
+class _Conv2dFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, stride, padding, dilation, groups, activation):
+        save_preact = activation != "none" and any(ctx.needs_input_grad[:3])
+        y, z = _fwd(x, w, bias, stride, padding, dilation, groups, activation, save_preact)
+        ctx.save_for_backward(x, w, z if save_preact else None)
+        ctx.args = (stride, padding, dilation, groups)
+        ctx.activation = activation
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, z = ctx.saved_tensors
+        need_x, need_w, need_bias = ctx.needs_input_grad[:3]
+        dz, dbias = dy, None
+        if ctx.activation != "none" or need_bias:
+            gz, gbias = _act_grad(dy, dy if z is None else z, ctx.activation, need_bias)
+            dz = gz if ctx.activation != "none" else dy
+            dbias = gbias if need_bias else None
+        dx = _dgrad(dz, x, w, *ctx.args) if need_x else None
+        dw = _wgrad(dz, x, w, *ctx.args) if need_w else None
+        return dx, dw, dbias, None, None, None, None, None
+
+
+# --- 6. Public function ----------------------------------------------------------------------------------
+
+def _pair(value, name: str, positive: bool) -> tuple:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    elif isinstance(value, (tuple, list)) and len(value) == 1:
+        value = (value[0], value[0])
+    if not (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise RuntimeError(f"conv2d: expected '{name}' to be a single integer value or a list of 2 values, "
+                           f"but got {name}={value!r}")
+    if positive and min(value) <= 0:
+        raise RuntimeError(f"conv2d: argument '{name}' must be positive, but got {name}={list(value)}")
+    if not positive and min(value) < 0:
+        raise RuntimeError(f"conv2d: negative '{name}' is not supported, but got {name}={list(value)}")
+    return tuple(value)
+
+
+def _same_padding(KH, KW, dilation) -> tuple:
+    """torch's padding='same': total = dilation * (k - 1), the odd one extra on the bottom / right."""
+    pads = []
+    for k, d in ((KH, dilation[0]), (KW, dilation[1])):
+        total = d * (k - 1)
+        pads += [total // 2, total - total // 2]
+    return tuple(pads)
+
+
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
+           dilation=1, groups: int = 1, activation: Optional[str] = None) -> torch.Tensor:
+    """`activation(F.conv2d(input, weight, bias, stride, padding, dilation, groups))` in one kernel.
+
+    input [N, C, H, W] or unbatched [C, H, W], any strides (NCHW and channels_last read without copies);
+    weight [Cout, C / groups, KH, KW]; bias [Cout] or None; stride / padding / dilation an int or a pair,
+    padding also 'valid' or 'same' (stride 1 only, the odd extra pixel on the bottom / right as in torch);
+    activation None, "relu", "gelu", "gelu_tanh" or "silu". float32 / float16 / bfloat16 (all the same),
+    fp32 accumulation; float32 uses tf32 only where torch's convolutions would
+    (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is."""
+    act = check_activation(activation)
+    _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias)
+    if input.dim() not in (3, 4):
+        raise RuntimeError(f"conv2d: expected 3-D (unbatched) or 4-D (batched) 'input', but got input of size "
+                           f"{list(input.shape)}")
+    if weight.dim() != 4:
+        raise RuntimeError(f"conv2d: expected 4-D 'weight' [out_channels, in_channels / groups, kH, kW], but got "
+                           f"weight of size {list(weight.shape)}")
+    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in _DTYPES:
+            raise RuntimeError(f"conv2d: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != input.dtype:
+            raise RuntimeError(f"conv2d: expected 'input' and '{name}' to have the same dtype, but got "
+                               f"{input.dtype} and {t.dtype}")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups <= 0:
+        raise RuntimeError(f"conv2d: non-positive 'groups' is not supported, got groups={groups!r}")
+    stride = _pair(stride, "stride", True)
+    dilation = _pair(dilation, "dilation", True)
+    KH, KW = weight.shape[2:]
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = (0, 0, 0, 0)
+        elif padding == "same":
+            if stride != (1, 1):
+                raise RuntimeError("conv2d: padding='same' is not supported for strided convolutions "
+                                   f"(argument 'stride' is {list(stride)})")
+            pads = _same_padding(KH, KW, dilation)
+        else:
+            raise RuntimeError(f"conv2d: invalid 'padding' string {padding!r}; expected 'same' or 'valid'")
+    else:
+        ph, pw = _pair(padding, "padding", False)
+        pads = (ph, ph, pw, pw)
+    unbatched = input.dim() == 3
+    x = input.unsqueeze(0) if unbatched else input
+    C, H, W = x.shape[1:]
+    cout = weight.shape[0]
+    if cout % groups != 0:
+        raise RuntimeError(f"conv2d: given groups={groups}, expected 'weight' to be divisible by {groups} at "
+                           f"dimension 0, but got weight of size {list(weight.shape)}")
+    if weight.shape[1] * groups != C:
+        raise RuntimeError(f"conv2d: given groups={groups}, weight of size {list(weight.shape)}, expected 'input' "
+                           f"{list(input.shape)} to have {weight.shape[1] * groups} channels, but got {C}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != cout):
+        raise RuntimeError(f"conv2d: expected 'bias' to be 1-dimensional with {cout} elements, but got bias of "
+                           f"size {list(bias.shape)}")
+    padded = (H + pads[0] + pads[1], W + pads[2] + pads[3])
+    if padded[0] < dilation[0] * (KH - 1) + 1 or padded[1] < dilation[1] * (KW - 1) + 1:
+        raise RuntimeError(f"conv2d: calculated padded 'input' size per channel ({padded[0]} x {padded[1]}) is "
+                           f"smaller than the dilated kernel size ({dilation[0] * (KH - 1) + 1} x "
+                           f"{dilation[1] * (KW - 1) + 1}) of 'weight'")
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()  # the kernel reads bias with unit stride
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        y = _Conv2dFunction.apply(x, weight, bias, stride, pads, dilation, groups, act)
+    else:
+        y = _fwd(x, weight, bias, stride, pads, dilation, groups, act, False)[0]
+    return y.squeeze(0) if unbatched else y
