@@ -20,6 +20,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from torch._prims_common import suggest_memory_format
+
 from .. import _runtime
 from . import _autotune
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
@@ -261,8 +263,8 @@ def _configs(configs, m, n, k, size, precision):
 
 
 def _channels_last(t: torch.Tensor) -> bool:
-    """torch's suggest_memory_format for a 4-D tensor: channels_last when its strides are that layout's."""
-    return t.dim() == 4 and t.stride(1) == 1 and t.shape[1] > 1 and t.is_contiguous(memory_format=torch.channels_last)
+    """torch's suggest_memory_format for a 4-D tensor (the rule its convolutions pick the output layout by)."""
+    return t.dim() == 4 and suggest_memory_format(t) == torch.channels_last
 
 
 def _out_format(x, w):
@@ -438,7 +440,8 @@ def _fwd_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
 @_fwd_op.register_fake
 def _(x, w, bias, stride, padding, dilation, groups, activation, save_preact):
     OH, OW = _out_hw(x.shape[2], x.shape[3], w.shape[2], w.shape[3], stride, padding, dilation)
-    y = x.new_empty((x.shape[0], w.shape[0], OH, OW), memory_format=_out_format(x, w))
+    y = torch.empty((x.shape[0], w.shape[0], OH, OW), device=x.device, dtype=x.dtype,
+                    memory_format=_out_format(x, w))
     return y, torch.empty_like(y) if save_preact else x.new_empty(0)
 
 

@@ -1,0 +1,336 @@
+"""dropin.ops.conv2d against torch.nn.functional.conv2d: torch semantics, DESIGN.md tolerances.
+
+Every numerical test goes through `check`: forward and the gradients of input, weight and bias (for a random
+upstream gradient) against F.conv2d in float64 (the reference) and against PyTorch's own error in the same
+dtype (the 2x rule). On the CPU the kernels run under the Triton interpreter, so shapes stay small there;
+`gpu` tests add the full seed shapes, bfloat16 and TF32.
+F.conv2d on CUDA uses TF32 for float32 while torch.backends.cudnn.allow_tf32 is set (torch's default), and so
+does dropin; these tests switch it off (true fp32, 1e-5) except in the TF32 test.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dropin
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
+
+cv = __import__("dropin.ops.conv2d", fromlist=["_plans"])
+
+ACTS = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+        "silu": F.silu}
+
+
+@pytest.fixture(autouse=True)
+def _true_fp32():
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = saved
+
+
+def torch_conv(activation=None, **kw):
+    return lambda x, w, b=None: ACTS[activation](F.conv2d(x, w, b, **kw))
+
+
+def dropin_conv(activation=None, **kw):
+    return lambda x, w, b=None: dropin.conv2d(x, w, b, activation=activation, **kw)
+
+
+def leaves(x_shape, w_shape, bias=True, dtype=torch.float32, channels_last=False, weight_channels_last=False):
+    x = torch.randn(*x_shape, dtype=dtype, device=DEVICE)
+    w = torch.randn(*w_shape, dtype=dtype, device=DEVICE) / (w_shape[1] * w_shape[2] * w_shape[3]) ** 0.5
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    if weight_channels_last:
+        w = w.to(memory_format=torch.channels_last)
+    out = {"x": x, "w": w}
+    if bias:
+        out["b"] = torch.randn(w_shape[0], dtype=dtype, device=DEVICE)
+    return out
+
+
+def check(op, ref_op, inputs: dict, backward=True):
+    """op(**inputs) forward and (with backward) every input's gradient vs ref_op in float64 and in the dtype.
+    Also: same output strides as torch (memory format), and each gradient in its input's layout."""
+    dtype = inputs["x"].dtype
+
+    def run(fn, cast):
+        ins = {k: cast(v).detach().requires_grad_(backward) for k, v in inputs.items()}
+        return ins, fn(*ins.values())
+
+    keep = lambda t: t  # noqa: E731
+    to64 = lambda t: t.double()  # noqa: E731  (Tensor.double keeps a dense tensor's strides)
+    ins, out = run(op, keep)
+    ins_t, out_t = run(ref_op, keep)
+    ins_64, ref = run(ref_op, to64)
+    assert_close(out, ref, dtype, "fwd", torch_out=out_t, what="forward")
+    if out.dim() == 4 and out.numel() > 0:
+        assert out.is_contiguous(memory_format=torch.channels_last) == \
+            out_t.is_contiguous(memory_format=torch.channels_last), "output memory format differs from torch's"
+    if not backward:
+        return
+    grad = torch.randn(ref.shape, device=DEVICE, dtype=dtype)
+    grads = torch.autograd.grad(out, list(ins.values()), grad)
+    grads_t = torch.autograd.grad(out_t, list(ins_t.values()), grad)
+    grads_64 = torch.autograd.grad(ref, list(ins_64.values()), grad.double())
+    for name, g, g_t, g_64 in zip(inputs, grads, grads_t, grads_64):
+        assert_close(g, g_64, dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
+        t = inputs[name]
+        if t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last):
+            assert g.stride() == t.stride() or g.numel() <= 1, f"gradient of '{name}' changed layout"
+
+
+# ----------------------------------------------------------------------------------------- seed shapes
+# Seed 000's conv bench: only its two failing cases are spelled out (B 32, 16 -> 32 channels, 64x32 input,
+# 6x6 kernel, stride 2, padding 0 and 3); the five passing ones are described as the same family with simpler
+# settings, reconstructed here (stride 1, padding 0/1/2, kernels 1/3/5). Batch 2 (1 for the 6x6 ones) on the
+# CPU, 32 on the GPU.
+SEED000 = [  # (kernel, stride, padding)
+    ((3, 3), 1, 0), ((3, 3), 1, 1), ((5, 5), 1, 2), ((6, 6), 2, 0), ((6, 6), 2, 3), ((1, 1), 1, 0),
+    ((3, 3), 2, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel,stride,padding", SEED000, ids=[f"k{k[0]}-s{s}-p{p}" for k, s, p in SEED000])
+def test_seed000(kernel, stride, padding, dtype):
+    if dtype == torch.float16 and not ON_GPU and kernel != (6, 6):
+        pytest.skip("fp16 on the CPU: the two cases that failed in seed 000 only (interpreter time)")
+    batch = 32 if ON_GPU else (1 if kernel == (6, 6) else 2)
+    h, w = (64, 32) if ON_GPU or kernel == (6, 6) else (20, 12)
+    kw = dict(stride=stride, padding=padding)
+    check(dropin_conv(**kw), torch_conv(**kw), leaves((batch, 16, h, w), (32, 16, *kernel), dtype=dtype))
+
+
+@pytest.mark.parametrize("size", [pytest.param((100, 200), id="crop-100x200"),
+                                  pytest.param((1000, 2000), id="full-1000x2000", marks=gpu)])
+def test_seed003_single_channel_3x3(size):
+    """Seed 003: a 1000x2000 single-channel image, 3x3 filter, padding 1, no bias (a crop on the CPU)."""
+    check(dropin_conv(padding=1), torch_conv(padding=1), leaves((1, 1, *size), (1, 1, 3, 3), bias=False))
+
+
+# ----------------------------------------------------------------------------------------- random configs
+@st.composite
+def conv_configs(draw):
+    groups_kind = draw(st.sampled_from(["1", "grouped", "depthwise"]))
+    groups = {"1": 1, "grouped": draw(st.integers(2, 3)), "depthwise": draw(st.integers(1, 6))}[groups_kind]
+    cin = groups * (1 if groups_kind == "depthwise" else draw(st.integers(1, 5)))
+    cout = groups * draw(st.integers(1, 4))
+    kh, kw = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    dh, dw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    same = draw(st.booleans()) and draw(st.booleans())
+    stride = (1, 1) if same else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    padding = "same" if same else (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    pad = (0, 0) if same else padding
+    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - 2 * pad[0]), 13))
+    w = draw(st.integers(max(1, dw * (kw - 1) + 1 - 2 * pad[1]), 13))
+    return dict(n=draw(st.integers(1, 2)), cin=cin, cout=cout, h=h, w=w, kernel=(kh, kw), stride=stride,
+                padding=padding, dilation=(dh, dw), groups=groups, bias=draw(st.booleans()),
+                activation=draw(st.sampled_from([None, "relu", "gelu", "silu"])),
+                channels_last=draw(st.booleans()))
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=conv_configs())
+def test_random_configs(cfg):
+    kw = dict(stride=cfg["stride"], padding=cfg["padding"], dilation=cfg["dilation"], groups=cfg["groups"])
+    inputs = leaves((cfg["n"], cfg["cin"], cfg["h"], cfg["w"]), (cfg["cout"], cfg["cin"] // cfg["groups"],
+                    *cfg["kernel"]), bias=cfg["bias"], channels_last=cfg["channels_last"])
+    check(dropin_conv(cfg["activation"], **kw), torch_conv(cfg["activation"], **kw), inputs)
+
+
+# ----------------------------------------------------------------------------------------- semantics
+@pytest.mark.parametrize("padding", ["same", "valid", 0, 2, (1, 3)])
+@pytest.mark.parametrize("kernel", [(3, 3), (4, 2), (2, 5)], ids=["3x3", "4x2", "2x5"])
+def test_padding_modes_asymmetric_kernels(padding, kernel):
+    """'same' with even kernels pads one extra pixel at the bottom / right, as torch does."""
+    kw = dict(padding=padding, dilation=(1, 2) if padding == "same" else 1)
+    check(dropin_conv(**kw), torch_conv(**kw), leaves((2, 3, 9, 11), (4, 3, *kernel)))
+
+
+@pytest.mark.parametrize("layout", ["x-channels_last", "w-channels_last", "both", "x-permuted-view"])
+def test_channels_last(layout):
+    """channels_last in -> channels_last out (as torch gives), read through strides without copies."""
+    inputs = leaves((2, 8, 9, 7), (12, 4, 3, 3), channels_last=layout in ("x-channels_last", "both"),
+                    weight_channels_last=layout in ("w-channels_last", "both"))
+    if layout == "x-permuted-view":  # an NHWC tensor viewed as NCHW, and a strided slice of it
+        inputs["x"] = torch.randn(2, 9, 14, 8, device=DEVICE).permute(0, 3, 1, 2)[:, :, :, ::2]
+    kw = dict(stride=(2, 1), padding=1, groups=2)
+    check(dropin_conv("relu", **kw), torch_conv("relu", **kw), inputs)
+
+
+def test_unbatched():
+    check(dropin_conv(padding=1), torch_conv(padding=1), leaves((3, 8, 6), (5, 3, 3, 3)))
+
+
+@pytest.mark.parametrize("activation", list(ACTS))
+def test_fused_activation(activation):
+    check(dropin_conv(activation, padding=1), torch_conv(activation, padding=1), leaves((2, 4, 7, 6), (6, 4, 3, 3)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dtypes_depthwise_and_grouped(dtype):
+    check(dropin_conv("silu", padding=1, groups=8), torch_conv("silu", padding=1, groups=8),
+          leaves((2, 8, 10, 9), (16, 1, 3, 3), dtype=dtype))
+    check(dropin_conv(stride=2, groups=2), torch_conv(stride=2, groups=2), leaves((2, 8, 11, 9), (6, 4, 3, 3),
+                                                                                 dtype=dtype))
+
+
+def test_partial_gradients_and_no_grad():
+    inputs = leaves((2, 4, 6, 6), (6, 4, 3, 3))
+    x, w, b = inputs.values()
+    w.requires_grad_()
+    y = dropin.conv2d(x, w, b, padding=1, activation="gelu")
+    (gw,) = torch.autograd.grad(y, [w], torch.ones_like(y))
+    ref_w = w.detach().double().requires_grad_()
+    (gw_ref,) = torch.autograd.grad(F.gelu(F.conv2d(x.double(), ref_w, b.double(), padding=1)), [ref_w],
+                                    torch.ones_like(y, dtype=torch.float64))
+    assert_close(gw, gw_ref, torch.float32, "bwd", what="weight-only gradient")
+    with torch.no_grad():
+        y2 = dropin.conv2d(x, w, b, padding=1, activation="gelu")
+    assert not y2.requires_grad
+    torch.testing.assert_close(y2, y.detach(), rtol=0, atol=0)
+
+
+def test_empty_batch():
+    y = dropin.conv2d(torch.randn(0, 3, 5, 5, device=DEVICE), torch.randn(4, 3, 3, 3, device=DEVICE))
+    assert y.shape == (0, 4, 3, 3)
+
+
+# ----------------------------------------------------------------------------------------- every config
+def _configs():
+    for name, cfgs in (("fwd", cv._FWD_CONFIGS), ("dgrad", cv._DGRAD_CONFIGS), ("wgrad", cv._WGRAD_CONFIGS)):
+        for i, c in enumerate(cfgs):
+            yield pytest.param(name, c, id=f"{name}-{i}")
+
+
+@pytest.mark.parametrize("which,cfg", list(_configs()))
+def test_every_config(which, cfg, monkeypatch):
+    """The tuner is bypassed: each candidate (clamped to the problem as the plan clamps it) runs on ragged
+    edges with stride, padding, dilation, groups, bias and activation."""
+    real_pick = cv._autotune.pick
+
+    def pick(name, key, configs, prepare):
+        if key[0] == which:
+            return dict(cfg)  # unclamped: tiles larger than the problem are masked
+        return real_pick(name, key, configs, prepare)
+
+    monkeypatch.setattr(cv._autotune, "pick", pick)
+    cv._plans.clear()
+    try:
+        # 40 input and 36 output channels over 2 groups: 20 / 18 per group, neither a multiple of 16;
+        # wgrad reduces over 2*9*7 = 126 pixels, split 4 / 16 ways by the split configs
+        kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+        check(dropin_conv("silu", **kw), torch_conv("silu", **kw), leaves((2, 40, 17, 9), (36, 20, 3, 2)))
+    finally:
+        cv._plans.clear()
+
+
+# ----------------------------------------------------------------------------------------- errors
+def _t(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, device=DEVICE)
+
+
+ERRORS = [
+    ("groups-mismatch", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 2, 3, 3), groups=3), RuntimeError, "input"),
+    ("channel-mismatch", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 3, 3, 3)), RuntimeError, "input"),
+    ("cout-not-divisible", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(5, 2, 3, 3), groups=2), RuntimeError,
+     "weight"),
+    ("groups-zero", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), groups=0), RuntimeError, "groups"),
+    ("input-too-small", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 9, 9)), RuntimeError, "input"),
+    ("dilated-too-small", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), dilation=4), RuntimeError,
+     "input"),
+    ("dtype-mismatch", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3, dtype=torch.float16)), RuntimeError,
+     "weight"),
+    ("bias-dtype", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), _t(6, dtype=torch.float16)),
+     RuntimeError, "bias"),
+    ("float64", lambda: dropin.conv2d(_t(1, 4, 8, 8, dtype=torch.float64), _t(6, 4, 3, 3, dtype=torch.float64)),
+     RuntimeError, "input"),
+    ("bias-shape", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), _t(5)), RuntimeError, "bias"),
+    ("input-2d", lambda: dropin.conv2d(_t(4, 8), _t(6, 4, 3, 3)), RuntimeError, "input"),
+    ("weight-3d", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3)), RuntimeError, "weight"),
+    ("bad-padding-string", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), padding="foo"), RuntimeError,
+     "padding"),
+    ("same-strided", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), padding="same", stride=2),
+     RuntimeError, "stride"),
+    ("negative-padding", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), padding=-1), RuntimeError,
+     "padding"),
+    ("stride-zero", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), stride=0), RuntimeError, "stride"),
+    ("dilation-zero", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), dilation=(1, 0)), RuntimeError,
+     "dilation"),
+    ("stride-3-values", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), stride=(1, 2, 3)), RuntimeError,
+     "stride"),
+    ("bad-activation", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), activation="tanh"), ValueError,
+     "activation"),
+    ("not-a-tensor", lambda: dropin.conv2d(_t(1, 4, 8, 8), [[1.0]]), TypeError, "weight"),
+]
+
+
+@pytest.mark.parametrize("make,error,name", [pytest.param(*e[1:], id=e[0]) for e in ERRORS])
+def test_errors(make, error, name):
+    with pytest.raises(error, match=f"'{name}'"):
+        make()
+
+
+def test_errors_match_torch_types():
+    """torch raises the same error types for the same mistakes (checked against F.conv2d itself)."""
+    x, w = _t(1, 4, 8, 8), _t(6, 4, 3, 3)
+    for kw in (dict(padding="foo"), dict(padding="same", stride=2), dict(padding=-1), dict(stride=0)):
+        with pytest.raises(RuntimeError):
+            F.conv2d(x, w, **kw)
+        with pytest.raises(RuntimeError):
+            dropin.conv2d(x, w, **kw)
+
+
+@pytest.mark.skipif(ON_GPU, reason="needs the interpreter (CPU tensors are the kernel device)")
+def test_error_device_meta():
+    with pytest.raises(RuntimeError, match="'weight'"):
+        dropin.conv2d(_t(1, 4, 8, 8), torch.empty(6, 4, 3, 3, device="meta"))
+
+
+# ----------------------------------------------------------------------------------------- compile, tf32
+def test_torch_compile_fullgraph():
+    """conv2d(+bias, relu) -> conv2d (channels_last) compiled with fullgraph=True, forward and backward."""
+    torch._dynamo.reset()
+
+    def chain(conv):
+        def f(x, w1, b1, w2):
+            return conv(conv(x, w1, b1, padding=1, activation="relu"), w2, None, stride=2, groups=2)
+        return f
+
+    def ref_conv(x, w, b, activation=None, **kw):
+        return ACTS[activation](F.conv2d(x, w, b, **kw))
+
+    inputs = [_t(2, 4, 9, 8).to(memory_format=torch.channels_last), _t(6, 4, 3, 3), _t(6), _t(4, 3, 3, 3)]
+    compiled = torch.compile(chain(dropin.conv2d), fullgraph=True)
+    ins = [t.clone().requires_grad_() for t in inputs]
+    ins_64 = [t.double().requires_grad_() for t in inputs]
+    out, ref = compiled(*ins), chain(ref_conv)(*ins_64)
+    assert_close(out, ref, torch.float32, "fwd", what="compiled forward")
+    grad = torch.randn_like(ref)
+    for g, g_64 in zip(torch.autograd.grad(out, ins, grad.float()), torch.autograd.grad(ref, ins_64, grad)):
+        assert_close(g, g_64, torch.float32, "bwd", what="compiled gradient")
+
+
+@gpu
+@pytest.mark.parametrize("tf32", [False, True], ids=["cudnn.allow_tf32-off", "cudnn.allow_tf32-on"])
+def test_float32_follows_cudnn_allow_tf32(tf32, allow_tf32):
+    """True fp32 unless torch.backends.cudnn.allow_tf32 (as F.conv2d); then the tf32 tolerance (the tolerance
+    table reads cuda.matmul.allow_tf32, so that is set alongside)."""
+    torch.backends.cudnn.allow_tf32 = tf32
+    allow_tf32(tf32)
+    check(dropin_conv(padding=1), torch_conv(padding=1), leaves((8, 64, 56, 56), (128, 64, 3, 3)))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [((64, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1),
+                                   ((32, 256, 14, 14), (256, 1, 3, 3), 1, 1, 256),
+                                   ((16, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1)],
+                         ids=["resnet-3x3", "depthwise-3x3", "stem-7x7"])
+def test_large_gpu(shape, dtype):
+    x_shape, w_shape, stride, padding, groups = shape
+    kw = dict(stride=stride, padding=padding, groups=groups)
+    check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, w_shape, dtype=dtype, channels_last=True))
