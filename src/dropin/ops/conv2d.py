@@ -87,6 +87,46 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
 
 
 @triton.jit
+def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
+                        H, W, COUT, COUT_G, OH, OW, P, KH, KW,
+                        sxn, sxc, sxh, sxw, swo, swc, swh, sww, syn, syc, syh, syw,
+                        STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                        DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Direct convolution for one input channel per group (depthwise, any channel multiplier COUT_G): output
+    channel co reads input channel co // COUT_G; fp32 FMAs on the CUDA cores (a tensor-core tile would be
+    1/16 used in K); grid (pixel tiles, channel tiles over all COUT channels)."""
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    co = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < P
+    n_ok = co < COUT
+    ow = offs_m % OW
+    t = offs_m // OW
+    oh = t % OH
+    n = t // OH
+    x_base = x_ptr + (n * sxn)[:, None] + (co // COUT_G).to(tl.int64)[None, :] * sxc
+    w_base = w_ptr + co.to(tl.int64) * swo
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kh in range(0, KH):
+        ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+        h_ok = m_ok & (ih >= 0) & (ih < H)
+        for kw in range(0, KW):
+            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+            row_ok = h_ok & (iw >= 0) & (iw < W)
+            xv = tl.load(x_base + (ih * sxh + iw * sxw)[:, None], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
+            wv = tl.load(w_base + kh * swh + kw * sww, mask=n_ok, other=0.0)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    offs_y = (n * syn + oh * syh + ow * syw)[:, None] + co.to(tl.int64)[None, :] * syc
+    mask = m_ok[:, None] & n_ok[None, :]
+    if STORE_Z:
+        tl.store(z_ptr + offs_y, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offs_y, apply_activation(acc, ACT).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
                        C_G, H, W, COUT_G, OH, OW, P, KH, KW,
                        sdn, sdc, sdh, sdw, swo, swc, swh, sww, sxn, sxc, sxh, sxw,
@@ -225,6 +265,12 @@ _FWD_CONFIGS = [
     _autotune.config(32, 32, 16, 4, 2),
 ]
 _DGRAD_CONFIGS = _FWD_CONFIGS
+# The direct kernel for one input channel per group (depthwise): BLOCK_M pixels x BLOCK_N channels.
+_DW_CONFIGS = [
+    dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    dict(BLOCK_M=32, BLOCK_N=64, num_warps=4),
+    dict(BLOCK_M=128, BLOCK_N=16, num_warps=4),
+]
 _WGRAD_CONFIGS = [
     _autotune.config(32, 64, 64, 4, 3, SPLIT_K=1),
     _autotune.config(64, 64, 64, 4, 3, SPLIT_K=1),
@@ -326,11 +372,22 @@ def _fwd_impl(x, w, bias, stride, padding, dilation, groups: int, activation: st
                      STORE_Z=save_preact)
 
         def launcher(cfg):
+            cfg = dict(cfg)
+            if cfg.pop("KERNEL") == "direct":
+                meta = dict(meta0, **cfg)
+                del meta["PRECISION"]
+                dw_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, P, KH, KW, *scalars[9:])
+                grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
+                launch = _runtime.Launcher(_conv_dw_fwd_kernel, grid, meta)
+                return lambda x, w, y, b, z: launch(x, w, y, b, z, *dw_scalars)
             grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
             launch = _runtime.Launcher(_conv_fwd_kernel, grid, dict(meta0, **cfg))
             return lambda x, w, y, b, z: launch(x, w, y, b, z, *scalars)
 
-        configs = _configs(_FWD_CONFIGS, P, COUT_G, C_G, x.element_size(), precision)
+        configs = [dict(c, KERNEL="gemm") for c in _configs(_FWD_CONFIGS, P, COUT_G, C_G, x.element_size(),
+                                                             precision)]
+        if C_G == 1:  # one input channel per group: the direct kernel first, the implicit GEMM as a candidate
+            configs = [dict(c, KERNEL="direct") for c in _DW_CONFIGS] + configs
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
         plan = _plans[key] = _pick("conv2d", tkey, configs, launcher,
                                    (x, w, y, y if bias is None else bias, z if save_preact else y))
