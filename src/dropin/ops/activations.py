@@ -62,11 +62,13 @@ def activation_grad(z, ACT: tl.constexpr):
     elif ACT == "gelu":
         d = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2)) + z * _INV_SQRT_2PI * tl.exp(-0.5 * z * z)
     elif ACT == "gelu_tanh":
-        s = tl.sigmoid((z + 0.044715 * z * z * z) * (2.0 * _SQRT2_PI))
-        d = s + z * s * (1.0 - s) * 2.0 * _SQRT2_PI * (1.0 + 3.0 * 0.044715 * z * z)
+        # 1 - s as sigmoid(-u), not by subtraction: it cancels where s saturates
+        u = (z + 0.044715 * z * z * z) * (2.0 * _SQRT2_PI)
+        s = tl.sigmoid(u)
+        d = s + z * s * tl.sigmoid(-u) * 2.0 * _SQRT2_PI * (1.0 + 3.0 * 0.044715 * z * z)
     elif ACT == "silu":
         s = tl.sigmoid(z)
-        d = s * (1.0 + z * (1.0 - s))
+        d = s * (1.0 + z * tl.sigmoid(-z))
     else:
         d = tl.full(z.shape, 1.0, tl.float32)
     return d
