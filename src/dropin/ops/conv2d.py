@@ -62,21 +62,22 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
     co = g * COUT_G + offs_n
     w_base = w_ptr + co.to(tl.int64)[None, :] * swo
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kh in range(0, KH):
+    # One flat loop over (kh, kw, channel block), so that num_stages pipelines the loads across taps too.
+    c_blocks = tl.cdiv(C_G, BLOCK_K)
+    for step in range(0, KH * KW * c_blocks):
+        tap = step // c_blocks
+        c0 = (step - tap * c_blocks) * BLOCK_K
+        kh = tap // KW
+        kw = tap - kh * KW
         ih = oh * STRIDE_H - PAD_H + kh * DIL_H
-        h_ok = m_ok & (ih >= 0) & (ih < H)
-        for kw in range(0, KW):
-            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-            row_ok = h_ok & (iw >= 0) & (iw < W)
-            a_ptrs = (x_base + ih * sxh + iw * sxw)[:, None] + offs_k[None, :] * sxc
-            b_ptrs = w_base + kh * swh + kw * sww + offs_k[:, None] * swc
-            for c0 in range(0, C_G, BLOCK_K):
-                k_ok = offs_k < C_G - c0
-                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                acc = _dot_acc(acc, a, b, PRECISION)
-                a_ptrs += BLOCK_K * sxc
-                b_ptrs += BLOCK_K * swc
+        iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+        row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        k_ok = offs_k < C_G - c0
+        a_ptrs = (x_base + ih * sxh + iw * sxw)[:, None] + (c0 + offs_k)[None, :] * sxc
+        b_ptrs = w_base + kh * swh + kw * sww + (c0 + offs_k)[:, None] * swc
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _dot_acc(acc, a, b, PRECISION)
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     offs_y = (n * syn + oh * syh + ow * syw)[:, None] + co.to(tl.int64)[None, :] * syc
@@ -150,23 +151,25 @@ def _conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
     c = g * C_G + offs_n
     w_base = w_ptr + g * COUT_G * swo + offs_n.to(tl.int64)[None, :] * swc
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kh in range(0, KH):
+    # One flat loop over (kh, kw, output-channel block), so that num_stages pipelines across taps too.
+    k_blocks = tl.cdiv(COUT_G, BLOCK_K)
+    for step in range(0, KH * KW * k_blocks):
+        tap = step // k_blocks
+        k0 = (step - tap * k_blocks) * BLOCK_K
+        kh = tap // KW
+        kw = tap - kh * KW
         th = ih + PAD_H - kh * DIL_H
+        tw = iw + PAD_W - kw * DIL_W
         oh = tl.maximum(th, 0) // STRIDE_H
-        h_ok = m_ok & (th >= 0) & (th % STRIDE_H == 0) & (oh < OH)
-        for kw in range(0, KW):
-            tw = iw + PAD_W - kw * DIL_W
-            ow = tl.maximum(tw, 0) // STRIDE_W
-            row_ok = h_ok & (tw >= 0) & (tw % STRIDE_W == 0) & (ow < OW)
-            a_ptrs = (dy_base + oh * sdh + ow * sdw)[:, None] + offs_k[None, :] * sdc
-            b_ptrs = w_base + kh * swh + kw * sww + offs_k[:, None] * swo
-            for k0 in range(0, COUT_G, BLOCK_K):
-                k_ok = offs_k < COUT_G - k0
-                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                acc = _dot_acc(acc, a, b, PRECISION)
-                a_ptrs += BLOCK_K * sdc
-                b_ptrs += BLOCK_K * swo
+        ow = tl.maximum(tw, 0) // STRIDE_W
+        row_ok = (m_ok & (th >= 0) & (th % STRIDE_H == 0) & (oh < OH)
+                  & (tw >= 0) & (tw % STRIDE_W == 0) & (ow < OW))
+        k_ok = offs_k < COUT_G - k0
+        a_ptrs = (dy_base + oh * sdh + ow * sdw)[:, None] + (k0 + offs_k)[None, :] * sdc
+        b_ptrs = w_base + kh * swh + kw * sww + (k0 + offs_k)[:, None] * swo
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _dot_acc(acc, a, b, PRECISION)
     offs_x = (n * sxn + ih * sxh + iw * sxw)[:, None] + c.to(tl.int64)[None, :] * sxc
     tl.store(dx_ptr + offs_x, acc.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
