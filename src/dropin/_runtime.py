@@ -16,6 +16,9 @@ import triton  # noqa: E402  (after the interpreter switch)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false")
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
+# Triton versions whose CompiledKernel.run(grid..., stream, function, metadata, hooks, *args) signature was
+# read and used (3.6 on the GPU, 3.8 in source); others take the ordinary `kernel[grid](...)` path every call.
+DIRECT_LAUNCH = (3, 6) <= TRITON_VERSION <= (3, 8)
 # The device a kernel runs on: CUDA tensors, or CPU tensors under the interpreter.
 KERNEL_DEVICE = "cpu" if INTERPRET else "cuda"
 
@@ -73,7 +76,7 @@ class Launcher:
         compiled = self.compiled
         if compiled is None:
             compiled = self.kernel[self.grid](*args, **self.constexprs)
-            if not INTERPRET:
+            if DIRECT_LAUNCH and not INTERPRET:
                 self.tail = tuple(self.constexprs[n] for n in self.kernel.arg_names[len(args):])
                 self.device = torch.cuda.current_device()
                 self.compiled = compiled
