@@ -25,7 +25,7 @@ from torch._prims_common import suggest_memory_format
 from .. import _runtime
 from . import _autotune
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
-from .matmul import _dot_acc
+from .matmul import _dot_acc, _split_range, switch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -37,6 +37,13 @@ def conv2d_ref(input, weight, bias=None, stride=1, padding=0, dilation=1, groups
 
 
 # --- 2. Kernels ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _pixel(offs, H, W):
+    """(n, h, w) of flat pixel indices offs = (n * H + h) * W + w."""
+    t = offs // W
+    return t // H, t % H, offs % W
+
 
 @triton.jit
 def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
@@ -54,10 +61,7 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < P
     n_ok = offs_n < COUT_G
-    ow = offs_m % OW
-    t = offs_m // OW
-    oh = t % OH
-    n = t // OH
+    n, oh, ow = _pixel(offs_m, OH, OW)
     x_base = x_ptr + n * sxn + g * C_G * sxc
     co = g * COUT_G + offs_n
     w_base = w_ptr + co.to(tl.int64)[None, :] * swo
@@ -102,10 +106,7 @@ def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
     co = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < P
     n_ok = co < COUT
-    ow = offs_m % OW
-    t = offs_m // OW
-    oh = t % OH
-    n = t // OH
+    n, oh, ow = _pixel(offs_m, OH, OW)
     x_base = x_ptr + (n * sxn)[:, None] + (co // COUT_G).to(tl.int64)[None, :] * sxc
     w_base = w_ptr + co.to(tl.int64) * swo
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -143,10 +144,7 @@ def _conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < P
     n_ok = offs_n < C_G
-    iw = offs_m % W
-    t = offs_m // W
-    ih = t % H
-    n = t // H
+    n, ih, iw = _pixel(offs_m, H, W)
     dy_base = dy_ptr + n * sdn + g * COUT_G * sdc
     c = g * C_G + offs_n
     w_base = w_ptr + g * COUT_G * swo + offs_n.to(tl.int64)[None, :] * swc
@@ -190,10 +188,7 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
     pid_n = pid % tiles_n
     g = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    k_tiles = tl.cdiv(P, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
-    k_first = split * per_split
-    k_last = tl.minimum(k_first + per_split, k_tiles)
+    k_first, k_last = _split_range(split, P, BLOCK_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < COUT_G
@@ -209,10 +204,7 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
     offs_k = k_first.to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
     for kt in range(k_first, k_last):
         k_ok = offs_k < P
-        ow = offs_k % OW
-        t2 = offs_k // OW
-        oh = t2 % OH
-        n = t2 // OH
+        n, oh, ow = _pixel(offs_k, OH, OW)
         a = tl.load(dy_base + (n * sdn + oh * sdh + ow * sdw)[None, :],
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         ih = oh[:, None] * STRIDE_H - PAD_H + kh[None, :] * DIL_H
@@ -228,7 +220,7 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
 
 @triton.jit
 def _conv_act_grad_kernel(dy_ptr, z_ptr, dz_ptr, part_ptr,
-                          COUT, HW, OW, P,
+                          COUT, OH, OW, P,
                           sdn, sdc, sdh, sdw, szn, szc, szh, szw,
                           ACT: tl.constexpr, COL_SUM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """dz = dy * act'(z) (dz and z share y's strides; skipped for ACT "none") and, with COL_SUM, the sum of
@@ -239,10 +231,7 @@ def _conv_act_grad_kernel(dy_ptr, z_ptr, dz_ptr, part_ptr,
     p_ok = offs_p < P
     c_ok = offs_c < COUT
     mask = p_ok[:, None] & c_ok[None, :]
-    n = offs_p // HW
-    r = offs_p % HW
-    oh = r // OW
-    ow = r % OW
+    n, oh, ow = _pixel(offs_p, OH, OW)
     cc = offs_c.to(tl.int64)[None, :]
     dy = tl.load(dy_ptr + (n * sdn + oh * sdh + ow * sdw)[:, None] + cc * sdc, mask=mask, other=0.0)
     dy = dy.to(tl.float32)
@@ -483,7 +472,7 @@ def _act_grad_impl(dy, z, activation: str, bias_grad: bool):
     if P * COUT > 0:
         zz = z if activation != "none" else dy
         _conv_act_grad_kernel[(tiles_p, triton.cdiv(COUT, block_c))](
-            dy, zz, dz if activation != "none" else dy, part, COUT, OH * OW, OW, P, *dy.stride(), *zz.stride(),
+            dy, zz, dz if activation != "none" else dy, part, COUT, OH, OW, P, *dy.stride(), *zz.stride(),
             ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c)
     dbias = part.sum(0).to(dy.dtype) if bias_grad else dy.new_empty(0)
     return dz, dbias
@@ -539,15 +528,11 @@ def _(dy, z, activation, bias_grad):
     return dz, dy.new_empty(dy.shape[1] if bias_grad else 0)
 
 
-def _switch(op, impl):
-    """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
-    return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)
 
-
-_fwd = _switch(_fwd_op, _fwd_impl)
-_dgrad = _switch(_dgrad_op, _dgrad_impl)
-_wgrad = _switch(_wgrad_op, _wgrad_impl)
-_act_grad = _switch(_act_grad_op, _act_grad_impl)
+_fwd = switch(_fwd_op, _fwd_impl)
+_dgrad = switch(_dgrad_op, _dgrad_impl)
+_wgrad = switch(_wgrad_op, _wgrad_impl)
+_act_grad = switch(_act_grad_op, _act_grad_impl)
 
 
 # --- 5. Autograd -----------------------------------------------------------------------------------------

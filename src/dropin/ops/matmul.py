@@ -52,6 +52,15 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _split_range(split, K, BLOCK_K: tl.constexpr):
+    """[first, last) K tiles of reduction split `split` out of tl.num_programs(2) splits."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
+    k_first = split * per_split
+    return k_first, tl.minimum(k_first + per_split, k_tiles)
+
+
+@triton.jit
 def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
     """acc + a @ b. True fp32 adds each K tile's product separately: a two-level sum whose rounding error
     grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long K)."""
@@ -81,10 +90,7 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     batch = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2).to(tl.int64)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
-    k_first = split * per_split
-    k_last = tl.minimum(k_first + per_split, k_tiles)
+    k_first, k_last = _split_range(split, K, BLOCK_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -464,13 +470,13 @@ def _(grad_y, z, activation, bias_grad):
     return grad_z, grad_y.new_empty(grad_y.shape[-1] if bias_grad else 0)
 
 
-def _mm(*args):
+def switch(op, impl):
     """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
-    return (_mm_op if torch.compiler.is_compiling() else _mm_impl)(*args)
+    return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)
 
 
-def _act_grad(*args):
-    return (_act_grad_op if torch.compiler.is_compiling() else _act_grad_impl)(*args)
+_mm = switch(_mm_op, _mm_impl)
+_act_grad = switch(_act_grad_op, _act_grad_impl)
 
 
 # --- 5. Autograd --------------------------------------------------------------------------------------
