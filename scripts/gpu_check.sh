@@ -6,7 +6,7 @@
 # A cold machine compiles every kernel config the tests touch: allow several minutes for the tests alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 run_tests=1
@@ -14,7 +14,8 @@ if [ "${1:-}" = "--no-tests" ]; then run_tests=0; shift; fi
 suites=${*:-matmul bmm}
 status=0
 if [ $run_tests = 1 ]; then
-  python3 -m pytest -q --durations=15 tests 2>&1 | tee "$OUT/pytest.log" || status=1
+  workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 14 -p no:benchmark")  # pytest-xdist when present
+  python3 -m pytest -q --durations=15 $workers tests 2>&1 | tee "$OUT/pytest.log" || status=1
 fi
 for suite in $suites; do
   [ "$suite" = none ] && continue

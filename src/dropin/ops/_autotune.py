@@ -27,8 +27,9 @@ def bucket(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _cache_file(folder: pathlib.Path = _CACHE_DIR) -> pathlib.Path:
-    return folder / f"autotune-{_runtime.gpu_slug()}-triton{triton.__version__}.json"
+def _cache_file(folder: pathlib.Path | None = None) -> pathlib.Path:
+    """The cache file for this GPU and Triton in `folder` (the user's cache dir, read at call time)."""
+    return (folder or _CACHE_DIR) / f"autotune-{_runtime.gpu_slug()}-triton{triton.__version__}.json"
 
 
 def _load_disk() -> dict:

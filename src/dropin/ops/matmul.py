@@ -63,9 +63,11 @@ def _split_range(split, K, BLOCK_K: tl.constexpr):
 @triton.jit
 def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
     """acc + a @ b. True fp32 adds each K tile's product separately: a two-level sum whose rounding error
-    grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long K)."""
+    grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long K). Written as a
+    subtraction of (-a) @ b because Triton's combiner rewrites `acc + dot(a, b)` into `dot(a, b, acc)`, a
+    sequential K sum again; negation is exact and folds into the FMA."""
     if PRECISION == "ieee" and a.dtype == tl.float32:
-        acc = acc + tl.dot(a, b, input_precision="ieee")
+        acc = acc - tl.dot(-a, b, input_precision="ieee")
     else:
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
