@@ -9,6 +9,7 @@ from dropin import _runtime
 SUITES = {
     "matmul": "dropin.bench.matmul:matmul_cases",
     "bmm": "dropin.bench.matmul:bmm_cases",
+    "conv2d": "dropin.bench.conv2d:conv2d_cases",
 }
 
 

@@ -78,7 +78,9 @@ def check(op, ref_op, inputs: dict, backward=True):
     for name, g, g_t, g_64 in zip(inputs, grads, grads_t, grads_64):
         assert_close(g, g_64, dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
         t = inputs[name]
-        if t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last):
+        if name == "r":  # a residual's gradient is the output's, in the output's layout (as torch's add gives)
+            assert g.stride() == g_t.stride() or g.numel() <= 1, "residual gradient layout differs from torch's"
+        elif t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last):
             assert g.stride() == t.stride() or g.numel() <= 1, f"gradient of '{name}' changed layout"
 
 
@@ -159,6 +161,63 @@ def test_channels_last(layout):
         inputs["x"] = torch.randn(2, 9, 14, 8, device=DEVICE).permute(0, 3, 1, 2)[:, :, :, ::2]
     kw = dict(stride=(2, 1), padding=1, groups=2)
     check(dropin_conv("relu", **kw), torch_conv("relu", **kw), inputs)
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("batch", [(2,), ()], ids=["batched", "unbatched"])
+def test_pointwise_channels_last(batch, activation):
+    """A 1x1 conv over channels_last input runs as a GEMM through linear: same values, layout and grads."""
+    inputs = leaves((*batch, 24, 5, 7), (40, 24, 1, 1), channels_last=bool(batch))
+    check(dropin_conv(activation), torch_conv(activation), inputs)
+
+
+@pytest.mark.parametrize("case", ["dense-nchw", "dense-channels_last", "depthwise", "flat-k", "pointwise"])
+def test_residual(case):
+    """act(conv + bias + residual) in one kernel, with the residual's gradient; residual in another layout."""
+    x_shape, w_shape, kw = {
+        "dense-nchw": ((2, 20, 9, 7), (24, 20, 3, 3), dict(padding=1)),
+        "dense-channels_last": ((2, 20, 9, 7), (24, 20, 3, 3), dict(stride=2, padding=1)),
+        "depthwise": ((2, 24, 9, 7), (24, 1, 3, 3), dict(padding=1, groups=24)),
+        "flat-k": ((2, 3, 11, 10), (16, 3, 5, 5), dict(stride=2, padding=2)),
+        "pointwise": ((2, 16, 5, 7), (24, 16, 1, 1), dict()),
+    }[case]
+    inputs = leaves(x_shape, w_shape, channels_last=case != "dense-nchw")
+    out_shape = F.conv2d(inputs["x"], inputs["w"], **kw).shape
+    n, c, h, w = out_shape
+    inputs["r"] = torch.randn(n, c, h, 2 * w, device=DEVICE)[..., ::2] if case == "dense-nchw" else \
+        torch.randn(out_shape, device=DEVICE)  # a strided view, or NCHW under a channels_last output
+    check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
+          lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
+
+
+@pytest.mark.parametrize("conv_bias,affine", [(True, True), (False, True), (True, False)])
+def test_fold_batchnorm(conv_bias, affine):
+    """conv -> BatchNorm (eval) == one conv with the folded weight and bias; bn itself unchanged."""
+    conv = torch.nn.Conv2d(6, 10, 3, padding=1, bias=conv_bias).to(DEVICE)
+    bn = torch.nn.BatchNorm2d(10, affine=affine).to(DEVICE)
+    with torch.no_grad():
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+        if affine:
+            bn.weight.normal_()
+            bn.bias.normal_()
+    bn.eval()
+    state = {k: v.clone() for k, v in bn.state_dict().items()}
+    weight, bias = dropin.ops.fold_batchnorm(conv.weight, conv.bias, bn)
+    x = torch.randn(2, 6, 8, 9, device=DEVICE)
+    with torch.no_grad():
+        assert_close(dropin.conv2d(x, weight, bias, padding=1, activation="relu"),
+                     F.relu(bn.double()(conv.double()(x.double()))), torch.float32, "fwd", what="folded conv")
+    assert all(torch.equal(v, state[k]) for k, v in bn.state_dict().items()), "bn changed"
+    assert not weight.requires_grad and not bias.requires_grad, "folded parameters keep no graph to conv / bn"
+
+
+def test_fold_batchnorm_errors():
+    w = _t(10, 6, 3, 3)
+    with pytest.raises(RuntimeError, match="'bn'"):
+        dropin.ops.fold_batchnorm(w, None, torch.nn.BatchNorm2d(10, track_running_stats=False))
+    with pytest.raises(RuntimeError, match="'bn'"):
+        dropin.ops.fold_batchnorm(w, None, torch.nn.BatchNorm2d(8))
 
 
 def test_unbatched():
@@ -271,6 +330,10 @@ ERRORS = [
     ("bad-activation", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), activation="tanh"), ValueError,
      "activation"),
     ("not-a-tensor", lambda: dropin.conv2d(_t(1, 4, 8, 8), [[1.0]]), TypeError, "weight"),
+    ("residual-shape", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), residual=_t(1, 6, 8, 8)),
+     RuntimeError, "residual"),
+    ("residual-dtype", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3),
+                                             residual=_t(1, 6, 6, 6, dtype=torch.float16)), RuntimeError, "residual"),
 ]
 
 

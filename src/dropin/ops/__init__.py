@@ -1,5 +1,5 @@
 """Functional ops: one file per op, each with its PyTorch reference beside the kernels."""
-from .conv2d import conv2d
+from .conv2d import conv2d, fold_batchnorm
 from .matmul import bmm, linear, matmul
 
-__all__ = ["matmul", "bmm", "linear", "conv2d"]
+__all__ = ["matmul", "bmm", "linear", "conv2d", "fold_batchnorm"]

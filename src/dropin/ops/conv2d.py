@@ -25,15 +25,38 @@ from torch._prims_common import suggest_memory_format
 from .. import _runtime
 from . import _autotune
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
-from .matmul import _dot_acc, _split_range, switch
+from .matmul import _dot_acc, _split_range, linear, switch
+from .matmul import _precision as _matmul_precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
-def conv2d_ref(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
-    return activation_ref(F.conv2d(input, weight, bias, stride, padding, dilation, groups), activation)
+def conv2d_ref(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None, residual=None):
+    y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return activation_ref(y if residual is None else y + residual, activation)
+
+
+def fold_batchnorm(conv_weight: torch.Tensor, conv_bias: Optional[torch.Tensor],
+                   bn: torch.nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of one conv equal to conv -> bn with bn's running statistics (inference BatchNorm):
+    weight * s per output channel and (bias - running_mean) * s + beta, s = gamma / sqrt(running_var + eps).
+    Computed in float32, returned in the weight's dtype and layout; bn is not changed."""
+    if bn.running_mean is None or bn.running_var is None:
+        raise RuntimeError("fold_batchnorm: argument 'bn' tracks no running statistics "
+                           "(track_running_stats=False); only an inference BatchNorm folds into a conv")
+    if bn.num_features != conv_weight.shape[0]:
+        raise RuntimeError(f"fold_batchnorm: argument 'bn' has {bn.num_features} features but 'conv_weight' has "
+                           f"{conv_weight.shape[0]} output channels")
+    with torch.no_grad():
+        scale = torch.rsqrt(bn.running_var.float() + bn.eps)
+        if bn.weight is not None:
+            scale = scale * bn.weight.float()
+        shift = -bn.running_mean.float() if conv_bias is None else conv_bias.float() - bn.running_mean.float()
+        shift = shift * scale + (bn.bias.float() if bn.bias is not None else 0.0)
+        weight = (conv_weight.float() * scale.view(-1, 1, 1, 1)).to(conv_weight.dtype)
+    return weight, shift.to(conv_weight.dtype)
 
 
 # --- 2. Kernels ------------------------------------------------------------------------------------------
@@ -46,15 +69,36 @@ def _pixel(offs, H, W):
 
 
 @triton.jit
-def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
+def _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, pix_y, pix_r, co, m_ok, n_ok, syc, src,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr):
+    """Adds the bias and the residual (pixel offsets pix_y / pix_r, channel strides syc / src), keeps the
+    pre-activation in z for the backward, stores act(.) in y."""
+    mask = m_ok[:, None] & n_ok[None, :]
+    co = co.to(tl.int64)
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_RES:
+        acc = acc + tl.load(r_ptr + pix_r[:, None] + co[None, :] * src, mask=mask, other=0.0).to(tl.float32)
+    offs_y = pix_y[:, None] + co[None, :] * syc
+    if STORE_Z:
+        tl.store(z_ptr + offs_y, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offs_y, apply_activation(acc, ACT).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                      C_G, H, W, COUT_G, OH, OW, P, KH, KW,
-                     sxn, sxc, sxh, sxw, swo, swc, swh, sww, syn, syc, syh, syw,
+                     sxn, sxc, sxh, sxw, swo, swc, swh, sww, syn, syc, syh, syw, srn, src, srh, srw,
                      STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
-                     DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
+                     DIL_H: tl.constexpr, DIL_W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                     ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
+                     FLAT_K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y[n, g*COUT_G + co, oh, ow] = act(sum_{kh, kw, c} x[n, g*C_G + c, ih, iw] * w[g*COUT_G + co, c, kh, kw]
-    + bias); grid (pixel tiles, channel tiles, groups). z (when STORE_Z) has y's strides."""
+    + bias + residual); grid (pixel tiles, channel tiles, groups). z (when STORE_Z) has y's strides.
+    FLAT_K (few channels per group, e.g. a 3-channel stem): the reduction runs over the flat
+    (kh, kw, c) index in BLOCK_K chunks, each column gathering its own tap, instead of one tap per step
+    with the channels padded up to BLOCK_K."""
     g = tl.program_id(2).to(tl.int64)
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,42 +110,60 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
     co = g * COUT_G + offs_n
     w_base = w_ptr + co.to(tl.int64)[None, :] * swo
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # One flat loop over (kh, kw, channel block), so that num_stages pipelines the loads across taps too.
-    c_blocks = tl.cdiv(C_G, BLOCK_K)
-    for step in range(0, KH * KW * c_blocks):
-        tap = step // c_blocks
-        c0 = (step - tap * c_blocks) * BLOCK_K
-        kh = tap // KW
-        kw = tap - kh * KW
-        ih = oh * STRIDE_H - PAD_H + kh * DIL_H
-        iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-        row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        k_ok = offs_k < C_G - c0
-        a_ptrs = (x_base + ih * sxh + iw * sxw)[:, None] + (c0 + offs_k)[None, :] * sxc
-        b_ptrs = w_base + kh * swh + kw * sww + (c0 + offs_k)[:, None] * swc
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = _dot_acc(acc, a, b, PRECISION)
-    if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    offs_y = (n * syn + oh * syh + ow * syw)[:, None] + co.to(tl.int64)[None, :] * syc
-    mask = m_ok[:, None] & n_ok[None, :]
-    if STORE_Z:
-        tl.store(z_ptr + offs_y, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    tl.store(y_ptr + offs_y, apply_activation(acc, ACT).to(y_ptr.dtype.element_ty), mask=mask)
+    if FLAT_K:
+        # Separable addressing: a row part (pixel) plus a column part (tap, channel), so the 2-D work per
+        # element is one add for the address and int32 compares for the mask.
+        ih0 = (oh * STRIDE_H - PAD_H).to(tl.int32)
+        iw0 = (ow * STRIDE_W - PAD_W).to(tl.int32)
+        row_ptrs = x_base + ih0 * sxh + iw0 * sxw
+        k_total = KH * KW * C_G
+        for k0 in range(0, k_total, BLOCK_K):
+            kk = k0 + offs_k
+            tap = kk // C_G
+            c = kk - tap * C_G
+            kh = tap // KW
+            kw = tap - kh * KW
+            ih = ih0[:, None] + (kh * DIL_H)[None, :]
+            iw = iw0[:, None] + (kw * DIL_W)[None, :]
+            k_ok = kk < k_total
+            a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            col = kh * DIL_H * sxh + kw * DIL_W * sxw + c * sxc
+            a = tl.load(row_ptrs[:, None] + col[None, :], mask=a_ok, other=0.0)
+            b = tl.load(w_base + (c * swc + kh * swh + kw * sww)[:, None], mask=k_ok[:, None] & n_ok[None, :],
+                        other=0.0)
+            acc = _dot_acc(acc, a, b, PRECISION)
+    else:  # one flat loop over (kh, kw, channel block), so that num_stages pipelines loads across taps too
+        c_blocks = tl.cdiv(C_G, BLOCK_K)
+        for step in range(0, KH * KW * c_blocks):
+            tap = step // c_blocks
+            c0 = (step - tap * c_blocks) * BLOCK_K
+            kh = tap // KW
+            kw = tap - kh * KW
+            ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+            row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            k_ok = offs_k < C_G - c0
+            a_ptrs = (x_base + ih * sxh + iw * sxw)[:, None] + (c0 + offs_k)[None, :] * sxc
+            b_ptrs = w_base + kh * swh + kw * sww + (c0 + offs_k)[:, None] * swc
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _dot_acc(acc, a, b, PRECISION)
+    _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
+              co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
 
 
 @triton.jit
-def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
-                        H, W, COUT, COUT_G, OH, OW, P, KH, KW,
-                        sxn, sxc, sxh, sxw, swo, swc, swh, sww, syn, syc, syh, syw,
+def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
+                        H, W, COUT, COUT_G, OH, OW, P,
+                        sxn, sxc, sxh, sxw, swo, swc, swh, sww, syn, syc, syh, syw, srn, src, srh, srw,
                         STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
-                        DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                        DIL_H: tl.constexpr, DIL_W: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Direct convolution for one input channel per group (depthwise, any channel multiplier COUT_G): output
     channel co reads input channel co // COUT_G; fp32 FMAs on the CUDA cores (a tensor-core tile would be
-    1/16 used in K); grid (pixel tiles, channel tiles over all COUT channels)."""
+    1/16 used in K); grid (pixel tiles, channel tiles over all COUT channels). The taps are unrolled (KH, KW
+    constexpr), so all KH*KW loads of a tile are in flight together instead of one memory latency per tap."""
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     co = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < P
@@ -110,22 +172,17 @@ def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr,
     x_base = x_ptr + (n * sxn)[:, None] + (co // COUT_G).to(tl.int64)[None, :] * sxc
     w_base = w_ptr + co.to(tl.int64) * swo
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kh in range(0, KH):
+    for kh in tl.static_range(KH):
         ih = oh * STRIDE_H - PAD_H + kh * DIL_H
         h_ok = m_ok & (ih >= 0) & (ih < H)
-        for kw in range(0, KW):
+        for kw in tl.static_range(KW):
             iw = ow * STRIDE_W - PAD_W + kw * DIL_W
             row_ok = h_ok & (iw >= 0) & (iw < W)
             xv = tl.load(x_base + (ih * sxh + iw * sxw)[:, None], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
             wv = tl.load(w_base + kh * swh + kw * sww, mask=n_ok, other=0.0)
             acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
-    if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    offs_y = (n * syn + oh * syh + ow * syw)[:, None] + co.to(tl.int64)[None, :] * syc
-    mask = m_ok[:, None] & n_ok[None, :]
-    if STORE_Z:
-        tl.store(z_ptr + offs_y, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    tl.store(y_ptr + offs_y, apply_activation(acc, ACT).to(y_ptr.dtype.element_ty), mask=mask)
+    _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
+              co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
 
 
 @triton.jit
@@ -255,6 +312,9 @@ _FWD_CONFIGS = [
     _autotune.config(128, 128, 32, 8, 3),
     _autotune.config(64, 128, 64, 4, 3),
     _autotune.config(32, 32, 16, 4, 2),
+    _autotune.config(128, 64, 64, 4, 4),
+    _autotune.config(128, 128, 64, 8, 4),
+    _autotune.config(128, 256, 64, 8, 3),
 ]
 _DGRAD_CONFIGS = _FWD_CONFIGS
 # The direct kernel for one input channel per group (depthwise): BLOCK_M pixels x BLOCK_N channels.
@@ -262,6 +322,9 @@ _DW_CONFIGS = [
     dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
     dict(BLOCK_M=32, BLOCK_N=64, num_warps=4),
     dict(BLOCK_M=128, BLOCK_N=16, num_warps=4),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4),
+    dict(BLOCK_M=16, BLOCK_N=128, num_warps=4),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
 ]
 _WGRAD_CONFIGS = [
     _autotune.config(32, 64, 64, 4, 3, SPLIT_K=1),
@@ -301,8 +364,14 @@ def _configs(configs, m, n, k, size, precision):
 
 
 def _channels_last(t: torch.Tensor) -> bool:
-    """torch's suggest_memory_format for a 4-D tensor (the rule its convolutions pick the output layout by)."""
-    return t.dim() == 4 and suggest_memory_format(t) == torch.channels_last
+    """torch's suggest_memory_format for a 4-D tensor (the rule its convolutions pick the output layout by);
+    dense tensors of one unambiguous layout are answered by two cheap contiguity checks first."""
+    if t.dim() != 4:
+        return False
+    nchw, nhwc = t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last)
+    if nchw != nhwc:
+        return nhwc
+    return suggest_memory_format(t) == torch.channels_last
 
 
 def _out_format(x, w):
@@ -339,51 +408,56 @@ def _pick(name, key, configs, launcher, args):
     return launcher(_autotune.pick(name, key, configs, prepare))
 
 
-def _fwd_impl(x, w, bias, stride, padding, dilation, groups: int, activation: str, save_preact: bool):
+def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, activation: str, save_preact: bool):
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
     fmt = _out_format(x, w)
     y = torch.empty((N, COUT_G * groups, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt)
     z = torch.empty_like(y) if save_preact else y.new_empty(0)
     if y.numel() == 0:
         return y, z
-    if C_G * KH * KW == 0:  # an empty reduction: bias only
+    if C_G * KH * KW == 0:  # an empty reduction: bias (and residual) only
         y.copy_((bias if bias is not None else y.new_zeros(1)).view(1, -1, 1, 1).expand_as(y))
+        y.add_(residual) if residual is not None else None
         z.copy_(y) if save_preact else None
         y.copy_(activation_ref(y, None if activation == "none" else activation))
         return y, z
     precision = _precision(x.dtype)
-    key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), x.dtype, _align(x, w, y, bias), stride, padding,
-           dilation, groups, activation, save_preact, precision, fmt)
+    r = y if residual is None else residual
+    key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), r.stride(), x.dtype, _align(x, w, y, bias, residual),
+           stride, padding, dilation, groups, activation, save_preact, precision, fmt)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) > 4096:
             _plans.clear()
         P = N * OH * OW
-        scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *x.stride(), *w.stride(), *y.stride())
-        meta0 = dict(_conv_meta(stride, padding, dilation, precision), HAS_BIAS=bias is not None, ACT=activation,
-                     STORE_Z=save_preact)
+        scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *x.stride(), *w.stride(), *y.stride(), *r.stride())
+        flat_k = C_G < 16  # see _conv_fwd_kernel
+        meta0 = dict(_conv_meta(stride, padding, dilation, precision), HAS_BIAS=bias is not None,
+                     HAS_RES=residual is not None, ACT=activation, STORE_Z=save_preact)
 
         def launcher(cfg):
             cfg = dict(cfg)
             if cfg.pop("KERNEL") == "direct":
                 meta = dict(meta0, **cfg)
                 del meta["PRECISION"]
-                dw_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, P, KH, KW, *scalars[9:])
+                meta.update(KH=KH, KW=KW)
+                dw_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, P, *scalars[9:])
                 grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
                 launch = _runtime.Launcher(_conv_dw_fwd_kernel, grid, meta)
-                return lambda x, w, y, b, z: launch(x, w, y, b, z, *dw_scalars)
+                return lambda *tensors: launch(*tensors, *dw_scalars)
             grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
-            launch = _runtime.Launcher(_conv_fwd_kernel, grid, dict(meta0, **cfg))
-            return lambda x, w, y, b, z: launch(x, w, y, b, z, *scalars)
+            launch = _runtime.Launcher(_conv_fwd_kernel, grid, dict(meta0, FLAT_K=flat_k, **cfg))
+            return lambda *tensors: launch(*tensors, *scalars)
 
-        configs = [dict(c, KERNEL="gemm") for c in _configs(_FWD_CONFIGS, P, COUT_G, C_G, x.element_size(),
-                                                             precision)]
+        configs = [dict(c, KERNEL="gemm") for c in _configs(_FWD_CONFIGS, P, COUT_G, C_G * (KH * KW if flat_k else 1),
+                                                             x.element_size(), precision)]
         if C_G == 1:  # one input channel per group: the direct kernel first, the implicit GEMM as a candidate
             configs = [dict(c, KERNEL="direct") for c in _DW_CONFIGS] + configs
-        tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
-        plan = _plans[key] = _pick("conv2d", tkey, configs, launcher,
-                                   (x, w, y, y if bias is None else bias, z if save_preact else y))
-    plan(x, w, y, y if bias is None else bias, z if save_preact else y)
+        tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, flat_k, residual is not None,
+                *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
+        tensors = (x, w, y, y if bias is None else bias, z if save_preact else y, r)
+        plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, tensors)
+    plan(x, w, y, y if bias is None else bias, z if save_preact else y, r)
     return y, z
 
 
@@ -481,13 +555,15 @@ def _act_grad_impl(dy, z, activation: str, bias_grad: bool):
 # --- 4. Registration as custom ops (what torch.compile traces) --------------------------------------------
 
 @torch.library.custom_op("dropin::conv2d", mutates_args=())
-def _fwd_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], padding: list[int],
-            dilation: list[int], groups: int, activation: str, save_preact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd_impl(x, w, bias, tuple(stride), tuple(padding), tuple(dilation), groups, activation, save_preact)
+def _fwd_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+            stride: list[int], padding: list[int], dilation: list[int], groups: int, activation: str,
+            save_preact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(x, w, bias, residual, tuple(stride), tuple(padding), tuple(dilation), groups, activation,
+                     save_preact)
 
 
 @_fwd_op.register_fake
-def _(x, w, bias, stride, padding, dilation, groups, activation, save_preact):
+def _(x, w, bias, residual, stride, padding, dilation, groups, activation, save_preact):
     OH, OW = _out_hw(x.shape[2], x.shape[3], w.shape[2], w.shape[3], stride, padding, dilation)
     y = torch.empty((x.shape[0], w.shape[0], OH, OW), device=x.device, dtype=x.dtype,
                     memory_format=_out_format(x, w))
@@ -539,9 +615,9 @@ _act_grad = switch(_act_grad_op, _act_grad_impl)
 
 class _Conv2dFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, bias, stride, padding, dilation, groups, activation):
-        save_preact = activation != "none" and any(ctx.needs_input_grad[:3])
-        y, z = _fwd(x, w, bias, stride, padding, dilation, groups, activation, save_preact)
+    def forward(ctx, x, w, bias, residual, stride, padding, dilation, groups, activation):
+        save_preact = activation != "none" and any(ctx.needs_input_grad[:4])
+        y, z = _fwd(x, w, bias, residual, stride, padding, dilation, groups, activation, save_preact)
         ctx.save_for_backward(x, w, z if save_preact else None)
         ctx.args = (stride, padding, dilation, groups)
         ctx.activation = activation
@@ -550,7 +626,7 @@ class _Conv2dFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, w, z = ctx.saved_tensors
-        need_x, need_w, need_bias = ctx.needs_input_grad[:3]
+        need_x, need_w, need_bias, need_residual = ctx.needs_input_grad[:4]
         dz, dbias = dy, None
         if ctx.activation != "none" or need_bias:
             gz, gbias = _act_grad(dy, dy if z is None else z, ctx.activation, need_bias)
@@ -558,12 +634,14 @@ class _Conv2dFunction(torch.autograd.Function):
             dbias = gbias if need_bias else None
         dx = _dgrad(dz, x, w, *ctx.args) if need_x else None
         dw = _wgrad(dz, x, w, *ctx.args) if need_w else None
-        return dx, dw, dbias, None, None, None, None, None
+        return dx, dw, dbias, dz if need_residual else None, None, None, None, None, None
 
 
 # --- 6. Public function ----------------------------------------------------------------------------------
 
 def _pair(value, name: str, positive: bool) -> tuple:
+    if type(value) is int and (value > 0 or not positive and value == 0):  # the common case, checked fast
+        return value, value
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value, value)
     elif isinstance(value, (tuple, list)) and len(value) == 1:
@@ -589,13 +667,16 @@ def _same_padding(KH, KW, dilation) -> tuple:
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
-           dilation=1, groups: int = 1, activation: Optional[str] = None) -> torch.Tensor:
-    """`activation(F.conv2d(input, weight, bias, stride, padding, dilation, groups))` in one kernel.
+           dilation=1, groups: int = 1, activation: Optional[str] = None,
+           residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`activation(F.conv2d(input, weight, bias, stride, padding, dilation, groups) + residual)` in one kernel.
 
     input [N, C, H, W] or unbatched [C, H, W], any strides (NCHW and channels_last read without copies);
     weight [Cout, C / groups, KH, KW]; bias [Cout] or None; stride / padding / dilation an int or a pair,
     padding also 'valid' or 'same' (stride 1 only, the odd extra pixel on the bottom / right as in torch);
-    activation None, "relu", "gelu", "gelu_tanh" or "silu". float32 / float16 / bfloat16 (all the same),
+    activation None, "relu", "gelu", "gelu_tanh" or "silu"; residual None or a tensor of the output's size
+    (e.g. a ResNet block's identity; any strides). With `fold_batchnorm`'s weight and bias, conv -> BatchNorm ->
+    (+ identity) -> relu is this one call. float32 / float16 / bfloat16 (all the same),
     fp32 accumulation; float32 uses tf32 only where torch's convolutions would
     (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is."""
     act = check_activation(activation)
@@ -651,8 +732,26 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
                            f"{dilation[1] * (KW - 1) + 1}) of 'weight'")
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # the kernel reads bias with unit stride
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
-        y = _Conv2dFunction.apply(x, weight, bias, stride, pads, dilation, groups, act)
+    if residual is not None:
+        out_shape = [x.shape[0], cout, *_out_hw(H, W, KH, KW, stride, pads, dilation)]
+        r = residual.unsqueeze(0) if unbatched else residual
+        if list(r.shape) != out_shape:
+            raise RuntimeError(f"conv2d: expected 'residual' of the output's size {out_shape[unbatched:]}, but got "
+                               f"{list(residual.shape)}")
+        _runtime.check_kernel_device("conv2d", input=input, residual=residual)
+        if residual.dtype != input.dtype:
+            raise RuntimeError(f"conv2d: expected 'input' and 'residual' to have the same dtype, but got "
+                               f"{input.dtype} and {residual.dtype}")
+        residual = r
+    rows = x.permute(0, 2, 3, 1)
+    if ((KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and rows.is_contiguous()
+            and residual is None and _precision(x.dtype) == _matmul_precision(x.dtype)):
+        # A 1x1 conv over channels_last pixels is a GEMM [N*H*W, C] x [C, Cout]: matmul's kernels (TMA on Hopper),
+        # bias and activation fused, autograd through linear; the output is channels_last as torch's is.
+        y = linear(rows, weight.flatten(1), bias, activation).permute(0, 3, 1, 2)
+        return y.squeeze(0) if unbatched else y
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)):
+        y = _Conv2dFunction.apply(x, weight, bias, residual, stride, pads, dilation, groups, act)
     else:
-        y = _fwd(x, weight, bias, stride, pads, dilation, groups, act, False)[0]
+        y = _fwd(x, weight, bias, residual, stride, pads, dilation, groups, act, False)[0]
     return y.squeeze(0) if unbatched else y

@@ -565,8 +565,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if K != K2:
         raise RuntimeError(f"matmul: 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} cannot be multiplied "
                            f"(inner dimensions {K} and {K2})")
-    try:
-        batch = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    batch_a, batch_b = a2.shape[:-2], b2.shape[:-2]
+    try:  # (torch.broadcast_shapes costs ~10 us of CPU time: only where the batches differ)
+        batch = batch_a if batch_a == batch_b or not batch_b else torch.broadcast_shapes(batch_a, batch_b)
     except RuntimeError as e:
         raise RuntimeError(f"matmul: batch dimensions of 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} "
                            f"do not broadcast") from e
