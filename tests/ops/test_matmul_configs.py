@@ -16,7 +16,8 @@ CONFIGS = [pytest.param("tma", c, id=f"tma-{size}B-{i}") for size, cs in mm._TMA
            for i, c in enumerate(cs)] + \
           [pytest.param("ptr", c, id=f"ptr-{size}B-{i}") for size, cs in mm._PTR_CONFIGS.items()
            for i, c in enumerate(cs)] + \
-          [pytest.param("gemv", c, id=f"gemv-{i}") for i, c in enumerate(mm._GEMV_CONFIGS)]
+          [pytest.param("fma", c, id=f"fma-{kind}-{i}") for kind, cs in mm._FMA_CONFIGS.items()
+           for i, c in enumerate(cs)]
 
 
 @pytest.fixture
@@ -35,8 +36,8 @@ def test_every_config(kernel, cfg, layout, forced):
     dtype = torch.float32 if cfg in mm._TMA_CONFIGS[4] + mm._PTR_CONFIGS[4] else torch.float16
     if kernel == "tma" and not ON_GPU and cfg["BLOCK_M"] * cfg["BLOCK_N"] > 128 * 128:
         pytest.skip("large TMA tiles are slow under the interpreter; they run on the GPU")
-    # every size a multiple of 8 (16-byte rows for TMA), none a multiple of a tile; the vector kernel: M = 1
-    batch, M, N, K = 2, 1 if kernel == "gemv" else 88, 40, 72
+    # every size a multiple of 8 (16-byte rows for TMA), none a multiple of a tile; the vector configs: M = 1
+    batch, M, N, K = 2, 1 if cfg["BLOCK_M"] == 1 else 88, 40, 72
     a = torch.randn(batch, M, K, dtype=dtype, device=DEVICE)
     b = torch.randn(batch, K, N, dtype=dtype, device=DEVICE)
     bias = torch.randn(N, dtype=dtype, device=DEVICE)

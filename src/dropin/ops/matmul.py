@@ -118,29 +118,34 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
 
 
 @triton.jit
-def _gemv_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
-                 N, K,
-                 stride_ab, stride_ak, stride_bb, stride_bk, stride_bn,
-                 HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """M == 1: C[b, 0, :] = A[b, 0, :] @ B[b] on the CUDA cores in fp32 (a tensor-core tile would be 1/16 used
-    and its latency chain dominates such small products); grid (column blocks, batch)."""
+def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+                M, N, K,
+                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Products with M == 1 (BLOCK_M = 1) or few columns (N <= 16, e.g. seed 004's 784 -> 10 layer) on the
+    CUDA cores in fp32: a tensor-core tile would be mostly padding, and its latency chain dominates; here A
+    streams through once in coalesced [BLOCK_M, BLOCK_K] rows and each K chunk is reduced as a tree
+    (a two-level sum, as _dot_acc). C contiguous [batch, M, N]; grid (tiles, batch)."""
     batch = tl.program_id(1).to(tl.int64)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    num_n = tl.cdiv(N, BLOCK_N)
+    offs_m = (tl.program_id(0) // num_n).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (tl.program_id(0) % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + batch * stride_ab + offs_k * stride_ak
+    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = offs_k < K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=k_mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n < N)[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(a[:, None] * b, axis=0)
+        k_ok = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    acc = _add_bias(acc[None, :], bias_ptr, offs_n, N, HAS_BIAS)
-    offs_c = batch * N + offs_n[None, :]
-    mask = offs_n[None, :] < N
+    acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+    offs_c = (batch * M + offs_m)[:, None] * N + offs_n[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
     if STORE_Z:
         tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
     tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
@@ -272,9 +277,12 @@ _PTR_CONFIGS = {
         _cfg(64, 16, 32, 4, 4), _cfg(64, 16, 128, 4, 4), _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2),
         _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
-# M == 1 (any dtype): column blocks of the vector-matrix kernel.
-_GEMV_CONFIGS = [_cfg(1, 64, 128, 4, 1), _cfg(1, 16, 256, 4, 1), _cfg(1, 32, 256, 4, 1), _cfg(1, 128, 64, 4, 1),
-                 _cfg(1, 256, 32, 8, 1)]
+# The CUDA-core kernel (any dtype): M == 1 (vector-matrix), and at most 16 columns (candidates beside `ptr`).
+_FMA_CONFIGS = {
+    "vector": [_cfg(1, 64, 128, 4, 1), _cfg(1, 16, 256, 4, 1), _cfg(1, 32, 256, 4, 1), _cfg(1, 128, 64, 4, 1),
+               _cfg(1, 256, 32, 8, 1)],
+    "narrow": [_cfg(32, 16, 32, 4, 3), _cfg(64, 16, 16, 4, 3), _cfg(16, 16, 64, 4, 2), _cfg(128, 16, 8, 8, 3)],
+}
 
 
 def _fits(configs, M, N, K, max_k=256, min_m=16):
@@ -366,7 +374,9 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
     if ptr:
         configs += [dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]
     if M == 1 and tuned:
-        configs = [dict(cfg, KERNEL="gemv") for cfg in _fits(_GEMV_CONFIGS, 1, N, K, min_m=1)] + configs
+        configs = [dict(cfg, KERNEL="fma") for cfg in _fits(_FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
+    elif N <= 16 and tuned:
+        configs += [dict(cfg, KERNEL="fma") for cfg in _FMA_CONFIGS["narrow"]]
     epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision,
                     GROUP_M=8)
 
@@ -374,12 +384,12 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
         cfg = dict(cfg)
         kernel, splits = cfg.pop("KERNEL"), cfg.pop("SPLIT_K", 1)
         tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-        if kernel == "gemv":
-            meta = dict(HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
+        if kernel == "fma":
+            meta = dict(HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact, BLOCK_M=cfg["BLOCK_M"],
                         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
-            strides = (a.stride(0), a.stride(2), *b.stride())
-            launch = _runtime.Launcher(_gemv_kernel, (tiles, batch), meta)
-            return lambda a, b, c, bias, z: launch(a, b, c, bias, z, N, K, *strides)
+            scalars = (M, N, K, *a.stride(), *b.stride())
+            launch = _runtime.Launcher(_fma_kernel, (tiles, batch), meta)
+            return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         if kernel == "tma":
             programs = cfg.pop("OCC", 1) * _runtime.num_sms(a.device.index or 0)
             grid = (min(programs, batch * tiles),)
@@ -408,7 +418,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma):
             launch_sum(partial, c, bias, z, batch * M, N)
         return run_split
 
-    key = ("mm", a.dtype, precision, tma, ptr, M == 1, a.stride(2) != 1, b.stride(2) != 1)
+    key = ("mm", a.dtype, precision, tma, ptr, M == 1, N <= 16, a.stride(2) != 1, b.stride(2) != 1)
     key += tuple(map(_autotune.bucket, (batch, M, N, K)))
     args = (a, b, c, c if bias is None else bias, z)
 
