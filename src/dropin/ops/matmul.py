@@ -264,6 +264,7 @@ _TMA_CONFIGS = {
         _cfg(64, 64, 128, 4, 6, WARP_SPECIALIZE=False), _cfg(64, 32, 256, 4, 4, WARP_SPECIALIZE=False),
         _cfg(128, 128, 64, 4, 2, WARP_SPECIALIZE=False, OCC=2), _cfg(128, 64, 64, 4, 3, WARP_SPECIALIZE=False, OCC=2)],
     4: [_cfg(128, 128, 32, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 128, 32, 8, 3, WARP_SPECIALIZE=True),
+        _cfg(128, 256, 32, 8, 3, WARP_SPECIALIZE=True),
         _cfg(128, 128, 64, 8, 2, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),
         _cfg(64, 64, 64, 4, 3, WARP_SPECIALIZE=False), _cfg(64, 32, 64, 4, 3, WARP_SPECIALIZE=False)],
 }
@@ -273,7 +274,7 @@ _PTR_CONFIGS = {
         _cfg(32, 64, 128, 4, 3), _cfg(16, 64, 256, 4, 3), _cfg(16, 32, 256, 4, 4), _cfg(16, 16, 256, 4, 2),
         _cfg(16, 64, 128, 4, 4, SPLIT_K=4), _cfg(16, 32, 256, 4, 3, SPLIT_K=4), _cfg(16, 64, 128, 4, 4, SPLIT_K=8)],
     4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 128, 16, 8, 4), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4),
-        _cfg(64, 64, 32, 4, 4), _cfg(256, 16, 64, 8, 3), _cfg(128, 16, 64, 4, 4), _cfg(128, 16, 32, 4, 4),
+        _cfg(64, 64, 32, 4, 4), _cfg(64, 64, 64, 4, 3), _cfg(32, 128, 32, 4, 4), _cfg(256, 16, 64, 8, 3), _cfg(128, 16, 64, 4, 4), _cfg(128, 16, 32, 4, 4),
         _cfg(64, 16, 32, 4, 4), _cfg(64, 16, 128, 4, 4), _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2),
         _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
