@@ -53,9 +53,17 @@ def conv_cases():
         name = f"conv {cin}->{cout} @{hw} k{k} s{s} g{groups}"
         yield name, (lambda x=x, w=w, s=s, p=p, g=groups: dropin.conv2d(x, w, None, s, p, 1, g)), \
             (lambda x=x, w=w, s=s, p=p, g=groups: F.conv2d(x, w, None, s, p, 1, g))
+    a = torch.randn(200704, 576, device="cuda", dtype=torch.bfloat16)  # the GEMM of the 3x3 64-channel conv
+    b = torch.randn(576, 64, device="cuda", dtype=torch.bfloat16)
+    yield "matmul bf16 200704x576x64 (3x3 conv's GEMM)", (lambda a=a, b=b: dropin.matmul(a, b)), \
+        (lambda a=a, b=b: torch.matmul(a, b))
     a = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     yield "matmul bf16 16x4096x4096", lambda: dropin.matmul(a, b), lambda: torch.matmul(a, b)
+    a = torch.randn(50000, 784, device="cuda")
+    b = torch.randn(784, 10, device="cuda")
+    yield "matmul fp32 50000x784x10 (seed 004)", (lambda a=a, b=b: dropin.matmul(a, b)), \
+        (lambda a=a, b=b: torch.matmul(a, b))
 
 
 if __name__ == "__main__":
