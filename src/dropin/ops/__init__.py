@@ -1,5 +1,7 @@
 """Functional ops: one file per op, each with its PyTorch reference beside the kernels."""
 from .conv2d import conv2d
 from .matmul import bmm, linear, matmul
+from .rms_norm import rms_norm
+from .rope import rope
 
-__all__ = ["matmul", "bmm", "linear", "conv2d"]
+__all__ = ["matmul", "bmm", "linear", "conv2d", "rms_norm", "rope"]
