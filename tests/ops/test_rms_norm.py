@@ -151,6 +151,31 @@ def test_reference_is_hf_llama():
     torch.testing.assert_close(rms_norm_ref(x, norm.weight, 1e-5), norm(x), rtol=0, atol=0)
 
 
+def test_module_from_llama_shares_weight():
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    hf = llama.LlamaRMSNorm(40, eps=1e-5).to(DEVICE)
+    hf.weight.data.normal_()
+    norm = dropin.nn.RMSNorm.from_llama(hf)
+    assert norm.weight is hf.weight and norm.variance_epsilon == 1e-5
+    assert norm.state_dict().keys() == hf.state_dict().keys()
+    x = torch.randn(2, 3, 40, device=DEVICE, dtype=torch.float16)
+    check(lambda x, w: norm(x), lambda x, w: rms_norm_ref(x, w, 1e-5), {"x": x, "weight": hf.weight.detach()},
+          backward=False)
+    r = torch.randn_like(x)
+    y, s = norm(x, r)
+    torch.testing.assert_close(s, x + r, rtol=0, atol=0)
+    norm(x).float().sum().backward()
+    assert hf.weight.grad is not None  # the gradient lands in the HF module's own parameter
+    with pytest.raises(ValueError, match="'norm'"):
+        dropin.nn.RMSNorm.from_llama(torch.nn.Linear(4, 4))
+
+
+def test_module_constructor():
+    norm = dropin.nn.RMSNorm(24, eps=1e-5, device=DEVICE)
+    x = torch.randn(3, 24, device=DEVICE)
+    torch.testing.assert_close(norm(x), rms_norm_ref(x, norm.weight, 1e-5), rtol=1e-6, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------- errors
 WRONG_DEVICE = "cpu" if ON_GPU else "meta"
 

@@ -3,5 +3,6 @@ from .conv2d import conv2d
 from .matmul import bmm, linear, matmul
 from .rms_norm import rms_norm
 from .rope import rope
+from .swiglu import swiglu_mlp
 
-__all__ = ["matmul", "bmm", "linear", "conv2d", "rms_norm", "rope"]
+__all__ = ["matmul", "bmm", "linear", "conv2d", "rms_norm", "rope", "swiglu_mlp"]

@@ -1,0 +1,235 @@
+"""The SwiGLU MLP of HF Llama (LlamaMLP): down(silu(x @ G^T) * (x @ U^T)); forward and backward.
+
+Forward: `_swiglu_fwd_kernel` computes, for one (M, N) tile, both x @ G^T and x @ U^T in two fp32
+accumulators from one read of each x tile, and writes only h = silu(g) * u: the two pre-activations never
+reach memory. The down projection is dropin's `linear`.
+Backward recomputes rather than stores: the forward saves only its inputs. With dh = dy @ D,
+`_swiglu_bwd_kernel` recomputes the tile's g and u and writes h (for D's gradient), du = dh * silu(g) and
+dg = dh * u * silu'(g) over dh itself; the gradients of x and of the three weights are dropin matmuls.
+Peak training memory per MLP is thus about 3 [tokens, intermediate] buffers, all inside the backward,
+where eager keeps 4 of them (g, silu(g), u, h) from the forward to the backward.
+float32 follows torch's rule (tf32 only when `torch.backends.cuda.matmul.allow_tf32`), as matmul does.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from . import _autotune
+from .activations import activation_grad, apply_activation
+from .matmul import _autocast, _check, _dot_acc, _fits, _precision, _tile_coords, linear, matmul, switch
+
+
+# --- 1. Reference -----------------------------------------------------------------------------------
+
+def swiglu_mlp_ref(x, gate_weight, up_weight, down_weight):
+    """HF LlamaMLP.forward with these weights (no biases)."""
+    return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
+
+
+# --- 2. Kernels -------------------------------------------------------------------------------------
+
+@triton.jit
+def _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
+                  stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(x @ G^T, x @ U^T) for one tile, fp32, each x tile loaded once for both products."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask; stores are masked.
+    x_ptrs = x_ptr + (offs_m % M).to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    rows_n = (offs_n % N).to(tl.int64)[None, :]
+    g_ptrs = g_ptr + offs_k[:, None] * stride_gk + rows_n * stride_gn
+    u_ptrs = u_ptr + offs_k[:, None] * stride_uk + rows_n * stride_un
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc_g = _dot_acc(acc_g, a, g, PRECISION)
+        acc_u = _dot_acc(acc_u, a, u, PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        g_ptrs += BLOCK_K * stride_gk
+        u_ptrs += BLOCK_K * stride_uk
+    return acc_g, acc_u
+
+
+@triton.jit
+def _swiglu_fwd_kernel(x_ptr, g_ptr, u_ptr, h_ptr,
+                       M, N, K,
+                       stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                       PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """h = silu(x @ G^T) * (x @ U^T), one tile per program; h contiguous [M, N]."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    acc_g, acc_u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
+                                 stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                                 PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    h = apply_activation(acc_g, "silu") * acc_u
+    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(x_ptr, g_ptr, u_ptr, dh_ptr, h_ptr, du_ptr,
+                       M, N, K,
+                       stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                       PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Recomputes the tile's g = x @ G^T and u = x @ U^T; writes h = silu(g) * u, du = dh * silu(g) and
+    dg = dh * u * silu'(g) over dh. dh, h and du are contiguous [M, N]."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    acc_g, acc_u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
+                                 stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                                 PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    act = apply_activation(acc_g, "silu")
+    tl.store(h_ptr + offs, (act * acc_u).to(h_ptr.dtype.element_ty), mask=mask)
+    tl.store(du_ptr + offs, (dh * act).to(du_ptr.dtype.element_ty), mask=mask)
+    tl.store(dh_ptr + offs, (dh * acc_u * activation_grad(acc_g, "silu")).to(dh_ptr.dtype.element_ty), mask=mask)
+
+
+# --- 3. Launchers -----------------------------------------------------------------------------------
+
+_cfg = _autotune.config
+# Two accumulators per tile: a 128 x 128 tile holds as many fp32 numbers as matmul's 128 x 256. The
+# smallest last (_fits keeps it when nothing else fits); true fp32 needs BLOCK_K <= 64 (see _dot_acc).
+_CONFIGS = {
+    2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 128, 32, 8, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
+        _cfg(64, 64, 64, 4, 4), _cfg(16, 64, 128, 4, 3), _cfg(16, 32, 64, 4, 2)],
+    4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4), _cfg(64, 64, 32, 4, 4),
+        _cfg(16, 64, 64, 4, 3), _cfg(16, 32, 32, 4, 2)],
+}
+
+
+def _launch(name, kernel, x, gate_weight, up_weight, outputs):
+    """Launches the forward or backward kernel over [M, N] tiles, x [M, K] and weights [N, K] with any
+    strides; the config is tuned once per (kernel, dtype, precision, size bucket)."""
+    M, K = x.shape
+    N = gate_weight.shape[0]
+    precision = _precision(x.dtype)
+    max_k = 64 if precision == "ieee" and x.element_size() == 4 else 256
+    configs = _fits(_CONFIGS[x.element_size()], M, N, K, max_k)
+    args = (x, gate_weight, up_weight, *outputs, M, N, K, *x.stride(), *gate_weight.stride(), *up_weight.stride())
+
+    def prepare(cfg):
+        grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+        return lambda: kernel[grid](*args, PRECISION=precision, GROUP_M=8, **cfg)
+
+    key = (x.dtype, precision, *map(_autotune.bucket, (M, N, K)))
+    prepare(_autotune.pick(name, key, configs, prepare))()
+
+
+def _swiglu_fwd_impl(x, gate_weight, up_weight):
+    """h = silu(x @ G^T) * (x @ U^T): x [M, K], G and U [N, K] -> h [M, N] contiguous."""
+    h = x.new_empty((x.shape[0], gate_weight.shape[0]))
+    if h.numel():
+        _launch("swiglu_fwd", _swiglu_fwd_kernel, x, gate_weight, up_weight, (h,))
+    return h
+
+
+def _swiglu_bwd_impl(x, gate_weight, up_weight, dh):
+    """Given dh [M, N] (contiguous; overwritten with dg = dh * u * silu'(g)), returns (h, du)."""
+    h, du = torch.empty_like(dh), torch.empty_like(dh)
+    if h.numel():
+        _launch("swiglu_bwd", _swiglu_bwd_kernel, x, gate_weight, up_weight, (dh, h, du))
+    return h, du
+
+
+# --- 4. Registration as custom ops --------------------------------------------------------------------
+
+@torch.library.custom_op("dropin::swiglu_fwd", mutates_args=())
+def _swiglu_fwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor:
+    return _swiglu_fwd_impl(x, gate_weight, up_weight)
+
+
+@_swiglu_fwd_op.register_fake
+def _(x, gate_weight, up_weight):
+    return x.new_empty((x.shape[0], gate_weight.shape[0]))
+
+
+@torch.library.custom_op("dropin::swiglu_bwd", mutates_args=("dh",))
+def _swiglu_bwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+                   dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _swiglu_bwd_impl(x, gate_weight, up_weight, dh)
+
+
+@_swiglu_bwd_op.register_fake
+def _(x, gate_weight, up_weight, dh):
+    return torch.empty_like(dh), torch.empty_like(dh)
+
+
+_swiglu_fwd = switch(_swiglu_fwd_op, _swiglu_fwd_impl)
+_swiglu_bwd = switch(_swiglu_bwd_op, _swiglu_bwd_impl)
+
+
+# --- 5. Autograd --------------------------------------------------------------------------------------
+
+class _SwiGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, gate_weight, up_weight, down_weight):
+        ctx.save_for_backward(x, gate_weight, up_weight, down_weight)
+        return linear(_swiglu_fwd(x, gate_weight, up_weight), down_weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gate_weight, up_weight, down_weight = ctx.saved_tensors
+        need_x, need_g, need_u, need_d = ctx.needs_input_grad
+        dg = matmul(dy, down_weight).contiguous()  # dh = dy @ D; it becomes dg in place
+        h, du = _swiglu_bwd(x, gate_weight, up_weight, dg)
+        d_down = matmul(dy.mT, h) if need_d else None
+        del h
+        dx = matmul(dg, gate_weight).add_(matmul(du, up_weight)) if need_x else None
+        d_gate = matmul(dg.mT, x) if need_g else None
+        d_up = matmul(du.mT, x) if need_u else None
+        return dx, d_gate, d_up, d_down
+
+
+# --- 6. Public function -------------------------------------------------------------------------------
+
+def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+               down_weight: torch.Tensor) -> torch.Tensor:
+    """HF Llama's MLP, `down_proj(silu(gate_proj(x)) * up_proj(x))` without biases.
+
+    x [..., hidden] (any strides), gate_weight and up_weight [intermediate, hidden], down_weight
+    [hidden, intermediate] (nn.Linear's layouts) -> [..., hidden]. float32 / float16 / bfloat16 (all the
+    same), fp32 accumulation; float32 uses tf32 only where torch would. Under torch.autocast the operands
+    are cast as autocast casts linear's. Differentiable in x and all three weights; the backward recomputes
+    the gate and up projections instead of storing them."""
+    for name, t in (("x", x), ("gate_weight", gate_weight), ("up_weight", up_weight), ("down_weight", down_weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"swiglu_mlp: argument '{name}' must be a Tensor, got {type(t).__name__}")
+        if name != "x" and t.dim() != 2:
+            raise RuntimeError(f"swiglu_mlp: argument '{name}' must be 2-D, got {t.dim()}-D")
+    if x.dim() == 0:
+        raise RuntimeError("swiglu_mlp: argument 'x' must be at least 1-D, got 0-D")
+    _check("swiglu_mlp", x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight)
+    x, gate_weight, up_weight, down_weight = _autocast(x, gate_weight, up_weight, down_weight)
+    K = x.shape[-1]
+    N = gate_weight.shape[0]
+    if gate_weight.shape[1] != K:
+        raise RuntimeError(f"swiglu_mlp: 'gate_weight' {tuple(gate_weight.shape)} does not match the hidden size "
+                           f"{K} of 'x' {tuple(x.shape)}")
+    if up_weight.shape != gate_weight.shape:
+        raise RuntimeError(f"swiglu_mlp: 'up_weight' {tuple(up_weight.shape)} must have the shape of "
+                           f"'gate_weight' {tuple(gate_weight.shape)}")
+    if down_weight.shape != (K, N):
+        raise RuntimeError(f"swiglu_mlp: 'down_weight' must have shape ({K}, {N}) (hidden, intermediate), "
+                           f"got {tuple(down_weight.shape)}")
+    rows = math.prod(x.shape[:-1])
+    # Leading dims flatten into rows: a view whenever they collapse, a copy only otherwise; the kernel
+    # reads x with any row and column stride.
+    y = _SwiGLUFunction.apply(x.reshape(rows, K), gate_weight, up_weight, down_weight)
+    return y.view(*x.shape[:-1], K)
