@@ -9,6 +9,9 @@ from dropin import _runtime
 SUITES = {
     "matmul": "dropin.bench.matmul:matmul_cases",
     "bmm": "dropin.bench.matmul:bmm_cases",
+    "swiglu": "dropin.bench.swiglu:swiglu_cases",
+    "rms_norm": "dropin.bench.rms_norm:rms_norm_cases",
+    "rope": "dropin.bench.rope:rope_cases",
 }
 
 
