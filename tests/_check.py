@@ -8,19 +8,36 @@ import torch
 from _tol import DEVICE, assert_close
 
 
+def poison_allocations(monkeypatch) -> None:
+    """From here to the end of the test, torch.empty, torch.empty_like and Tensor.new_empty of a floating
+    dtype return NaN-filled tensors: an output element that a kernel fails to write then shows up."""
+    def poisoned(allocate):
+        def wrapper(*args, **kwargs):
+            t = allocate(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return wrapper
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned(torch.Tensor.new_empty))
+
+
 def _as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
 
-def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtype=None):
+def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtype=None, positive=False):
     """Checks op(*build(**leaves)) forward and, with backward, the gradient of every leaf not in `constant`.
 
     ref_op is the PyTorch peer: run on float64 copies of the leaves it is the reference, run on the leaves
     themselves it gives PyTorch's own error (DESIGN.md's 2x rule). Leaves named in `constant` are cast
     like the others but get no gradient. dtype: the tolerance row (default: the first leaf's dtype).
-    Each output gets a random upstream gradient; inputs must come back unmodified.
+    Each output gets a random upstream gradient; inputs must come back unmodified. positive: leaves and
+    upstream gradients are made positive, for gradients that are a sum of a few numbers (a lone sum of
+    random signs can cancel to ~0, where any rounding is a large relative error, PyTorch's too).
     """
     build = build or (lambda **t: tuple(t.values()))
+    if positive:
+        leaves = {k: v.abs() if v.is_floating_point() else v for k, v in leaves.items()}
     dtype = dtype or next(iter(leaves.values())).dtype
     originals = {k: v.clone() for k, v in leaves.items()}
 
@@ -42,6 +59,8 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
         return
     names = [k for k in leaves if ins[k].requires_grad]
     grads_in = [torch.randn(ref.shape, device=DEVICE, dtype=out_t.dtype) for ref, out_t in zip(refs, outs_t)]
+    if positive:
+        grads_in = [g.abs() for g in grads_in]
     for out in outs:
         assert out.requires_grad, "forward output does not require grad: no autograd support"
     grads = torch.autograd.grad(outs, [ins[k] for k in names], grads_in, allow_unused=True)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dropin
-from _check import check
+from _check import check, poison_allocations
 from _tol import DEVICE, ON_GPU, gpu
 
 rms_norm_module = importlib.import_module("dropin.ops.rms_norm")
@@ -76,9 +76,10 @@ def test_eps(eps):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_hidden_size_1(dtype):
-    """x / sqrt(x^2 + eps): its gradient eps / (x^2 + eps)^1.5 is a cancellation unless eps is large."""
+    """x / sqrt(x^2 + eps): its gradient eps / (x^2 + eps)^1.5 is a cancellation unless eps is large, and
+    the weight gradient, one sum over the rows, is one unless the terms are positive."""
     ours, ref = ops(eps=1.0)
-    check(ours, ref, leaves((5, 1), dtype, residual=True))
+    check(ours, ref, leaves((5, 1), dtype, residual=True), positive=True)
 
 
 VIEWS = {  # id -> (storage shape, view) of x and of residual, for a logical (4, 6, 40)
@@ -112,6 +113,13 @@ def test_weight_view_and_empty_rows():
     assert y.shape == (0, 16)
     y.sum().backward()
     assert torch.equal(w.grad, torch.zeros_like(w))
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_every_output_element_written(residual, monkeypatch):
+    poison_allocations(monkeypatch)
+    ours, ref = ops()
+    check(ours, ref, leaves((3, 7, 65), torch.float16, residual))
 
 
 def test_same_tensor_as_x_and_residual():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dropin
-from _check import check
+from _check import check, poison_allocations
 from _tol import DEVICE, ON_GPU, gpu
 
 rope_ref = importlib.import_module("dropin.ops.rope").rope_ref
@@ -113,6 +113,11 @@ def test_inplace_on_views_no_grad():
     torch.testing.assert_close(qkv[:, :, 0].transpose(1, 2), want[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(qkv[:, :, 1].transpose(1, 2), want[1], rtol=1e-6, atol=1e-6)
     assert torch.equal(qkv[:, :, 2], v_before)
+
+
+def test_every_output_element_written(monkeypatch):
+    poison_allocations(monkeypatch)
+    check(ours, rope_ref, qk_leaves(2, 5, 3, 9, 34, torch.float16), constant=("cos", "sin"))
 
 
 def test_output_layout_follows_input():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import dropin
-from _check import check
+from _check import check, poison_allocations
 from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
 
 swiglu_mlp_ref = importlib.import_module("dropin.ops.swiglu").swiglu_mlp_ref
@@ -68,6 +68,11 @@ def test_non_contiguous(case, dtype):
     def build(**ins):
         return tuple(views[k][1](v) if k in views else v for k, v in ins.items())
     check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, t, build=build)
+
+
+def test_every_output_element_written(monkeypatch):
+    poison_allocations(monkeypatch)
+    check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves((3, 37), 70, torch.float16))
 
 
 def test_backward_recomputes_instead_of_storing():

@@ -94,12 +94,13 @@ def _rms_norm_bwd_kernel(dy_ptr, ds_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
 
 # --- 3. Launchers -----------------------------------------------------------------------------------
 
-def _launch_settings(N: int, element_size: int):
-    """(BLOCK_N, BLOCK_R, num_warps): the whole row in one block, about 16 KiB of rows per tile."""
+def _launch_settings(N: int):
+    """(BLOCK_N, BLOCK_R, num_warps): the whole row in one block, rows stacked up to 4096 numbers a tile,
+    4 warps up to 2048 numbers, 8 up to 8192, 16 beyond."""
     block_n = triton.next_power_of_2(N)
     block_r = max(1, min(16, 4096 // block_n))
-    warps = max(1, min(16, block_n * block_r * element_size // 2048))
-    return block_n, block_r, triton.next_power_of_2(warps)
+    tile = block_n * block_r
+    return block_n, block_r, 4 if tile <= 2048 else 8 if tile <= 8192 else 16
 
 
 def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float):
@@ -111,7 +112,7 @@ def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float):
     rstd = x.new_empty((R,), dtype=torch.float32)
     if R * N == 0:
         return y, s, rstd
-    block_n, block_r, warps = _launch_settings(N, x.element_size())
+    block_n, block_r, warps = _launch_settings(N)
     res = x if residual is None else residual
     _rms_norm_fwd_kernel[(triton.cdiv(R, block_r),)](
         x, res, weight, y, s, rstd, R, N, *x.stride(), *res.stride(), weight.stride(0), eps,
@@ -126,8 +127,9 @@ def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd):
     dx = x.new_empty((R, N))
     if R * N == 0:
         return dx, torch.zeros_like(weight)
-    block_n, block_r, warps = _launch_settings(N, x.element_size())
-    programs = min(triton.cdiv(R, block_r), 2 * _runtime.num_sms(x.device.index or 0))
+    block_n, block_r, warps = _launch_settings(N)
+    # 4 programs per SM keep loads in flight; their fp32 partial sums of dw cost 4 * SMs * N * 4 bytes.
+    programs = min(triton.cdiv(R, block_r), 4 * _runtime.num_sms(x.device.index or 0))
     rows = triton.cdiv(triton.cdiv(R, programs), block_r) * block_r
     programs = triton.cdiv(R, rows)
     partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)

@@ -6,8 +6,7 @@ cos / sin: [seq, D] or [batch or 1, seq, D] as HF's rotary embedding returns the
 table that `position_ids` [batch or 1, seq] (or [seq]) indexes. The backward is the transposed rotation:
 dx1 = g1 * cos1 + g2 * sin2, dx2 = g2 * cos2 - g1 * sin1 (the forward with sin halves swapped and negated,
 which for HF's duplicated halves is the rotation by -sin). One launch: each program rotates a tile of
-rows (b, h, s) of q or of k, reading the cos / sin rows of its positions (L2-resident: a few KiB per
-position, shared by every head).
+rows (b, s, h) of q or of k, reading the cos / sin rows of its positions once for all their heads.
 """
 from typing import Optional
 
@@ -42,12 +41,14 @@ def rope_ref(q, k, cos, sin, position_ids=None):
 def _rotate_rows(x_ptr, o_ptr, cos_ptr, sin_ptr, pos_ptr, tile, B, H, S, HALF,
                  sxb, sxh, sxs, sxd, sob, soh, sos, sod, scb, scs, scd, ssb, sss, ssd, spb, sps,
                  HAS_POS: tl.constexpr, BACKWARD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """Rotates BLOCK_T rows (b, h, s) of x [B, H, S, 2 * HALF] into o (which may be x: in place)."""
+    """Rotates BLOCK_T rows of x [B, H, S, 2 * HALF] into o (which may be x: in place). Rows are numbered
+    (b, s, h), heads fastest: a tile's rows share few positions, so its cos / sin loads hit the same
+    addresses, and in HF's layout (projections [B, S, H, D] transposed) the tile is one contiguous block."""
     rows = tile.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_mask = rows < B * H * S
     b = rows // (H * S)
-    h = (rows // S) % H
-    s = rows % S
+    s = (rows // H) % S
+    h = rows % H
     if HAS_POS:
         table_row = tl.load(pos_ptr + b * spb + s * sps, mask=row_mask, other=0).to(tl.int64)
     else:
