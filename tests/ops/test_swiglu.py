@@ -75,6 +75,27 @@ def test_every_output_element_written(monkeypatch):
     check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves((3, 37), 70, torch.float16))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_tma_and_pointer_kernels_agree(dtype):
+    """Both variants of the gate/up kernel, forward and backward, on edge tiles in M, N and K (the TMA one
+    runs under the interpreter too; on a GPU it is the default on Hopper)."""
+    swiglu = importlib.import_module("dropin.ops.swiglu")
+    t = leaves((37, 40), 70, dtype)
+    x, g, u = t["x"], t["gate_weight"], t["up_weight"]
+    dh = torch.randn(37, 70, device=DEVICE, dtype=dtype)
+    g64, u64 = (x.double() @ g.double().T), (x.double() @ u.double().T)
+    silu = torch.nn.functional.silu
+    want_h = silu(g64) * u64
+    want_du = dh.double() * silu(g64)
+    want_dg = dh.double() * u64 * torch.sigmoid(g64) * (1 + g64 * (1 - torch.sigmoid(g64)))
+    for tma in (True, False):
+        assert_close(swiglu._swiglu_fwd_impl(x, g, u, tma=tma), want_h, dtype, "fwd", what=f"h (tma={tma})")
+        dg = dh.clone()
+        h, du = swiglu._swiglu_bwd_impl(x, g, u, dg, tma=tma)
+        for name, got, want in (("h", h, want_h), ("du", du, want_du), ("dg", dg, want_dg)):
+            assert_close(got, want, dtype, "bwd", what=f"{name} (tma={tma})")
+
+
 def test_backward_recomputes_instead_of_storing():
     """The autograd node keeps the four inputs only: no [tokens, intermediate] activation is saved."""
     t = {k: v.requires_grad_() for k, v in leaves((6, 16), 40).items()}

@@ -1,22 +1,24 @@
 """The SwiGLU MLP of HF Llama (LlamaMLP): down(silu(x @ G^T) * (x @ U^T)); forward and backward.
 
-Forward: `_swiglu_fwd_kernel` computes, for one (M, N) tile, both x @ G^T and x @ U^T in two fp32
+Forward: `_swiglu_kernel` computes, for one (M, N) tile, both x @ G^T and x @ U^T in two fp32
 accumulators from one read of each x tile, and writes only h = silu(g) * u: the two pre-activations never
 reach memory. The down projection is dropin's `linear`.
-Backward recomputes rather than stores: the forward saves only its inputs. With dh = dy @ D,
-`_swiglu_bwd_kernel` recomputes the tile's g and u and writes h (for D's gradient), du = dh * silu(g) and
+Backward recomputes rather than stores: the forward saves only its inputs. With dh = dy @ D, the same
+kernel (BACKWARD) recomputes the tile's g and u and writes h (for D's gradient), du = dh * silu(g) and
 dg = dh * u * silu'(g) over dh itself; the gradients of x and of the three weights are dropin matmuls.
 Peak training memory per MLP is thus about 3 [tokens, intermediate] buffers, all inside the backward,
 where eager keeps 4 of them (g, silu(g), u, h) from the forward to the backward.
 float32 follows torch's rule (tf32 only when `torch.backends.cuda.matmul.allow_tf32`), as matmul does.
 """
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .. import _runtime
 from . import _autotune
 from .activations import activation_grad, apply_activation
 from .matmul import _autocast, _check, _dot_acc, _fits, _precision, _tile_coords, linear, matmul, switch
@@ -34,71 +36,65 @@ def swiglu_mlp_ref(x, gate_weight, up_weight, down_weight):
 @triton.jit
 def _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
                   stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(x @ G^T, x @ U^T) for one tile, fp32, each x tile loaded once for both products."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask; stores are masked.
-    x_ptrs = x_ptr + (offs_m % M).to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    rows_n = (offs_n % N).to(tl.int64)[None, :]
-    g_ptrs = g_ptr + offs_k[:, None] * stride_gk + rows_n * stride_gn
-    u_ptrs = u_ptr + offs_k[:, None] * stride_uk + rows_n * stride_un
+                  PRECISION: tl.constexpr, TMA: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(x @ G^T, x @ U^T) for one tile, fp32, each x tile loaded once for both products. TMA: tensor
+    descriptors (Hopper; unit stride along K, 16-byte aligned rows), which fill past the edges with zeros;
+    otherwise pointer loads with any strides."""
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc_g = _dot_acc(acc_g, a, g, PRECISION)
-        acc_u = _dot_acc(acc_u, a, u, PRECISION)
-        x_ptrs += BLOCK_K * stride_xk
-        g_ptrs += BLOCK_K * stride_gk
-        u_ptrs += BLOCK_K * stride_uk
+    if TMA:
+        x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [stride_xm, 1], [BLOCK_M, BLOCK_K])
+        g_desc = tl.make_tensor_descriptor(g_ptr, [N, K], [stride_gn, 1], [BLOCK_N, BLOCK_K])
+        u_desc = tl.make_tensor_descriptor(u_ptr, [N, K], [stride_un, 1], [BLOCK_N, BLOCK_K])
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            acc_g = _dot_acc(acc_g, a, g_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T, PRECISION)
+            acc_u = _dot_acc(acc_u, a, u_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T, PRECISION)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask.
+        rows_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+        rows_n = ((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[None, :]
+        x_ptrs = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+        g_ptrs = g_ptr + offs_k[:, None] * stride_gk + rows_n * stride_gn
+        u_ptrs = u_ptr + offs_k[:, None] * stride_uk + rows_n * stride_un
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k_left = K - k * BLOCK_K
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            acc_g = _dot_acc(acc_g, a, g, PRECISION)
+            acc_u = _dot_acc(acc_u, a, u, PRECISION)
+            x_ptrs += BLOCK_K * stride_xk
+            g_ptrs += BLOCK_K * stride_gk
+            u_ptrs += BLOCK_K * stride_uk
     return acc_g, acc_u
 
 
 @triton.jit
-def _swiglu_fwd_kernel(x_ptr, g_ptr, u_ptr, h_ptr,
-                       M, N, K,
-                       stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                       PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """h = silu(x @ G^T) * (x @ U^T), one tile per program; h contiguous [M, N]."""
+def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr,
+                   M, N, K,
+                   stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                   BACKWARD: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """One [M, N] tile per program: g = x @ G^T and u = x @ U^T stay in registers; it writes h = silu(g) * u,
+    and when BACKWARD also du = dh * silu(g) and dg = dh * u * silu'(g) over dh. h, dh and du are
+    contiguous [M, N]."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    acc_g, acc_u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
-                                 stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                                 PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    g, u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
+                         stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                         PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    h = apply_activation(acc_g, "silu") * acc_u
-    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _swiglu_bwd_kernel(x_ptr, g_ptr, u_ptr, dh_ptr, h_ptr, du_ptr,
-                       M, N, K,
-                       stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                       PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """Recomputes the tile's g = x @ G^T and u = x @ U^T; writes h = silu(g) * u, du = dh * silu(g) and
-    dg = dh * u * silu'(g) over dh. dh, h and du are contiguous [M, N]."""
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    acc_g, acc_u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
-                                 stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                                 PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    act = apply_activation(acc_g, "silu")
-    tl.store(h_ptr + offs, (act * acc_u).to(h_ptr.dtype.element_ty), mask=mask)
-    tl.store(du_ptr + offs, (dh * act).to(du_ptr.dtype.element_ty), mask=mask)
-    tl.store(dh_ptr + offs, (dh * acc_u * activation_grad(acc_g, "silu")).to(dh_ptr.dtype.element_ty), mask=mask)
+    act = apply_activation(g, "silu")
+    tl.store(h_ptr + offs, (act * u).to(h_ptr.dtype.element_ty), mask=mask)
+    if BACKWARD:
+        dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(du_ptr + offs, (dh * act).to(du_ptr.dtype.element_ty), mask=mask)
+        tl.store(dh_ptr + offs, (dh * u * activation_grad(g, "silu")).to(dh_ptr.dtype.element_ty), mask=mask)
 
 
 # --- 3. Launchers -----------------------------------------------------------------------------------
@@ -114,37 +110,53 @@ _CONFIGS = {
 }
 
 
-def _launch(name, kernel, x, gate_weight, up_weight, outputs):
-    """Launches the forward or backward kernel over [M, N] tiles, x [M, K] and weights [N, K] with any
-    strides; the config is tuned once per (kernel, dtype, precision, size bucket)."""
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A 2-D operand a tensor descriptor can read: unit stride along K, 16-byte aligned base and rows."""
+    return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+def _launch(x, gate_weight, up_weight, h, dh, du, tma: Optional[bool]):
+    """The forward (dh None) or backward kernel over the [M, N] tiles; x [M, K] and the weights [N, K] with
+    any strides. Candidates: the TMA variant where it applies (Hopper) and the pointer one; the config is
+    tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces the choice (tests)."""
     M, K = x.shape
     N = gate_weight.shape[0]
     precision = _precision(x.dtype)
     max_k = 64 if precision == "ieee" and x.element_size() == 4 else 256
-    configs = _fits(_CONFIGS[x.element_size()], M, N, K, max_k)
-    args = (x, gate_weight, up_weight, *outputs, M, N, K, *x.stride(), *gate_weight.stride(), *up_weight.stride())
+    fitting = _fits(_CONFIGS[x.element_size()], M, N, K, max_k)
+    if tma is None:
+        tma_ok = _runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, (x, gate_weight, up_weight)))
+        kinds = (True, False) if tma_ok else (False,)
+    else:
+        kinds = (tma,)
+    configs = [dict(cfg, TMA=kind) for kind in kinds for cfg in fitting]
+    backward = dh is not None
+    args = (x, gate_weight, up_weight, h, h if dh is None else dh, h if du is None else du, M, N, K,
+            *x.stride(), *gate_weight.stride(), *up_weight.stride())
 
     def prepare(cfg):
         grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-        return lambda: kernel[grid](*args, PRECISION=precision, GROUP_M=8, **cfg)
+        meta = dict(cfg, BACKWARD=backward, PRECISION=precision, GROUP_M=8)
+        launch = _runtime.Launcher(_swiglu_kernel, grid, meta, scratch=cfg["TMA"])
+        return lambda: launch(*args)
 
-    key = (x.dtype, precision, *map(_autotune.bucket, (M, N, K)))
-    prepare(_autotune.pick(name, key, configs, prepare))()
+    key = ("bwd" if backward else "fwd", x.dtype, precision, kinds, *map(_autotune.bucket, (M, N, K)))
+    prepare(_autotune.pick("swiglu", key, configs, prepare))()
 
 
-def _swiglu_fwd_impl(x, gate_weight, up_weight):
+def _swiglu_fwd_impl(x, gate_weight, up_weight, tma: Optional[bool] = None):
     """h = silu(x @ G^T) * (x @ U^T): x [M, K], G and U [N, K] -> h [M, N] contiguous."""
     h = x.new_empty((x.shape[0], gate_weight.shape[0]))
     if h.numel():
-        _launch("swiglu_fwd", _swiglu_fwd_kernel, x, gate_weight, up_weight, (h,))
+        _launch(x, gate_weight, up_weight, h, None, None, tma)
     return h
 
 
-def _swiglu_bwd_impl(x, gate_weight, up_weight, dh):
+def _swiglu_bwd_impl(x, gate_weight, up_weight, dh, tma: Optional[bool] = None):
     """Given dh [M, N] (contiguous; overwritten with dg = dh * u * silu'(g)), returns (h, du)."""
     h, du = torch.empty_like(dh), torch.empty_like(dh)
     if h.numel():
-        _launch("swiglu_bwd", _swiglu_bwd_kernel, x, gate_weight, up_weight, (dh, h, du))
+        _launch(x, gate_weight, up_weight, h, dh, du, tma)
     return h, du
 
 
