@@ -103,6 +103,19 @@ def test_inplace(dtype):
     check(inplace, rope_ref, t, constant=("cos", "sin"))
 
 
+def test_inplace_under_no_grad_guards_saved_tensors():
+    """Writing in place over a tensor that autograd saved (exp saves its output) must make the backward
+    fail, as a torch in-place op would, not silently use the rotated values."""
+    a = torch.randn(1, 2, 3, 8, device=DEVICE, requires_grad=True)
+    q = a.exp()
+    k = torch.randn(1, 1, 3, 8, device=DEVICE)
+    cos, sin = cos_sin(3, 8, torch.float32)
+    with torch.no_grad():
+        dropin.ops.rope(q, k, cos, sin, inplace=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        q.sum().backward()
+
+
 def test_inplace_on_views_no_grad():
     qkv = torch.randn(2, 5, 3, 4, 8, device=DEVICE)  # [B, S, (q, k, v), H, D]
     cos, sin = cos_sin(5, 8, torch.float32)

@@ -47,6 +47,24 @@ def test_swiglu_mlp(x_shape, intermediate, dtype):
     check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves(x_shape, intermediate, dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_shape,intermediate", [((7, 33), 50), ((2, 3, 16), 100), ((1, 1), 1)], ids=str)
+def test_saved_preactivations(x_shape, intermediate, dtype):
+    """recompute=False: the forward keeps g and u, the backward reuses them."""
+    def ours(*args):
+        return dropin.ops.swiglu_mlp(*args, recompute=False)
+    check(ours, swiglu_mlp_ref, leaves(x_shape, intermediate, dtype))
+
+
+def test_saved_preactivations_second_backward_raises():
+    """The backward reuses the saved g and u as its buffers: a second backward must fail loudly."""
+    t = {k: v.requires_grad_() for k, v in leaves((4, 16), 24).items()}
+    y = dropin.ops.swiglu_mlp(**t, recompute=False)
+    y.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
 VIEWS = {  # id -> {leaf: (storage shape, view)}; x (2, 5, 24), intermediate 40
     "x-permuted": {"x": ((5, 2, 24), lambda t: t.transpose(0, 1))},
     "x-column-slice": {"x": ((2, 5, 48), lambda t: t[..., ::2])},
@@ -89,20 +107,25 @@ def test_tma_and_pointer_kernels_agree(dtype):
     want_du = dh.double() * silu(g64)
     want_dg = dh.double() * u64 * torch.sigmoid(g64) * (1 + g64 * (1 - torch.sigmoid(g64)))
     for tma in (True, False):
-        assert_close(swiglu._swiglu_fwd_impl(x, g, u, tma=tma), want_h, dtype, "fwd", what=f"h (tma={tma})")
+        h, zg, zu = swiglu._swiglu_fwd_impl(x, g, u, True, tma=tma)
+        for name, got, want in (("h", h, want_h), ("g", zg, g64), ("u", zu, u64)):
+            assert_close(got, want, dtype, "fwd", what=f"{name} (tma={tma})")
         dg = dh.clone()
         h, du = swiglu._swiglu_bwd_impl(x, g, u, dg, tma=tma)
         for name, got, want in (("h", h, want_h), ("du", du, want_du), ("dg", dg, want_dg)):
             assert_close(got, want, dtype, "bwd", what=f"{name} (tma={tma})")
 
 
-def test_backward_recomputes_instead_of_storing():
-    """The autograd node keeps the four inputs only: no [tokens, intermediate] activation is saved."""
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "saved"])
+def test_what_the_backward_keeps(recompute):
+    """By default the autograd node keeps the four inputs only; with recompute=False also g and u."""
     t = {k: v.requires_grad_() for k, v in leaves((6, 16), 40).items()}
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(s) or s, lambda s: s):
-        dropin.ops.swiglu_mlp(**t)
-    assert len(saved) == 4 and {s.data_ptr() for s in saved} == {v.data_ptr() for v in t.values()}
+        dropin.ops.swiglu_mlp(**t, recompute=recompute)
+    inputs = {v.data_ptr() for v in t.values()}
+    others = [tuple(s.shape) for s in saved if s.data_ptr() not in inputs]
+    assert len(saved) - len(others) == 4 and others == ([] if recompute else [(6, 40), (6, 40)])
 
 
 def test_only_some_gradients():
@@ -116,9 +139,10 @@ def test_only_some_gradients():
     assert_close(g, g64, torch.float32, "bwd")
 
 
-def test_torch_compile_fullgraph():
-    """rms_norm -> swiglu_mlp -> residual add, compiled whole, forward and backward (the backward's kernel
-    mutates its dh input into dg: the compiler must keep that straight)."""
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "saved"])
+def test_torch_compile_fullgraph(recompute):
+    """rms_norm -> swiglu_mlp -> residual add, compiled whole, forward and backward (the backward's kernels
+    mutate their inputs: dh into dg, and the saved g, u into h, du: the compiler must keep that straight)."""
     torch._dynamo.reset()
 
     def block(mlp, norm):
@@ -126,10 +150,13 @@ def test_torch_compile_fullgraph():
             return x + mlp(norm(x, weight, 1e-6), gate_weight, up_weight, down_weight)
         return f
 
+    def ours(*args):
+        return dropin.ops.swiglu_mlp(*args, recompute=recompute)
+
     norm_ref = importlib.import_module("dropin.ops.rms_norm").rms_norm_ref
     t = leaves((2, 5, 32), 48)
     t = {"x": t.pop("x"), "weight": 1 + 0.1 * torch.randn(32, device=DEVICE), **t}
-    check(torch.compile(block(dropin.ops.swiglu_mlp, dropin.ops.rms_norm), fullgraph=True),
+    check(torch.compile(block(ours, dropin.ops.rms_norm), fullgraph=True),
           block(swiglu_mlp_ref, norm_ref), t)
 
 
@@ -170,11 +197,15 @@ def test_from_llama_rejects_what_it_cannot_run(change):
         dropin.nn.SwiGLUMLP.from_llama(mlp)
 
 
-def test_module_constructor():
-    mlp = dropin.nn.SwiGLUMLP(16, 24, device=DEVICE)
-    x = torch.randn(2, 16, device=DEVICE)
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "saved"])
+def test_module_constructor(recompute):
+    mlp = dropin.nn.SwiGLUMLP(16, 24, device=DEVICE, recompute=recompute)
+    x = torch.randn(2, 16, device=DEVICE, requires_grad=True)
     w = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
-    assert_close(mlp(x), swiglu_mlp_ref(x.double(), *(v.double() for v in w)), torch.float32, "fwd")
+    y = mlp(x)
+    assert_close(y, swiglu_mlp_ref(x.double(), *(v.double() for v in w)), torch.float32, "fwd")
+    y.sum().backward()
+    assert all(v.grad is not None for v in w) and x.grad is not None
 
 
 # ----------------------------------------------------------------------------- GPU: TF32, autocast, memory
@@ -201,7 +232,8 @@ def test_autocast(amp_dtype):
 
 
 @gpu
-def test_training_peak_memory_below_eager():
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "saved"])
+def test_training_peak_memory_below_eager(recompute):
     """Forward + backward: the memory allocated beyond the inputs peaks at most at 0.6x eager's."""
     t = {k: v.requires_grad_() for k, v in leaves((4096, 1024), 4096, torch.bfloat16).items()}
 
@@ -215,8 +247,11 @@ def test_training_peak_memory_below_eager():
             v.grad = None
         return torch.cuda.max_memory_allocated() - base
 
-    extra_peak(dropin.ops.swiglu_mlp)  # warm-up (compilation, tuning)
-    ours, eager = extra_peak(dropin.ops.swiglu_mlp), extra_peak(swiglu_mlp_ref)
+    def ours(*args):
+        return dropin.ops.swiglu_mlp(*args, recompute=recompute)
+
+    extra_peak(ours)  # warm-up (compilation, tuning)
+    ours, eager = extra_peak(ours), extra_peak(swiglu_mlp_ref)
     assert ours <= 0.6 * eager, f"dropin {ours / 2**20:.0f} MiB vs eager {eager / 2**20:.0f} MiB"
 
 

@@ -23,20 +23,23 @@ def _is_silu(act) -> bool:
 class SwiGLUMLP(nn.Module):
     """`down_proj(silu(gate_proj(x)) * up_proj(x))` with bias-free projections, as LlamaMLP computes it.
 
-    The submodules carry LlamaMLP's names (gate_proj, up_proj, down_proj), so state dicts load either way."""
+    The submodules carry LlamaMLP's names (gate_proj, up_proj, down_proj), so state dicts load either way.
+    recompute: see dropin.ops.swiglu_mlp (True: the backward recomputes the gate and up projections; False:
+    they are kept from the forward, faster and heavier between forward and backward)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, device=None, dtype=None):
+    def __init__(self, hidden_size: int, intermediate_size: int, device=None, dtype=None, recompute: bool = True):
         super().__init__()
+        self.recompute = recompute
         factory = {"device": device, "dtype": dtype}
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False, **factory)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False, **factory)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, self.recompute)
 
     @classmethod
-    def from_llama(cls, mlp: nn.Module) -> "SwiGLUMLP":
+    def from_llama(cls, mlp: nn.Module, recompute: bool = True) -> "SwiGLUMLP":
         """A SwiGLUMLP sharing (not copying) the projections of a HF LlamaMLP (or any module with
         gate_proj / up_proj / down_proj linears and a SiLU act_fn): training either trains both."""
         act = getattr(mlp, "act_fn", None)
@@ -53,8 +56,10 @@ class SwiGLUMLP(nn.Module):
                                  f"(mlp_bias=True), which dropin's swiglu_mlp does not take")
         module = cls.__new__(cls)
         nn.Module.__init__(module)
+        module.recompute = recompute
         module.gate_proj, module.up_proj, module.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         return module
 
     def extra_repr(self) -> str:
-        return f"hidden_size={self.gate_proj.in_features}, intermediate_size={self.gate_proj.out_features}"
+        return (f"hidden_size={self.gate_proj.in_features}, intermediate_size={self.gate_proj.out_features}, "
+                f"recompute={self.recompute}")

@@ -130,6 +130,8 @@ def _rope_out_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], backwar
 
 def _rope_inplace_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor]) -> None:
     _rope_impl(q, k, cos, sin, position_ids, q, k, False)
+    for t in (q, k):  # written through pointers: tell autograd, whose saved-tensor checks rely on it
+        torch.autograd.graph.increment_version(t)
 
 
 # --- 4. Registration as custom ops --------------------------------------------------------------------

@@ -3,11 +3,13 @@
 Forward: `_swiglu_kernel` computes, for one (M, N) tile, both x @ G^T and x @ U^T in two fp32
 accumulators from one read of each x tile, and writes only h = silu(g) * u: the two pre-activations never
 reach memory. The down projection is dropin's `linear`.
-Backward recomputes rather than stores: the forward saves only its inputs. With dh = dy @ D, the same
-kernel (BACKWARD) recomputes the tile's g and u and writes h (for D's gradient), du = dh * silu(g) and
-dg = dh * u * silu'(g) over dh itself; the gradients of x and of the three weights are dropin matmuls.
-Peak training memory per MLP is thus about 3 [tokens, intermediate] buffers, all inside the backward,
-where eager keeps 4 of them (g, silu(g), u, h) from the forward to the backward.
+Backward, by default, recomputes rather than stores: the forward saves only its inputs. With dh = dy @ D,
+the same kernel (BACKWARD) recomputes the tile's g and u and writes h (for D's gradient), du = dh * silu(g)
+and dg = dh * u * silu'(g) over dh itself; the gradients of x and of the three weights are dropin matmuls.
+Nothing of size [tokens, intermediate] lives from the forward to the backward (eager keeps 4: g, silu(g),
+u, h); the backward peaks at 3 such buffers. With recompute=False the forward also writes g and u (SAVE),
+and the backward's elementwise pass (SAVED) turns them into h and du in place: 2 buffers kept, the same
+backward peak, two GEMMs fewer.
 float32 follows torch's rule (tf32 only when `torch.backends.cuda.matmul.allow_tf32`), as matmul does.
 """
 import math
@@ -73,22 +75,31 @@ def _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
 
 
 @triton.jit
-def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr,
+def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
                    M, N, K,
                    stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                   BACKWARD: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+                   BACKWARD: tl.constexpr, SAVE: tl.constexpr, SAVED: tl.constexpr,
+                   PRECISION: tl.constexpr, TMA: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """One [M, N] tile per program: g = x @ G^T and u = x @ U^T stay in registers; it writes h = silu(g) * u,
-    and when BACKWARD also du = dh * silu(g) and dg = dh * u * silu'(g) over dh. h, dh and du are
-    contiguous [M, N]."""
+    """One [M, N] tile per program: g = x @ G^T and u = x @ U^T in registers; writes h = silu(g) * u, and
+    when BACKWARD also du = dh * silu(g) and dg = dh * u * silu'(g) over dh. SAVE (forward): g and u are
+    also written to zg and zu; SAVED (backward): g and u are read from zg and zu instead of recomputed (an
+    elementwise pass; h and du may then be zg and zu themselves). h, dh, du, zg, zu: contiguous [M, N]."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    g, u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
-                         stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                         PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SAVED:
+        g = tl.load(zg_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(zu_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        g, u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
+                             stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                             PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
+    if SAVE:
+        tl.store(zg_ptr + offs, g.to(zg_ptr.dtype.element_ty), mask=mask)
+        tl.store(zu_ptr + offs, u.to(zu_ptr.dtype.element_ty), mask=mask)
     act = apply_activation(g, "silu")
     tl.store(h_ptr + offs, (act * u).to(h_ptr.dtype.element_ty), mask=mask)
     if BACKWARD:
@@ -115,61 +126,82 @@ def _tma_ok(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
 
-def _launch(x, gate_weight, up_weight, h, dh, du, tma: Optional[bool]):
-    """The forward (dh None) or backward kernel over the [M, N] tiles; x [M, K] and the weights [N, K] with
-    any strides. Candidates: the TMA variant where it applies (Hopper) and the pointer one; the config is
-    tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces the choice (tests)."""
-    M, K = x.shape
-    N = gate_weight.shape[0]
+def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, save=False,
+            tma: Optional[bool] = None):
+    """The kernel over the [M, N] tiles; x [M, K] and the weights [N, K] with any strides. Backward when
+    dh is given; with zg and zu, forward saves g and u there (save) or backward reads them (not save).
+    Candidates for the products: the TMA variant where it applies (Hopper) and the pointer one; the config
+    is tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces the choice (tests)."""
+    (M, N), K = h.shape, x.shape[1]
+    backward, saved = dh is not None, zg is not None and not save
     precision = _precision(x.dtype)
     max_k = 64 if precision == "ieee" and x.element_size() == 4 else 256
-    fitting = _fits(_CONFIGS[x.element_size()], M, N, K, max_k)
-    if tma is None:
-        tma_ok = _runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, (x, gate_weight, up_weight)))
-        kinds = (True, False) if tma_ok else (False,)
+    if saved:  # elementwise: no product, no tuning
+        configs, kinds = [dict(_cfg(64, 128, 16, 4, 1), TMA=False)], ()
     else:
-        kinds = (tma,)
-    configs = [dict(cfg, TMA=kind) for kind in kinds for cfg in fitting]
-    backward = dh is not None
-    args = (x, gate_weight, up_weight, h, h if dh is None else dh, h if du is None else du, M, N, K,
-            *x.stride(), *gate_weight.stride(), *up_weight.stride())
+        fitting = _fits(_CONFIGS[x.element_size()], M, N, K, max_k)
+        if tma is None:
+            tma_ok = _runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, (x, gate_weight, up_weight)))
+            kinds = (True, False) if tma_ok else (False,)
+        else:
+            kinds = (tma,)
+        configs = [dict(cfg, TMA=kind) for kind in kinds for cfg in fitting]
+    args = [x, gate_weight, up_weight, h, dh, du, zg, zu]
+    args = (*(h if t is None else t for t in args), M, N, K, *x.stride(), *gate_weight.stride(),
+            *up_weight.stride())
 
     def prepare(cfg):
         grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-        meta = dict(cfg, BACKWARD=backward, PRECISION=precision, GROUP_M=8)
+        meta = dict(cfg, BACKWARD=backward, SAVE=save, SAVED=saved, PRECISION=precision, GROUP_M=8)
         launch = _runtime.Launcher(_swiglu_kernel, grid, meta, scratch=cfg["TMA"])
         return lambda: launch(*args)
 
-    key = ("bwd" if backward else "fwd", x.dtype, precision, kinds, *map(_autotune.bucket, (M, N, K)))
+    key = ("bwd" if backward else "fwd", saved, save, x.dtype, precision, kinds, *map(_autotune.bucket, (M, N, K)))
     prepare(_autotune.pick("swiglu", key, configs, prepare))()
 
 
-def _swiglu_fwd_impl(x, gate_weight, up_weight, tma: Optional[bool] = None):
-    """h = silu(x @ G^T) * (x @ U^T): x [M, K], G and U [N, K] -> h [M, N] contiguous."""
-    h = x.new_empty((x.shape[0], gate_weight.shape[0]))
+def _swiglu_fwd_impl(x, gate_weight, up_weight, save: bool, tma: Optional[bool] = None):
+    """h = silu(x @ G^T) * (x @ U^T): x [M, K], G and U [N, K] -> (h, g, u), [M, N] contiguous; g and u
+    (the pre-activations) are written only when `save`, else empty."""
+    M, N = x.shape[0], gate_weight.shape[0]
+    h = x.new_empty((M, N))
+    zg, zu = (x.new_empty((M, N)), x.new_empty((M, N))) if save else (x.new_empty(0), x.new_empty(0))
     if h.numel():
-        _launch(x, gate_weight, up_weight, h, None, None, tma)
-    return h
+        _launch(x, gate_weight, up_weight, h, zg=zg if save else None, zu=zu if save else None, save=save,
+                tma=tma)
+    return h, zg, zu
 
 
 def _swiglu_bwd_impl(x, gate_weight, up_weight, dh, tma: Optional[bool] = None):
-    """Given dh [M, N] (contiguous; overwritten with dg = dh * u * silu'(g)), returns (h, du)."""
+    """Recomputes g and u; given dh [M, N] (contiguous; overwritten with dg = dh * u * silu'(g)), returns
+    (h, du)."""
     h, du = torch.empty_like(dh), torch.empty_like(dh)
     if h.numel():
-        _launch(x, gate_weight, up_weight, h, dh, du, tma)
+        _launch(x, gate_weight, up_weight, h, dh, du, tma=tma)
     return h, du
+
+
+def _swiglu_bwd_saved_impl(g, u, dh) -> None:
+    """From the saved pre-activations, in place: g becomes h = silu(g) * u, u becomes du = dh * silu(g),
+    dh becomes dg = dh * u * silu'(g) (all [M, N] contiguous)."""
+    if g.numel():
+        _launch(g, g, g, g, dh, u, g, u)
+    for t in (g, u, dh):  # written through pointers: tell autograd, whose saved-tensor checks rely on it
+        torch.autograd.graph.increment_version(t)
 
 
 # --- 4. Registration as custom ops --------------------------------------------------------------------
 
 @torch.library.custom_op("dropin::swiglu_fwd", mutates_args=())
-def _swiglu_fwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor:
-    return _swiglu_fwd_impl(x, gate_weight, up_weight)
+def _swiglu_fwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+                   save: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _swiglu_fwd_impl(x, gate_weight, up_weight, save)
 
 
 @_swiglu_fwd_op.register_fake
-def _(x, gate_weight, up_weight):
-    return x.new_empty((x.shape[0], gate_weight.shape[0]))
+def _(x, gate_weight, up_weight, save):
+    shape = (x.shape[0], gate_weight.shape[0])
+    return x.new_empty(shape), x.new_empty(shape if save else (0,)), x.new_empty(shape if save else (0,))
 
 
 @torch.library.custom_op("dropin::swiglu_bwd", mutates_args=("dh",))
@@ -183,43 +215,64 @@ def _(x, gate_weight, up_weight, dh):
     return torch.empty_like(dh), torch.empty_like(dh)
 
 
+@torch.library.custom_op("dropin::swiglu_bwd_saved_", mutates_args=("g", "u", "dh"))
+def _swiglu_bwd_saved_op(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> None:
+    _swiglu_bwd_saved_impl(g, u, dh)
+
+
+@_swiglu_bwd_saved_op.register_fake
+def _(g, u, dh):
+    return None
+
+
 _swiglu_fwd = switch(_swiglu_fwd_op, _swiglu_fwd_impl)
 _swiglu_bwd = switch(_swiglu_bwd_op, _swiglu_bwd_impl)
+_swiglu_bwd_saved = switch(_swiglu_bwd_saved_op, _swiglu_bwd_saved_impl)
 
 
 # --- 5. Autograd --------------------------------------------------------------------------------------
 
 class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, gate_weight, up_weight, down_weight):
-        ctx.save_for_backward(x, gate_weight, up_weight, down_weight)
-        return linear(_swiglu_fwd(x, gate_weight, up_weight), down_weight)
+    def forward(ctx, x, gate_weight, up_weight, down_weight, recompute):
+        save = not recompute and any(ctx.needs_input_grad[:4])
+        h, g, u = _swiglu_fwd(x, gate_weight, up_weight, save)
+        ctx.save_for_backward(x, gate_weight, up_weight, down_weight, g if save else None, u if save else None)
+        return linear(h, down_weight)
 
     @staticmethod
     def backward(ctx, dy):
-        x, gate_weight, up_weight, down_weight = ctx.saved_tensors
-        need_x, need_g, need_u, need_d = ctx.needs_input_grad
+        x, gate_weight, up_weight, down_weight, g, u = ctx.saved_tensors
+        need_x, need_g, need_u, need_d, _ = ctx.needs_input_grad
         dg = matmul(dy, down_weight).contiguous()  # dh = dy @ D; it becomes dg in place
-        h, du = _swiglu_bwd(x, gate_weight, up_weight, dg)
+        if g is None:
+            h, du = _swiglu_bwd(x, gate_weight, up_weight, dg)
+        else:
+            # The saved g and u become h and du in place: no new [M, N] buffer. (A second backward through
+            # this graph then fails torch's check of modified saved tensors, rather than reading garbage.)
+            _swiglu_bwd_saved(g, u, dg)
+            h, du = g, u
         d_down = matmul(dy.mT, h) if need_d else None
-        del h
+        del h, g
         dx = matmul(dg, gate_weight).add_(matmul(du, up_weight)) if need_x else None
         d_gate = matmul(dg.mT, x) if need_g else None
         d_up = matmul(du.mT, x) if need_u else None
-        return dx, d_gate, d_up, d_down
+        return dx, d_gate, d_up, d_down, None
 
 
 # --- 6. Public function -------------------------------------------------------------------------------
 
 def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
-               down_weight: torch.Tensor) -> torch.Tensor:
+               down_weight: torch.Tensor, recompute: bool = True) -> torch.Tensor:
     """HF Llama's MLP, `down_proj(silu(gate_proj(x)) * up_proj(x))` without biases.
 
     x [..., hidden] (any strides), gate_weight and up_weight [intermediate, hidden], down_weight
     [hidden, intermediate] (nn.Linear's layouts) -> [..., hidden]. float32 / float16 / bfloat16 (all the
     same), fp32 accumulation; float32 uses tf32 only where torch would. Under torch.autocast the operands
-    are cast as autocast casts linear's. Differentiable in x and all three weights; the backward recomputes
-    the gate and up projections instead of storing them."""
+    are cast as autocast casts linear's. Differentiable in x and all three weights. recompute=True (the
+    default): nothing of size [..., intermediate] is kept for the backward, which recomputes the gate and up
+    projections (two more GEMMs); recompute=False keeps them (2 such buffers, eager keeps 4) and the
+    backward turns them into its own buffers in place: fastest, about the same peak within one MLP."""
     for name, t in (("x", x), ("gate_weight", gate_weight), ("up_weight", up_weight), ("down_weight", down_weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"swiglu_mlp: argument '{name}' must be a Tensor, got {type(t).__name__}")
@@ -243,5 +296,5 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     rows = math.prod(x.shape[:-1])
     # Leading dims flatten into rows: a view whenever they collapse, a copy only otherwise; the kernel
     # reads x with any row and column stride.
-    y = _SwiGLUFunction.apply(x.reshape(rows, K), gate_weight, up_weight, down_weight)
+    y = _SwiGLUFunction.apply(x.reshape(rows, K), gate_weight, up_weight, down_weight, bool(recompute))
     return y.view(*x.shape[:-1], K)
