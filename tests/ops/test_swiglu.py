@@ -116,6 +116,25 @@ def test_tma_and_pointer_kernels_agree(dtype):
             assert_close(got, want, dtype, "bwd", what=f"{name} (tma={tma})")
 
 
+def test_tuning_leaves_the_backward_inputs_alone(monkeypatch, tmp_path):
+    """On a GPU the first call of a size tunes: the candidates run repeatedly. The backward kernel writes dg
+    over dh, so its tuning runs must not touch the real dh (tuning simulated here by running each launch)."""
+    autotune = importlib.import_module("dropin.ops._autotune")
+    for name, value in (("_memory", {}), ("_disk", None), ("_CACHE_DIR", tmp_path), ("TUNING", True)):
+        monkeypatch.setattr(autotune, name, value)
+    timed = []
+
+    def run_and_time(prepare, config):
+        launch = prepare(config)
+        launch()
+        launch()
+        timed.append(config)
+        return float(config["BLOCK_M"])
+    monkeypatch.setattr(autotune, "_time", run_and_time)
+    check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves((33, 24), 64))
+    assert len(timed) > 2
+
+
 @pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "saved"])
 def test_what_the_backward_keeps(recompute):
     """By default the autograd node keeps the four inputs only; with recompute=False also g and u."""
