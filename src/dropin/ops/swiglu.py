@@ -9,7 +9,8 @@ and dg = dh * u * silu'(g) over dh itself; the gradients of x and of the three w
 Nothing of size [tokens, intermediate] lives from the forward to the backward (eager keeps 4: g, silu(g),
 u, h); the backward peaks at 3 such buffers. With recompute=False the forward also writes g and u (SAVE),
 and the backward's elementwise pass (SAVED) turns them into h and du in place: 2 buffers kept, the same
-backward peak, two GEMMs fewer.
+backward peak, two GEMMs fewer (they are kept on the autograd node, not saved, so that the backward can
+free them as it goes; it therefore runs once per forward).
 float32 follows torch's rule (tf32 only when `torch.backends.cuda.matmul.allow_tf32`), as matmul does.
 """
 import math
@@ -244,25 +245,35 @@ class _SwiGLUFunction(torch.autograd.Function):
     def forward(ctx, x, gate_weight, up_weight, down_weight, recompute):
         save = not recompute and any(ctx.needs_input_grad[:4])
         h, g, u = _swiglu_fwd(x, gate_weight, up_weight, save)
-        ctx.save_for_backward(x, gate_weight, up_weight, down_weight, g if save else None, u if save else None)
+        ctx.save_for_backward(x, gate_weight, up_weight, down_weight)
+        # Kept on ctx, not saved: the backward takes them over as its own buffers and frees them early.
+        ctx.saved_mode, ctx.pre_activations = save, [g, u] if save else None
         return linear(h, down_weight)
 
     @staticmethod
     def backward(ctx, dy):
-        x, gate_weight, up_weight, down_weight, g, u = ctx.saved_tensors
+        x, gate_weight, up_weight, down_weight = ctx.saved_tensors
         need_x, need_g, need_u, need_d, _ = ctx.needs_input_grad
         dg = matmul(dy, down_weight).contiguous()  # dh = dy @ D; it becomes dg in place
-        if g is None:
+        if not ctx.saved_mode:
             h, du = _swiglu_bwd(x, gate_weight, up_weight, dg)
         else:
-            # The saved g and u become h and du in place: no new [M, N] buffer. (A second backward through
-            # this graph then fails torch's check of modified saved tensors, rather than reading garbage.)
-            _swiglu_bwd_saved(g, u, dg)
+            if ctx.pre_activations is None:
+                raise RuntimeError("swiglu_mlp(recompute=False): the backward turns the kept pre-activations "
+                                   "into its own buffers, so it runs once per forward (retain_graph is not "
+                                   "supported); use recompute=True")
+            (g, u), ctx.pre_activations = ctx.pre_activations, None
+            _swiglu_bwd_saved(g, u, dg)  # in place: g becomes h, u becomes du
             h, du = g, u
+            del g, u
         d_down = matmul(dy.mT, h) if need_d else None
-        del h, g
-        dx = matmul(dg, gate_weight).add_(matmul(du, up_weight)) if need_x else None
+        del h
+        # dg's products first, then dg is freed: the weight gradients do not pile up on three [M, N] buffers
+        dx = matmul(dg, gate_weight) if need_x else None
         d_gate = matmul(dg.mT, x) if need_g else None
+        del dg
+        if need_x:
+            dx.add_(matmul(du, up_weight))
         d_up = matmul(du.mT, x) if need_u else None
         return dx, d_gate, d_up, d_down, None
 
