@@ -50,3 +50,12 @@ def test_bench_bmm_files_and_filter(tmp_path, capsys):
 def test_bench_no_matching_case(capsys):
     assert main(["bench", "matmul", "--quick", "--no-save", "--cases", "no-such-case"]) == 2
     assert "no case" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suite", ["swiglu", "rms_norm", "rope"])
+def test_bench_llm_suites_quick(suite, capsys):
+    """The LLM block suites run their quick cases, forward and forward + backward, and pass."""
+    rc = main(["bench", suite, "--quick", "--no-save", *FAST])
+    out = capsys.readouterr().out
+    assert "fwd+bwd" in out and "MiB" in out and "Failed: 0" in out
+    assert rc == 0

@@ -2,7 +2,7 @@
 __version__ = "0.1.0"
 
 from . import _runtime  # noqa: F401  (switches the Triton interpreter on when there is no GPU)
-from . import ops
-from .ops import bmm, conv2d, linear, matmul
+from . import nn, ops
+from .ops import bmm, conv2d, linear, matmul, rms_norm, rope, swiglu_mlp
 
-__all__ = ["ops", "matmul", "bmm", "linear", "conv2d", "__version__"]
+__all__ = ["ops", "nn", "matmul", "bmm", "linear", "conv2d", "rms_norm", "rope", "swiglu_mlp", "__version__"]

@@ -10,6 +10,9 @@ SUITES = {
     "matmul": "dropin.bench.matmul:matmul_cases",
     "bmm": "dropin.bench.matmul:bmm_cases",
     "conv2d": "dropin.bench.conv2d:conv2d_cases",
+    "swiglu": "dropin.bench.swiglu:swiglu_cases",
+    "rms_norm": "dropin.bench.rms_norm:rms_norm_cases",
+    "rope": "dropin.bench.rope:rope_cases",
 }
 
 

@@ -11,7 +11,7 @@ from dropin.bench import harness
 from dropin.bench.harness import Case, Skipped
 
 ROW_KEYS = {"case", "provider", "dtype", "median_ms", "mean_ms", "min_ms", "max_ms", "tflops", "gbps",
-            "pct_of_ceiling", "correct", "rel_err", "fallback"}
+            "pct_of_ceiling", "correct", "rel_err", "fallback", "peak_mib"}
 
 
 class FallbackMatmul:
@@ -64,6 +64,47 @@ def test_rel_error():
     assert harness.rel_error(torch.tensor([math.nan, 4.0]), torch.tensor([math.nan, 4.0])) == 0
     with pytest.raises(ValueError, match="shape"):
         harness.rel_error(torch.zeros(3), ref)
+
+
+def test_rel_error_of_tuples_is_the_worst():
+    ref = (torch.tensor([3.0, 4.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))
+    assert harness.rel_error((ref[0].float(), torch.tensor([1.5])), ref) == pytest.approx(0.5)
+    assert math.isnan(harness.rel_error((torch.tensor([3.0, math.nan]), torch.tensor([1.0])), ref))
+    with pytest.raises(ValueError, match="outputs"):
+        harness.rel_error((ref[0],), ref)
+
+
+def test_backward_cases_use_the_backward_tolerance():
+    """A case whose outputs include gradients (a tuple) is held to DESIGN.md's backward column."""
+    def with_grad(scale):
+        return lambda a, b: (torch.matmul(a, b), torch.matmul(a, b).sum(0) * scale)
+    case = mm_case(dtype="fp32", dropin=with_grad(1 + 5e-5))  # no torch peer: no 2x rule here
+    case.reference, case.backward = with_grad(1), True
+    row = run(case)["dropin"]
+    assert row["tol"] == harness.BACKWARD_TOLERANCES["fp32"] == 1e-4
+    assert row["rel_err"] == pytest.approx(5e-5, rel=0.05) and row["correct"] is True
+
+
+def test_with_backward_and_optional():
+    a, b = harness.randn(4, 3, dtype="fp32"), harness.randn(3, 2, dtype="fp32")
+    g = harness.randn(4, 2, dtype="fp32")
+    out, grad_a = harness.with_backward(torch.matmul, n_args=2, n_grads=1)(a, b, g)
+    torch.testing.assert_close(out, a @ b)
+    torch.testing.assert_close(grad_a, g @ b.T)
+    assert not a.requires_grad
+    assert harness.optional("math", "pi") == math.pi
+    assert harness.optional("no_such_module_here", "x") is None
+
+
+def test_peak_memory():
+    def allocate_64_mib():
+        return torch.empty(2**24, device=_runtime.KERNEL_DEVICE).sum()
+    peak = harness.peak_memory_mib(allocate_64_mib)
+    if _runtime.INTERPRET:
+        assert peak is None
+    else:
+        assert 64 <= peak < 66
+    assert all(r["peak_mib"] == peak if peak is None else r["peak_mib"] >= 0 for r in run(mm_case()).values())
 
 
 def test_correct_rows_and_speedup():

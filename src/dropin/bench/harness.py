@@ -4,7 +4,8 @@ A suite is a function `cases(quick: bool) -> list[Case]`. `run_suite` checks and
 every case, prints progress to stderr and the table to stdout, and writes
 `<results_dir>/<gpu-slug>/<suite>.json` (format: DESIGN.md, "Result files").
 
-Provider hooks: a provider is any callable taking the case's inputs. If it has an attribute `fallback`
+Provider hooks: a provider is any callable taking the case's inputs and returning a tensor or a tuple of
+tensors (e.g. an output and gradients: each is checked, the worst error counts). If it has an attribute `fallback`
 (read after its first call), the row reports it. A provider that raises `Skipped` gets a row with a
 `note` instead of numbers (see `skipped`, `compiled`); any other exception gives a row with an `error`.
 """
@@ -14,6 +15,7 @@ import contextlib
 import csv
 import datetime
 import functools
+import importlib
 import json
 import math
 import statistics
@@ -27,8 +29,10 @@ import torch
 
 from dropin import _runtime
 
-# Forward tolerances on ||out - ref|| / ||ref|| against float64 (DESIGN.md), keyed by Case.dtype.
+# Forward tolerances on ||out - ref|| / ||ref|| against float64 (DESIGN.md), keyed by Case.dtype; the
+# backward column for cases whose outputs include gradients (Case.backward).
 TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 2e-2}
+BACKWARD_TOLERANCES = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 3e-2}
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # DESIGN.md: dropin is also never worse than 2x PyTorch's own error; the allowance of 2 unit roundoffs keeps
 # the ratio of two tiny rounding errors from deciding (the same rule as tests/_tol.py).
@@ -46,6 +50,7 @@ class Case:
     flops / bytes: minimal work and memory traffic (0: not counted); the roofline takes the larger floor.
     ceiling: key of the compute ceiling in `measure_ceilings()` (default: "<dtype>_tflops").
     context: entered around every provider's check and timing (e.g. `lambda: allow_tf32(True)`).
+    backward: the outputs include gradients, checked against DESIGN.md's backward tolerance.
     """
     name: str
     dtype: str
@@ -56,6 +61,7 @@ class Case:
     bytes: float = 0.0
     ceiling: str | None = None
     context: Callable[[], ContextManager] = contextlib.nullcontext
+    backward: bool = False
 
 
 class Skipped(Exception):
@@ -84,6 +90,26 @@ def compiled(fn: Callable) -> Callable:
     return provider
 
 
+def optional(module: str, name: str):
+    """`module.name` from an optional dependency (e.g. Liger-Kernel), or None when it is not installed."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError:
+        return None
+
+
+def with_backward(fn: Callable, n_args: int, n_grads: int) -> Callable:
+    """A forward + backward provider from a forward one: called with (*args, *upstream gradients), one
+    upstream gradient per output of fn(*args), it returns (*outputs, gradients of the first n_grads args).
+    The args are detached first, so every call builds and consumes its own graph."""
+    def provider(*inputs):
+        args = [a.detach().requires_grad_(i < n_grads) for i, a in enumerate(inputs[:n_args])]
+        out = fn(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        return (*outs, *torch.autograd.grad(outs, args[:n_grads], inputs[n_args:]))
+    return provider
+
+
 @contextlib.contextmanager
 def allow_tf32(enabled: bool):
     """Sets torch.backends.cuda.matmul.allow_tf32 inside the block, restores it after."""
@@ -106,9 +132,14 @@ def to_float64(x):
     return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_error(out, ref) -> float:
     """||out - ref|| / ||ref|| over entries where ref is not NaN; NaN if out has NaN/Inf anywhere else,
-    or a NaN where ref has none (NaN never passes)."""
+    or a NaN where ref has none (NaN never passes). For tuples of tensors: the worst of the pairs."""
+    if isinstance(out, (tuple, list)):
+        if len(out) != len(ref):
+            raise ValueError(f"{len(out)} outputs, the reference has {len(ref)}")
+        errors = [rel_error(o, r) for o, r in zip(out, ref)]
+        return math.nan if any(math.isnan(e) for e in errors) else max(errors)
     out, ref = out.double(), ref.double()
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
@@ -132,6 +163,19 @@ def time_fn(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return times
+
+
+def peak_memory_mib(fn: Callable[[], object]) -> float | None:
+    """Device memory that one call allocates at its peak beyond what was allocated before it (MiB);
+    None under the interpreter (CPU memory is not tracked)."""
+    if _runtime.INTERPRET:
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def summarize(times_ms: list[float]) -> dict:
@@ -183,19 +227,20 @@ def run_case(case: Case, ceilings: dict | None = None, warmup_ms: float = 25, re
     ceilings = ceilings or {}
     inputs = case.make_inputs()
     ref = case.reference(*map(to_float64, inputs))
-    tol = TOLERANCES[case.dtype]
+    tol = (BACKWARD_TOLERANCES if case.backward else TOLERANCES)[case.dtype]
     rows = []
     for name, fn in case.providers.items():
         row = {"case": case.name, "provider": name, "dtype": case.dtype,
                "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
                "tflops": None, "gbps": None, "pct_of_ceiling": None, "bound": None,
-               "correct": None, "rel_err": None, "tol": tol, "fallback": False}
+               "correct": None, "rel_err": None, "tol": tol, "fallback": False, "peak_mib": None}
         rows.append(row)
         try:
             with case.context():
                 err = rel_error(fn(*inputs), ref)
                 row["fallback"] = bool(getattr(fn, "fallback", False))
                 times = time_fn(lambda: fn(*inputs), warmup_ms, rep_ms)
+                row["peak_mib"] = peak_memory_mib(lambda: fn(*inputs))
         except Skipped as e:
             row["note"] = str(e)
             log(f"  {name}: {e}")
@@ -300,10 +345,10 @@ def format_table(rows: list[dict], env: dict) -> str:
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     others = [p for p in providers if p != "dropin"]
     width = max([len(n) for n in cases] + [4]) + 9
-    cols = ["mean", "med", "min", "max", "rate", "%roof"]
-    widths = [9, 9, 9, 9, 12, 7]
+    cols = ["mean", "med", "min", "max", "rate", "%roof", "MiB"]
+    widths = [9, 9, 9, 9, 12, 7, 8]
     group = sum(widths)
-    lines = [f"=== {env['suite']} on {env['gpu']}: latency (ms), rate, % of roofline; "
+    lines = [f"=== {env['suite']} on {env['gpu']}: latency (ms), rate, % of roofline, peak MiB beyond inputs; "
              f"torch {env['torch']}, triton {env['triton']}, dropin {env['dropin']} ===",
              " " * width + "".join(f"{p:>{group}}" for p in providers)
              + ("   median speed-up of dropin" if "dropin" in providers and others else ""),
@@ -319,7 +364,8 @@ def format_table(rows: list[dict], env: dict) -> str:
                 line += f"{text:>{group}}"
                 continue
             pct = "-" if r["pct_of_ceiling"] is None else f"{r['pct_of_ceiling']:.1f}"
-            cells = [_ms(r["mean_ms"]), _ms(r["median_ms"]), _ms(r["min_ms"]), _ms(r["max_ms"]), _rate(r), pct]
+            peak = "-" if r.get("peak_mib") is None else f"{r['peak_mib']:.0f}"
+            cells = [_ms(r["mean_ms"]), _ms(r["median_ms"]), _ms(r["min_ms"]), _ms(r["max_ms"]), _rate(r), pct, peak]
             line += "".join(f"{c:>{w}}" for c, w in zip(cells, widths))
         speedups = by_provider.get("dropin", {}).get("speedup_vs", {})
         if "dropin" in providers:

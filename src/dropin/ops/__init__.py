@@ -1,5 +1,8 @@
 """Functional ops: one file per op, each with its PyTorch reference beside the kernels."""
 from .conv2d import conv2d, fold_batchnorm
 from .matmul import bmm, linear, matmul
+from .rms_norm import rms_norm
+from .rope import rope
+from .swiglu import swiglu_mlp
 
-__all__ = ["matmul", "bmm", "linear", "conv2d", "fold_batchnorm"]
+__all__ = ["matmul", "bmm", "linear", "conv2d", "fold_batchnorm", "rms_norm", "rope", "swiglu_mlp"]

@@ -1,0 +1,237 @@
+"""RMSNorm with HF Llama's numerics (LlamaRMSNorm) and an optional fused residual add; forward and backward.
+
+y = weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype): the mean of squares in fp32 over the last dim, the
+normalized row rounded to x's dtype before the weight multiplies it, the output in torch's promotion of
+x's and weight's dtypes (HF: fp32 weights on bf16 activations give fp32). With `residual`, x is first
+replaced by s = x + residual (rounded to x's dtype, as `residual + hidden_states` is) and (y, s) returned.
+
+Row-wise kernels with the whole hidden size in one block: launch settings follow the hidden size (no
+autotune). Forward: BLOCK_R rows per program; it saves the fp32 1/rms of every row. Backward: each
+program walks a contiguous range of rows, writes dx and its fp32 partial sum of the weight gradient;
+the partial sums are then added up over programs.
+"""
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from .matmul import switch
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HIDDEN = 32768  # one row lives in registers
+
+
+# --- 1. Reference -----------------------------------------------------------------------------------
+
+def rms_norm_ref(x, weight, eps, residual=None):
+    """HF LlamaRMSNorm (after `x = residual + x` when residual is given)."""
+    if residual is not None:
+        x = x + residual
+    input_dtype = x.dtype
+    h = x.to(torch.float32) if input_dtype != torch.float64 else x
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    y = weight * h.to(input_dtype)
+    return y if residual is None else (y, x)
+
+
+# --- 2. Kernels -------------------------------------------------------------------------------------
+
+@triton.jit
+def _rms_norm_fwd_kernel(x_ptr, res_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr,
+                         R, N, stride_xr, stride_xn, stride_rr, stride_rn, stride_w, eps,
+                         HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """BLOCK_R rows per program. y, s (the new residual) and rstd are contiguous; x, res and w any strides."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < R)[:, None] & (cols < N)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :] * stride_xn, mask=mask, other=0.0)
+    out = rows[:, None] * N + cols[None, :]
+    if HAS_RES:
+        r = tl.load(res_ptr + rows[:, None] * stride_rr + cols[None, :] * stride_rn, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(s_ptr + out, x, mask=mask)
+    x = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    x_normed = (x * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols * stride_w, mask=cols < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + out, (w[None, :] * x_normed).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < R)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(dy_ptr, ds_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
+                         R, N, stride_dyr, stride_dyn, stride_dsr, stride_dsn, stride_xr, stride_xn, stride_w,
+                         rows_per_program,
+                         HAS_DS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx = rstd * (dxn - xn * mean(dxn * xn)) + ds with dxn = dy * w, for this program's rows; the
+    program's sum of dy * xn over its rows goes to dw[program_id, :] (fp32). dx is contiguous."""
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(w_ptr + cols * stride_w, mask=col_mask, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    row_start = tl.program_id(0) * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, R)
+    for r in range(row_start, row_end, BLOCK_R):
+        rows = (r + tl.arange(0, BLOCK_R)).to(tl.int64)
+        mask = (rows < row_end)[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :] * stride_xn, mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dyr + cols[None, :] * stride_dyn, mask=mask, other=0.0)
+        dy = dy.to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < row_end, other=0.0)
+        x_normed = x.to(tl.float32) * rstd[:, None]
+        dw += tl.sum(dy * x_normed.to(x_ptr.dtype.element_ty).to(tl.float32), axis=0)
+        dxn = dy * w[None, :]
+        dx = rstd[:, None] * (dxn - x_normed * (tl.sum(dxn * x_normed, axis=1) / N)[:, None])
+        if HAS_DS:
+            ds = tl.load(ds_ptr + rows[:, None] * stride_dsr + cols[None, :] * stride_dsn, mask=mask, other=0.0)
+            dx += ds.to(tl.float32)
+        tl.store(dx_ptr + rows[:, None] * N + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dw_ptr + tl.program_id(0) * N + cols, dw, mask=col_mask)
+
+
+# --- 3. Launchers -----------------------------------------------------------------------------------
+
+def _launch_settings(N: int):
+    """(BLOCK_N, BLOCK_R, num_warps): the whole row in one block, rows stacked up to 4096 numbers a tile,
+    4 warps up to 2048 numbers, 8 up to 8192, 16 beyond."""
+    block_n = triton.next_power_of_2(N)
+    block_r = max(1, min(16, 4096 // block_n))
+    tile = block_n * block_r
+    return block_n, block_r, 4 if tile <= 2048 else 8 if tile <= 8192 else 16
+
+
+def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float):
+    """x, residual [R, N] (any strides), weight [N] -> (y [R, N], s [R, N] (empty without residual),
+    rstd [R] fp32), all contiguous."""
+    R, N = x.shape
+    y = x.new_empty((R, N), dtype=torch.promote_types(x.dtype, weight.dtype))
+    s = x.new_empty((R, N) if residual is not None else (0,))
+    rstd = x.new_empty((R,), dtype=torch.float32)
+    if R * N == 0:
+        return y, s, rstd
+    block_n, block_r, warps = _launch_settings(N)
+    res = x if residual is None else residual
+    _rms_norm_fwd_kernel[(triton.cdiv(R, block_r),)](
+        x, res, weight, y, s, rstd, R, N, *x.stride(), *res.stride(), weight.stride(0), eps,
+        HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+    return y, s, rstd
+
+
+def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd):
+    """dy, ds [R, N] (any strides; ds the gradient of the new residual, or None), x [R, N] the normalized
+    input (any strides), rstd [R] -> (dx [R, N] contiguous in x's dtype, dw [N] in weight's dtype)."""
+    R, N = x.shape
+    dx = x.new_empty((R, N))
+    if R * N == 0:
+        return dx, torch.zeros_like(weight)
+    block_n, block_r, warps = _launch_settings(N)
+    # 4 programs per SM keep loads in flight; their fp32 partial sums of dw cost 4 * SMs * N * 4 bytes.
+    programs = min(triton.cdiv(R, block_r), 4 * _runtime.num_sms(x.device.index or 0))
+    rows = triton.cdiv(triton.cdiv(R, programs), block_r) * block_r
+    programs = triton.cdiv(R, rows)
+    partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
+    dsv = dy if ds is None else ds
+    _rms_norm_bwd_kernel[(programs,)](
+        dy, dsv, x, weight, rstd, dx, partial, R, N, *dy.stride(), *dsv.stride(), *x.stride(), weight.stride(0),
+        rows,        HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+    return dx, partial.sum(0).to(weight.dtype)
+
+
+# --- 4. Registration as custom ops --------------------------------------------------------------------
+
+@torch.library.custom_op("dropin::rms_norm_fwd", mutates_args=())
+def _rms_norm_fwd_op(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _rms_norm_fwd_impl(x, weight, residual, eps)
+
+
+@_rms_norm_fwd_op.register_fake
+def _(x, weight, residual, eps):
+    R, N = x.shape
+    return (x.new_empty((R, N), dtype=torch.promote_types(x.dtype, weight.dtype)),
+            x.new_empty((R, N) if residual is not None else (0,)), x.new_empty((R,), dtype=torch.float32))
+
+
+@torch.library.custom_op("dropin::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd_op(dy: torch.Tensor, ds: Optional[torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
+                     rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rms_norm_bwd_impl(dy, ds, x, weight, rstd)
+
+
+@_rms_norm_bwd_op.register_fake
+def _(dy, ds, x, weight, rstd):
+    return x.new_empty(x.shape), torch.empty_like(weight)
+
+
+_rms_norm_fwd = switch(_rms_norm_fwd_op, _rms_norm_fwd_impl)
+_rms_norm_bwd = switch(_rms_norm_bwd_op, _rms_norm_bwd_impl)
+
+
+# --- 5. Autograd --------------------------------------------------------------------------------------
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps):
+        y, s, rstd = _rms_norm_fwd(x, weight, residual, eps)
+        ctx.has_residual = residual is not None
+        ctx.save_for_backward(s if residual is not None else x, weight, rstd)
+        return (y, s) if residual is not None else y
+
+    @staticmethod
+    def backward(ctx, dy, ds=None):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = _rms_norm_bwd(dy, ds, x, weight, rstd)
+        need_x, need_w, need_res, _ = ctx.needs_input_grad
+        return dx if need_x else None, dw if need_w else None, dx if need_res else None, None
+
+
+# --- 6. Public function -------------------------------------------------------------------------------
+
+def _check(x, weight, eps, residual):
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"rms_norm: argument '{name}' must be a Tensor, got {type(t).__name__}")
+    _runtime.check_kernel_device("rms_norm", x=x, weight=weight, residual=residual)
+    for name, t in (("x", x), ("weight", weight), ("residual", residual)):
+        if t is not None and t.dtype not in _DTYPES:
+            raise RuntimeError(f"rms_norm: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
+    if x.dim() == 0:
+        raise RuntimeError("rms_norm: argument 'x' must be at least 1-D, got 0-D")
+    N = x.shape[-1]
+    if weight.dim() != 1 or weight.shape[0] != N:
+        raise RuntimeError(f"rms_norm: argument 'weight' must have shape ({N},) (the hidden size of 'x' "
+                           f"{tuple(x.shape)}), got {tuple(weight.shape)}")
+    if N > MAX_HIDDEN:
+        raise RuntimeError(f"rms_norm: hidden size {N} of 'x' exceeds the supported {MAX_HIDDEN}")
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise RuntimeError(f"rms_norm: argument 'residual' must have the shape of 'x' {tuple(x.shape)}, "
+                               f"got {tuple(residual.shape)}")
+        if residual.dtype != x.dtype:
+            raise RuntimeError(f"rms_norm: expected 'x' and 'residual' to have the same dtype, "
+                               f"but got {x.dtype} and {residual.dtype}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 or math.isinf(eps):
+        raise ValueError(f"rms_norm: argument 'eps' must be a finite number >= 0, got {eps!r}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: Optional[torch.Tensor] = None):
+    """HF Llama's RMSNorm over the last dim: `weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`.
+
+    x [..., N] (any strides), weight [N]; float32 / float16 / bfloat16 (weight may differ from x: the
+    output has their promoted dtype, as in HF). With residual (x's shape and dtype), the fused
+    `s = x + residual` comes first and `(rms_norm(s), s)` is returned, s being the next residual stream.
+    Differentiable in x, weight and residual."""
+    _check(x, weight, eps, residual)
+    N = x.shape[-1]
+    # Leading dims flatten into rows: a view whenever they collapse (e.g. any contiguous or row-sliced x),
+    # a copy only otherwise; the kernels read rows with any row and column stride.
+    rows = math.prod(x.shape[:-1])
+    x2 = x.reshape(rows, N)
+    res2 = None if residual is None else residual.reshape(rows, N)
+    out = _RMSNormFunction.apply(x2, weight, res2, float(eps))
+    if residual is None:
+        return out.view(x.shape)
+    return out[0].view(x.shape), out[1].view(x.shape)

@@ -1,0 +1,318 @@
+"""The SwiGLU MLP of HF Llama (LlamaMLP): down(silu(x @ G^T) * (x @ U^T)); forward and backward.
+
+Forward: `_swiglu_kernel` computes, for one (M, N) tile, both x @ G^T and x @ U^T in two fp32
+accumulators from one read of each x tile, and writes only h = silu(g) * u: the two pre-activations never
+reach memory. The down projection is dropin's `linear`.
+Backward, by default, recomputes rather than stores: the forward saves only its inputs. With dh = dy @ D,
+the same kernel (BACKWARD) recomputes the tile's g and u and writes h (for D's gradient), du = dh * silu(g)
+and dg = dh * u * silu'(g) over dh itself; the gradients of x and of the three weights are dropin matmuls.
+Nothing of size [tokens, intermediate] lives from the forward to the backward (eager keeps 4: g, silu(g),
+u, h); the backward peaks at 3 such buffers. With recompute=False the forward also writes g and u (SAVE),
+and the backward's elementwise pass (SAVED) turns them into h and du in place: 2 buffers kept, the same
+backward peak, two GEMMs fewer (they are kept on the autograd node, not saved, so that the backward can
+free them as it goes; it therefore runs once per forward).
+float32 follows torch's rule (tf32 only when `torch.backends.cuda.matmul.allow_tf32`), as matmul does.
+"""
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from . import _autotune
+from .activations import activation_grad, apply_activation
+from .matmul import _autocast, _check, _dot_acc, _fits, _precision, _tile_coords, linear, matmul, switch
+
+
+# --- 1. Reference -----------------------------------------------------------------------------------
+
+def swiglu_mlp_ref(x, gate_weight, up_weight, down_weight):
+    """HF LlamaMLP.forward with these weights (no biases)."""
+    return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
+
+
+# --- 2. Kernels -------------------------------------------------------------------------------------
+
+@triton.jit
+def _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
+                  stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                  PRECISION: tl.constexpr, TMA: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(x @ G^T, x @ U^T) for one tile, fp32, each x tile loaded once for both products. TMA: tensor
+    descriptors (Hopper; unit stride along K, 16-byte aligned rows), which fill past the edges with zeros;
+    otherwise pointer loads with any strides."""
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if TMA:
+        x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [stride_xm, 1], [BLOCK_M, BLOCK_K])
+        g_desc = tl.make_tensor_descriptor(g_ptr, [N, K], [stride_gn, 1], [BLOCK_N, BLOCK_K])
+        u_desc = tl.make_tensor_descriptor(u_ptr, [N, K], [stride_un, 1], [BLOCK_N, BLOCK_K])
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            acc_g = _dot_acc(acc_g, a, g_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T, PRECISION)
+            acc_u = _dot_acc(acc_u, a, u_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T, PRECISION)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask.
+        rows_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+        rows_n = ((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[None, :]
+        x_ptrs = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+        g_ptrs = g_ptr + offs_k[:, None] * stride_gk + rows_n * stride_gn
+        u_ptrs = u_ptr + offs_k[:, None] * stride_uk + rows_n * stride_un
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k_left = K - k * BLOCK_K
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            acc_g = _dot_acc(acc_g, a, g, PRECISION)
+            acc_u = _dot_acc(acc_u, a, u, PRECISION)
+            x_ptrs += BLOCK_K * stride_xk
+            g_ptrs += BLOCK_K * stride_gk
+            u_ptrs += BLOCK_K * stride_uk
+    return acc_g, acc_u
+
+
+@triton.jit
+def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
+                   M, N, K,
+                   stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                   BACKWARD: tl.constexpr, SAVE: tl.constexpr, SAVED: tl.constexpr,
+                   PRECISION: tl.constexpr, TMA: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """One [M, N] tile per program: g = x @ G^T and u = x @ U^T in registers; writes h = silu(g) * u, and
+    when BACKWARD also du = dh * silu(g) and dg = dh * u * silu'(g) over dh. SAVE (forward): g and u are
+    also written to zg and zu; SAVED (backward): g and u are read from zg and zu instead of recomputed (an
+    elementwise pass; h and du may then be zg and zu themselves). h, dh, du, zg, zu: contiguous [M, N]."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SAVED:
+        g = tl.load(zg_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(zu_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        g, u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
+                             stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
+                             PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
+    if SAVE:
+        tl.store(zg_ptr + offs, g.to(zg_ptr.dtype.element_ty), mask=mask)
+        tl.store(zu_ptr + offs, u.to(zu_ptr.dtype.element_ty), mask=mask)
+    act = apply_activation(g, "silu")
+    tl.store(h_ptr + offs, (act * u).to(h_ptr.dtype.element_ty), mask=mask)
+    if BACKWARD:
+        dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(du_ptr + offs, (dh * act).to(du_ptr.dtype.element_ty), mask=mask)
+        tl.store(dh_ptr + offs, (dh * u * activation_grad(g, "silu")).to(dh_ptr.dtype.element_ty), mask=mask)
+
+
+# --- 3. Launchers -----------------------------------------------------------------------------------
+
+_cfg = _autotune.config
+# Two accumulators per tile: a 128 x 128 tile holds as many fp32 numbers as matmul's 128 x 256. The
+# smallest last (_fits keeps it when nothing else fits); true fp32 needs BLOCK_K <= 64 (see _dot_acc).
+_CONFIGS = {
+    2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 128, 32, 8, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
+        _cfg(64, 64, 64, 4, 4), _cfg(16, 64, 128, 4, 3), _cfg(16, 32, 64, 4, 2)],
+    4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4), _cfg(64, 64, 32, 4, 4),
+        _cfg(16, 64, 64, 4, 3), _cfg(16, 32, 32, 4, 2)],
+}
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A 2-D operand a tensor descriptor can read: unit stride along K, 16-byte aligned base and rows."""
+    return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, save=False,
+            tma: Optional[bool] = None):
+    """The kernel over the [M, N] tiles; x [M, K] and the weights [N, K] with any strides. Backward when
+    dh is given; with zg and zu, forward saves g and u there (save) or backward reads them (not save).
+    Candidates for the products: the TMA variant where it applies (Hopper) and the pointer one; the config
+    is tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces the choice (tests)."""
+    (M, N), K = h.shape, x.shape[1]
+    backward, saved = dh is not None, zg is not None and not save
+    precision = _precision(x.dtype)
+    max_k = 64 if precision == "ieee" and x.element_size() == 4 else 256
+    if saved:  # elementwise: no product, no tuning
+        configs, kinds = [dict(_cfg(64, 128, 16, 4, 1), TMA=False)], ()
+    else:
+        fitting = _fits(_CONFIGS[x.element_size()], M, N, K, max_k)
+        if tma is None:
+            tma_ok = _runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, (x, gate_weight, up_weight)))
+            kinds = (True, False) if tma_ok else (False,)
+        else:
+            kinds = (tma,)
+        configs = [dict(cfg, TMA=kind) for kind in kinds for cfg in fitting]
+    args = [x, gate_weight, up_weight, h, dh, du, zg, zu]
+    args = (*(h if t is None else t for t in args), M, N, K, *x.stride(), *gate_weight.stride(),
+            *up_weight.stride())
+
+    def launcher(cfg, args):
+        grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+        meta = dict(cfg, BACKWARD=backward, SAVE=save, SAVED=saved, PRECISION=precision, GROUP_M=8)
+        launch = _runtime.Launcher(_swiglu_kernel, grid, meta, scratch=cfg["TMA"])
+        return lambda: launch(*args)
+
+    tuning = {}
+
+    def prepare(cfg):  # the backward writes dg over dh: tuning runs, repeated, write over a copy of it
+        if backward and not tuning:
+            tuning["args"] = (*args[:4], dh.clone(), *args[5:])
+        return launcher(cfg, tuning.get("args", args))
+
+    key = ("bwd" if backward else "fwd", saved, save, x.dtype, precision, kinds, *map(_autotune.bucket, (M, N, K)))
+    launcher(_autotune.pick("swiglu", key, configs, prepare), args)()
+
+
+def _swiglu_fwd_impl(x, gate_weight, up_weight, save: bool, tma: Optional[bool] = None):
+    """h = silu(x @ G^T) * (x @ U^T): x [M, K], G and U [N, K] -> (h, g, u), [M, N] contiguous; g and u
+    (the pre-activations) are written only when `save`, else empty."""
+    M, N = x.shape[0], gate_weight.shape[0]
+    h = x.new_empty((M, N))
+    zg, zu = (x.new_empty((M, N)), x.new_empty((M, N))) if save else (x.new_empty(0), x.new_empty(0))
+    if h.numel():
+        _launch(x, gate_weight, up_weight, h, zg=zg if save else None, zu=zu if save else None, save=save,
+                tma=tma)
+    return h, zg, zu
+
+
+def _swiglu_bwd_impl(x, gate_weight, up_weight, dh, tma: Optional[bool] = None):
+    """Recomputes g and u; given dh [M, N] (contiguous; overwritten with dg = dh * u * silu'(g)), returns
+    (h, du)."""
+    h, du = torch.empty_like(dh), torch.empty_like(dh)
+    if h.numel():
+        _launch(x, gate_weight, up_weight, h, dh, du, tma=tma)
+    return h, du
+
+
+def _swiglu_bwd_saved_impl(g, u, dh) -> None:
+    """From the saved pre-activations, in place: g becomes h = silu(g) * u, u becomes du = dh * silu(g),
+    dh becomes dg = dh * u * silu'(g) (all [M, N] contiguous)."""
+    if g.numel():
+        _launch(g, g, g, g, dh, u, g, u)
+    for t in (g, u, dh):  # written through pointers: tell autograd, whose saved-tensor checks rely on it
+        torch.autograd.graph.increment_version(t)
+
+
+# --- 4. Registration as custom ops --------------------------------------------------------------------
+
+@torch.library.custom_op("dropin::swiglu_fwd", mutates_args=())
+def _swiglu_fwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+                   save: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _swiglu_fwd_impl(x, gate_weight, up_weight, save)
+
+
+@_swiglu_fwd_op.register_fake
+def _(x, gate_weight, up_weight, save):
+    shape = (x.shape[0], gate_weight.shape[0])
+    return x.new_empty(shape), x.new_empty(shape if save else (0,)), x.new_empty(shape if save else (0,))
+
+
+@torch.library.custom_op("dropin::swiglu_bwd", mutates_args=("dh",))
+def _swiglu_bwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+                   dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _swiglu_bwd_impl(x, gate_weight, up_weight, dh)
+
+
+@_swiglu_bwd_op.register_fake
+def _(x, gate_weight, up_weight, dh):
+    return torch.empty_like(dh), torch.empty_like(dh)
+
+
+@torch.library.custom_op("dropin::swiglu_bwd_saved_", mutates_args=("g", "u", "dh"))
+def _swiglu_bwd_saved_op(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> None:
+    _swiglu_bwd_saved_impl(g, u, dh)
+
+
+@_swiglu_bwd_saved_op.register_fake
+def _(g, u, dh):
+    return None
+
+
+_swiglu_fwd = switch(_swiglu_fwd_op, _swiglu_fwd_impl)
+_swiglu_bwd = switch(_swiglu_bwd_op, _swiglu_bwd_impl)
+_swiglu_bwd_saved = switch(_swiglu_bwd_saved_op, _swiglu_bwd_saved_impl)
+
+
+# --- 5. Autograd --------------------------------------------------------------------------------------
+
+class _SwiGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, gate_weight, up_weight, down_weight, recompute):
+        save = not recompute and any(ctx.needs_input_grad[:4])
+        h, g, u = _swiglu_fwd(x, gate_weight, up_weight, save)
+        ctx.save_for_backward(x, gate_weight, up_weight, down_weight)
+        # Kept on ctx, not saved: the backward takes them over as its own buffers and frees them early.
+        ctx.saved_mode, ctx.pre_activations = save, [g, u] if save else None
+        return linear(h, down_weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gate_weight, up_weight, down_weight = ctx.saved_tensors
+        need_x, need_g, need_u, need_d, _ = ctx.needs_input_grad
+        dg = matmul(dy, down_weight).contiguous()  # dh = dy @ D; it becomes dg in place
+        if not ctx.saved_mode:
+            h, du = _swiglu_bwd(x, gate_weight, up_weight, dg)
+        else:
+            if ctx.pre_activations is None:
+                raise RuntimeError("swiglu_mlp(recompute=False): the backward turns the kept pre-activations "
+                                   "into its own buffers, so it runs once per forward (retain_graph is not "
+                                   "supported); use recompute=True")
+            (g, u), ctx.pre_activations = ctx.pre_activations, None
+            _swiglu_bwd_saved(g, u, dg)  # in place: g becomes h, u becomes du
+            h, du = g, u
+            del g, u
+        d_down = matmul(dy.mT, h) if need_d else None
+        del h
+        # dg's products first, then dg is freed: the weight gradients do not pile up on three [M, N] buffers
+        dx = matmul(dg, gate_weight) if need_x else None
+        d_gate = matmul(dg.mT, x) if need_g else None
+        del dg
+        if need_x:
+            dx.add_(matmul(du, up_weight))
+        d_up = matmul(du.mT, x) if need_u else None
+        return dx, d_gate, d_up, d_down, None
+
+
+# --- 6. Public function -------------------------------------------------------------------------------
+
+def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+               down_weight: torch.Tensor, recompute: bool = True) -> torch.Tensor:
+    """HF Llama's MLP, `down_proj(silu(gate_proj(x)) * up_proj(x))` without biases.
+
+    x [..., hidden] (any strides), gate_weight and up_weight [intermediate, hidden], down_weight
+    [hidden, intermediate] (nn.Linear's layouts) -> [..., hidden]. float32 / float16 / bfloat16 (all the
+    same), fp32 accumulation; float32 uses tf32 only where torch would. Under torch.autocast the operands
+    are cast as autocast casts linear's. Differentiable in x and all three weights. recompute=True (the
+    default): nothing of size [..., intermediate] is kept for the backward, which recomputes the gate and up
+    projections (two more GEMMs); recompute=False keeps them (2 such buffers, eager keeps 4) and the
+    backward turns them into its own buffers in place: fastest, about the same peak within one MLP."""
+    for name, t in (("x", x), ("gate_weight", gate_weight), ("up_weight", up_weight), ("down_weight", down_weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"swiglu_mlp: argument '{name}' must be a Tensor, got {type(t).__name__}")
+        if name != "x" and t.dim() != 2:
+            raise RuntimeError(f"swiglu_mlp: argument '{name}' must be 2-D, got {t.dim()}-D")
+    if x.dim() == 0:
+        raise RuntimeError("swiglu_mlp: argument 'x' must be at least 1-D, got 0-D")
+    _check("swiglu_mlp", x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight)
+    x, gate_weight, up_weight, down_weight = _autocast(x, gate_weight, up_weight, down_weight)
+    K = x.shape[-1]
+    N = gate_weight.shape[0]
+    if gate_weight.shape[1] != K:
+        raise RuntimeError(f"swiglu_mlp: 'gate_weight' {tuple(gate_weight.shape)} does not match the hidden size "
+                           f"{K} of 'x' {tuple(x.shape)}")
+    if up_weight.shape != gate_weight.shape:
+        raise RuntimeError(f"swiglu_mlp: 'up_weight' {tuple(up_weight.shape)} must have the shape of "
+                           f"'gate_weight' {tuple(gate_weight.shape)}")
+    if down_weight.shape != (K, N):
+        raise RuntimeError(f"swiglu_mlp: 'down_weight' must have shape ({K}, {N}) (hidden, intermediate), "
+                           f"got {tuple(down_weight.shape)}")
+    rows = math.prod(x.shape[:-1])
+    # Leading dims flatten into rows: a view whenever they collapse, a copy only otherwise; the kernel
+    # reads x with any row and column stride.
+    y = _SwiGLUFunction.apply(x.reshape(rows, K), gate_weight, up_weight, down_weight, bool(recompute))
+    return y.view(*x.shape[:-1], K)
