@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
 from . import _autotune
@@ -40,8 +41,12 @@ LOG2E: tl.constexpr = 1.4426950408889634
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
 def attention_ref(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                          enable_gqa=enable_gqa)
+    """torch's math backend: softmax(q k^T * scale + mask) v, differentiated by autograd. (Its fused backends
+    recompute the probabilities from one log-sum-exp, which an additive finfo.min mask absorbs: on a row with
+    no unmasked key their gradient is Lk times too large.)"""
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=enable_gqa)
 
 
 # --- 2. Kernels ------------------------------------------------------------------------------------------
