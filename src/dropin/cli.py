@@ -9,6 +9,7 @@ from dropin import _runtime
 SUITES = {
     "matmul": "dropin.bench.matmul:matmul_cases",
     "bmm": "dropin.bench.matmul:bmm_cases",
+    "attention": "dropin.bench.attention:attention_cases",
 }
 
 

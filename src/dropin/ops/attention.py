@@ -14,8 +14,8 @@ tiles on the diagonal and at the ends of the sequences pay for it (EDGE). Rows p
 read the last row instead (loads need no bounds) and are masked out of the scores.
 Masks: `is_causal` (top-left aligned as in torch), or `attn_mask`, boolean (True: attend) or additive float,
 read through strides with stride 0 over broadcast dims. With an additive mask the scores stay in natural
-units (exp2 of (s - max) * log2 e): HF's finfo.min masks then keep torch's meaning, since the scaling would
-overflow them to -inf.
+units (exp instead of exp2): HF's finfo.min masks then keep torch's meaning, which scaling by log2 e would
+overflow to -inf.
 Rows that attend to no key give 0, as torch does (its math backend, torch >= 2.5), with 0 gradients.
 float32 follows torch's rule for matmuls: tf32 when `torch.backends.cuda.matmul.allow_tf32`, otherwise
 fp32 FMAs (true fp32).
@@ -35,7 +35,6 @@ from .matmul import _autocast, _dot_acc, _precision, switch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
-LOG2E: tl.constexpr = 1.4426950408889634
 
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
@@ -94,11 +93,23 @@ def _scores(qk, qi, kj, Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
 
 
 @triton.jit
-def _to_log2(x, MASK: tl.constexpr):
-    """A difference of scores in log2 units."""
+def _exp(x, MASK: tl.constexpr):
+    """exp of a difference of scores, in their units."""
     if MASK == "float":
-        x = x * LOG2E
-    return x
+        y = tl.exp(x)
+    else:
+        y = tl.math.exp2(x)
+    return y
+
+
+@triton.jit
+def _log(x, MASK: tl.constexpr):
+    """log of a row sum, in the units of the scores."""
+    if MASK == "float":
+        y = tl.log(x)
+    else:
+        y = tl.math.log2(x)
+    return y
 
 
 @triton.jit
@@ -130,8 +141,8 @@ def _fwd_tiles(acc, l_i, m_i, q, offs_m, lo, hi, k_base, v_base, mask_base,
                     mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: keep exp2 away from -inf - -inf
-        alpha = tl.math.exp2(_to_log2(m_i - m_use, MASK))
-        p = tl.math.exp2(_to_log2(s - m_use[:, None], MASK))
+        alpha = _exp(m_i - m_use, MASK)
+        p = _exp(s - m_use[:, None], MASK)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load(v_base + rows_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_d[None, :],
                   HEAD_DIM, BLOCK_D)
@@ -148,8 +159,9 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
                 stride_ob, stride_oh, stride_om, stride_od,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (query tiles, B * H). stats [B, H, 2, Lq] fp32: the row maximum (+inf for a row that attends to
-    nothing) and log2 of the row sum."""
+    """Grid (query tiles, B * H). stats [B, H, 2, Lq] fp32, in the units of the scores: the row maximum (+inf
+    for a row that attends to nothing) and the log of the row sum (kept apart: a finfo.min maximum would
+    absorb it)."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     off_b = (bh // H).to(tl.int64)
@@ -181,7 +193,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=in_rows[:, None] & (offs_d[None, :] < HEAD_DIM))
     stats = stats_ptr + bh.to(tl.int64) * 2 * Lq + offs_m
     tl.store(stats, tl.where(empty, float("inf"), m_i), mask=in_rows)
-    tl.store(stats + Lq, tl.math.log2(l_i), mask=in_rows)
+    tl.store(stats + Lq, _log(l_i, MASK), mask=in_rows)
 
 
 @triton.jit
@@ -217,8 +229,8 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, lo, hi, q_base, do_base, stats_base, delta
         st = _scores(tl.dot(k, qt, input_precision=PRECISION), offs_m[None, :], offs_n[:, None], Lq, Lk,
                      mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m = tl.load(stats_base + rows_m)
-        log2l = tl.load(stats_base + Lq + rows_m)
-        pt = tl.math.exp2(_to_log2(st - m[None, :], MASK) - log2l[None, :])
+        logl = tl.load(stats_base + Lq + rows_m)
+        pt = _exp(st - m[None, :] - logl[None, :], MASK)
         do = _load(do_base + rows_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_d[None, :],
                    HEAD_DIM, BLOCK_D)
         dv = _dot_acc(dv, pt.to(do.dtype), do, PRECISION)
@@ -283,7 +295,7 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, m, log2l, delta, offs_m, lo, hi, k_base, v_base, mask_base,
+def _dq_tiles(dq, q, do, m, logl, delta, offs_m, lo, hi, k_base, v_base, mask_base,
               Lq, Lk, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd, stride_mq, stride_mk,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -295,7 +307,7 @@ def _dq_tiles(dq, q, do, m, log2l, delta, offs_m, lo, hi, k_base, v_base, mask_b
                    HEAD_DIM, BLOCK_D)
         s = _scores(tl.dot(q, kt, input_precision=PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
                     mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
-        p = tl.math.exp2(_to_log2(s - m[:, None], MASK) - log2l[:, None])
+        p = _exp(s - m[:, None] - logl[:, None], MASK)
         vt = _load(v_base + rows_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, offs_d[:, None],
                    HEAD_DIM, BLOCK_D)
         ds = p * (tl.dot(do, vt, input_precision=PRECISION) - delta[:, None])
@@ -325,17 +337,17 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dq_p
                + offs_d[None, :] * stride_dd, offs_d[None, :], HEAD_DIM, BLOCK_D)
     row = bh.to(tl.int64) * Lq
     m = tl.load(stats_ptr + 2 * row + rows_m)
-    log2l = tl.load(stats_ptr + 2 * row + Lq + rows_m)
+    logl = tl.load(stats_ptr + 2 * row + Lq + rows_m)
     delta = tl.load(delta_ptr + row + rows_m)
     k_base = k_ptr + off_b * stride_kb + off_hk * stride_kh
     v_base = v_ptr + off_b * stride_vb + off_hk * stride_vh
     mask_base = mask_ptr + off_b * stride_mb + off_h * stride_mh
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, m, log2l, delta, offs_m, 0, mid, k_base, v_base, mask_base, Lq, Lk, qk_scale,
+    dq = _dq_tiles(dq, q, do, m, logl, delta, offs_m, 0, mid, k_base, v_base, mask_base, Lq, Lk, qk_scale,
                    stride_kn, stride_kd, stride_vn, stride_vd, stride_mq, stride_mk,
                    MASK, CAUSAL, False, PRECISION, HEAD_DIM, BLOCK_D, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, m, log2l, delta, offs_m, mid, hi, k_base, v_base, mask_base, Lq, Lk, qk_scale,
+    dq = _dq_tiles(dq, q, do, m, logl, delta, offs_m, mid, hi, k_base, v_base, mask_base, Lq, Lk, qk_scale,
                    stride_kn, stride_kd, stride_vn, stride_vd, stride_mq, stride_mk,
                    MASK, CAUSAL, True, PRECISION, HEAD_DIM, BLOCK_D, BLOCK_N)
     offs = row * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
