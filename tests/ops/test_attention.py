@@ -19,17 +19,21 @@ from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
 attn = importlib.import_module("dropin.ops.attention")  # dropin.ops.attention is also the function
 
 SMALL_TILES = {  # kernel -> config: 32 x 16 tiles (the smallest tl.dot takes) cross tiles on tiny shapes
-    "attention_fwd": attn._cfg(32, 16, 4, 1),
-    "attention_dkdv": attn._cfg(16, 32, 4, 1),
-    "attention_dq": attn._cfg(32, 16, 4, 1),
+    "attention_fwd": dict(attn._cfg(32, 16, 4, 1), TMA=False),
+    "attention_dkdv": dict(attn._cfg(16, 32, 4, 1), TMA=False),
+    "attention_dq": dict(attn._cfg(32, 16, 4, 1), TMA=False),
 }
 
 
 @pytest.fixture(autouse=True)
 def small_tiles(request, monkeypatch):
-    """Forces SMALL_TILES under the interpreter (not on the GPU, nor in test_default_configs)."""
+    """Forces SMALL_TILES under the interpreter (not on the GPU, nor in test_default_configs); launch plans
+    made by other tests are forgotten."""
+    attn._plans.clear()
     if not ON_GPU and request.function.__name__ != "test_default_configs":
         monkeypatch.setattr(attn._autotune, "pick", lambda name, key, configs, prepare: SMALL_TILES[name])
+    yield
+    attn._plans.clear()
 
 
 def randn(*shape, dtype=torch.float32):
@@ -244,6 +248,34 @@ CPU_TABLE_KEYS = [(torch.float16, 64), (torch.float16, 128), (torch.float32, 64)
 def test_default_configs(dtype, head_dim):
     """The first (default) candidate of each table, on lengths that fit its tiles and end ragged."""
     check(qkv(1, 1, 1, 130, 140, head_dim, dtype), is_causal=True)
+
+
+TMA_CASES = {  # id -> (B, H, HK, Lq, Lk, E, keyword arguments)
+    "causal-gqa": (2, 4, 2, 45, 37, 32, {"is_causal": True, "enable_gqa": True}),
+    "mask-d80": (1, 2, 2, 33, 50, 80, {"attn_mask": "float"}),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TMA_CASES)
+def test_tma_loads(case, dtype, monkeypatch):
+    """The tensor-descriptor loads (Hopper) of every kernel, forced: rows and head-dim columns past the end
+    read 0; (B, L, H, E) storage."""
+    B, H, HK, Lq, Lk, E, kwargs = TMA_CASES[case]
+    if not ON_GPU:
+        monkeypatch.setattr(attn._autotune, "pick", lambda name, key, configs, prepare: dict(SMALL_TILES[name],
+                                                                                           TMA=True))
+    elif not attn._runtime.is_hopper() or dtype == torch.float32:
+        pytest.skip("TMA loads: Hopper, 16-bit")
+    if kwargs.get("attn_mask") == "float":
+        kwargs = dict(kwargs, attn_mask=randn(B, 1, Lq, Lk))
+    leaves = {"q": randn(B, Lq, H, E, dtype=dtype), "k": randn(B, Lk, HK, E, dtype=dtype),
+              "v": randn(B, Lk, HK, E, dtype=dtype)}
+
+    def build(q, k, v):
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    check(leaves, build=build, **kwargs)
 
 
 EVERY_CONFIG = [pytest.param(table, key, i, id=f"{table}-{key[0]}B-d{key[1]}-{i}")

@@ -72,6 +72,34 @@ def _load(ptrs, d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _source(ptr, B, HEADS, L, stride_b, stride_h, stride_l,
+            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, TMA: tl.constexpr):
+    """What `_tile` reads q, k, v or dO from: (TMA) a tensor descriptor over [B, HEADS, L, HEAD_DIM] (unit
+    stride last), else the pointer itself."""
+    if TMA:
+        src = tl.make_tensor_descriptor(ptr, [B, HEADS, L, HEAD_DIM], [stride_b, stride_h, stride_l, 1],
+                                        [1, 1, BLOCK, BLOCK_D])
+    else:
+        src = ptr
+    return src
+
+
+@triton.jit
+def _tile(src, b, h, start, rows, stride_b, stride_h, stride_l, stride_d,
+          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, TMA: tl.constexpr):
+    """Rows start .. start + BLOCK of head (b, h) as a [BLOCK, BLOCK_D] tile, columns past HEAD_DIM 0: TMA
+    reads rows past the end as 0, pointers read `rows` (clamped by `_rows` on an EDGE tile)."""
+    if TMA:
+        tile = src.load([b, h, start, 0]).reshape(BLOCK, BLOCK_D)
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        ptrs = (src + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + rows[:, None] * stride_l
+                + offs_d[None, :] * stride_d)
+        tile = _load(ptrs, offs_d[None, :], HEAD_DIM, BLOCK_D)
+    return tile
+
+
+@triton.jit
 def _scores(qk, qi, kj, Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
             MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr):
     """Scores of one tile from qk = q . k; qi / kj: the query / key index of each entry (broadcasting to the
@@ -127,25 +155,25 @@ def _key_ranges(start_m, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, offs_m, lo, hi, k_base, v_base, mask_base,
-               Lq, Lk, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd, stride_mq, stride_mk,
+def _fwd_tiles(acc, l_i, m_i, q, offs_m, lo, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+               stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
+               stride_mq, stride_mk,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+               TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """Online softmax over the key tiles [lo, hi): the running output, row sums and row maxima."""
-    offs_d = tl.arange(0, BLOCK_D)
     for start_n in tl.range(lo, hi, BLOCK_N):
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
-        kt = _load(k_base + rows_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, offs_d[:, None],
-                   HEAD_DIM, BLOCK_D)
-        s = _scores(tl.dot(q, kt, input_precision=PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
+        k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
+                  HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
+        s = _scores(tl.dot(q, tl.trans(k), input_precision=PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
                     mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: keep exp2 away from -inf - -inf
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: keep exp away from -inf - -inf
         alpha = _exp(m_i - m_use, MASK)
         p = _exp(s - m_use[:, None], MASK)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load(v_base + rows_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_d[None, :],
-                  HEAD_DIM, BLOCK_D)
+        v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
+                  HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
         acc = _dot_acc(acc * alpha[:, None], p.to(v.dtype), v, PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -153,42 +181,45 @@ def _fwd_tiles(acc, l_i, m_i, q, offs_m, lo, hi, k_base, v_base, mask_base,
 
 @triton.jit
 def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
-                H, GROUP, Lq, Lk, qk_scale,
+                B, H, HK, Lq, Lk, qk_scale,
                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
                 stride_ob, stride_oh, stride_om, stride_od,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+                MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Grid (query tiles, B * H). stats [B, H, 2, Lq] fp32, in the units of the scores: the row maximum (+inf
     for a row that attends to nothing) and the log of the row sum (kept apart: a finfo.min maximum would
     absorb it)."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
-    off_b = (bh // H).to(tl.int64)
-    off_h = (bh % H).to(tl.int64)
-    off_hk = off_h // GROUP
+    b = bh // H
+    h = bh % H
+    hk = h // (H // HK)
     offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, True)
-    offs_d = tl.arange(0, BLOCK_D)
-    q = _load(q_ptr + off_b * stride_qb + off_h * stride_qh + rows_m[:, None] * stride_qm
-              + offs_d[None, :] * stride_qd, offs_d[None, :], HEAD_DIM, BLOCK_D)
-    k_base = k_ptr + off_b * stride_kb + off_hk * stride_kh
-    v_base = v_ptr + off_b * stride_vb + off_hk * stride_vh
-    mask_base = mask_ptr + off_b * stride_mb + off_h * stride_mh
+    q_src = _source(q_ptr, B, H, Lq, stride_qb, stride_qh, stride_qm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
+    k_src = _source(k_ptr, B, HK, Lk, stride_kb, stride_kh, stride_kn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
+    v_src = _source(v_ptr, B, HK, Lk, stride_vb, stride_vh, stride_vn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
+    q = _tile(q_src, b, h, start_m, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+              HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
+    mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, offs_m, 0, mid, k_base, v_base, mask_base, Lq, Lk, qk_scale,
-                               stride_kn, stride_kd, stride_vn, stride_vd, stride_mq, stride_mk,
-                               MASK, CAUSAL, False, PRECISION, HEAD_DIM, BLOCK_D, BLOCK_N)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, offs_m, mid, hi, k_base, v_base, mask_base, Lq, Lk, qk_scale,
-                               stride_kn, stride_kd, stride_vn, stride_vd, stride_mq, stride_mk,
-                               MASK, CAUSAL, True, PRECISION, HEAD_DIM, BLOCK_D, BLOCK_N)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, offs_m, 0, mid, k_src, v_src, b, hk, mask_base, Lq, Lk,
+                               qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
+                               stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
+                               MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, offs_m, mid, hi, k_src, v_src, b, hk, mask_base, Lq, Lk,
+                               qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
+                               stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
+                               MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
     empty = l_i == 0.0
     l_i = tl.where(empty, 1.0, l_i)
     out = acc / l_i[:, None]
     in_rows = offs_m < Lq
-    o_ptrs = (o_ptr + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om
+    offs_d = tl.arange(0, BLOCK_D)
+    o_ptrs = (o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_om
               + offs_d[None, :] * stride_od)
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=in_rows[:, None] & (offs_d[None, :] < HEAD_DIM))
     stats = stats_ptr + bh.to(tl.int64) * 2 * Lq + offs_m
@@ -202,64 +233,66 @@ def _delta_kernel(o_ptr, do_ptr, delta_ptr, H, Lq,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta[B, H, Lq] = rowsum(dO * O) in fp32; grid (query tiles, B * H)."""
     bh = tl.program_id(1)
-    off_b = (bh // H).to(tl.int64)
-    off_h = (bh % H).to(tl.int64)
-    offs_m, rows_m = _rows(tl.program_id(0) * BLOCK_M, Lq, BLOCK_M, True)
-    offs_d = tl.arange(0, BLOCK_D)
-    o = _load(o_ptr + off_b * stride_ob + off_h * stride_oh + rows_m[:, None] * stride_om
-              + offs_d[None, :] * stride_od, offs_d[None, :], HEAD_DIM, BLOCK_D)
-    do = _load(do_ptr + off_b * stride_db + off_h * stride_dh + rows_m[:, None] * stride_dm
-               + offs_d[None, :] * stride_dd, offs_d[None, :], HEAD_DIM, BLOCK_D)
+    b = bh // H
+    h = bh % H
+    start_m = tl.program_id(0) * BLOCK_M
+    offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, True)
+    o = _tile(o_ptr, b, h, start_m, rows_m, stride_ob, stride_oh, stride_om, stride_od,
+              HEAD_DIM, BLOCK_D, BLOCK_M, False)
+    do = _tile(do_ptr, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
+               HEAD_DIM, BLOCK_D, BLOCK_M, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(delta_ptr + bh.to(tl.int64) * Lq + offs_m, delta, mask=offs_m < Lq)
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, offs_n, lo, hi, q_base, do_base, stats_base, delta_base, mask_base,
-                Lq, Lk, qk_scale, stride_qm, stride_qd, stride_dm, stride_dd, stride_mq, stride_mk,
+def _dkdv_tiles(dk, dv, k, v, offs_n, lo, hi, q_src, do_src, b, h, stats_base, delta_base, mask_base,
+                Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """dK, dV of one key tile summed over the query tiles [lo, hi), in the transposed orientation (rows are
-    keys), so that P^T and dS^T feed the products as they come out of the score product."""
-    offs_d = tl.arange(0, BLOCK_D)
+                TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dK, dV of one key tile summed over the query tiles [lo, hi) of head h, in the transposed orientation
+    (rows are keys), so that P^T and dS^T feed the products as they come out of the score product."""
     for start_m in tl.range(lo, hi, BLOCK_M):
         offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, EDGE)
-        qt = _load(q_base + rows_m[None, :] * stride_qm + offs_d[:, None] * stride_qd, offs_d[:, None],
-                   HEAD_DIM, BLOCK_D)
-        st = _scores(tl.dot(k, qt, input_precision=PRECISION), offs_m[None, :], offs_n[:, None], Lq, Lk,
+        q = _tile(q_src, b, h, start_m, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                  HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
+        st = _scores(tl.dot(k, tl.trans(q), input_precision=PRECISION), offs_m[None, :], offs_n[:, None], Lq, Lk,
                      mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m = tl.load(stats_base + rows_m)
         logl = tl.load(stats_base + Lq + rows_m)
         pt = _exp(st - m[None, :] - logl[None, :], MASK)
-        do = _load(do_base + rows_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_d[None, :],
-                   HEAD_DIM, BLOCK_D)
+        do = _tile(do_src, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
+                   HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
         dv = _dot_acc(dv, pt.to(do.dtype), do, PRECISION)
         dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dst = pt * (dpt - tl.load(delta_base + rows_m)[None, :])
-        dk = _dot_acc(dk, dst.to(qt.dtype), tl.trans(qt), PRECISION)
+        dk = _dot_acc(dk, dst.to(q.dtype), q, PRECISION)
     return dk, dv
 
 
 @triton.jit
 def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
-                 H, HK, GROUP, Lq, Lk, qk_scale, sm_scale,
+                 B, H, HK, Lq, Lk, qk_scale, sm_scale,
                  stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                  stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
                  stride_db, stride_dh, stride_dm, stride_dd,
-                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Grid (key tiles, B * HK); dk and dv are contiguous [B, HK, Lk, E]. BLOCK_N is a multiple of BLOCK_M.
     Causal: query tiles before the key tile see none of it; those on the diagonal are EDGE tiles."""
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
-    off_b = (bhk // HK).to(tl.int64)
-    off_hk = (bhk % HK).to(tl.int64)
+    b = bhk // HK
+    hk = bhk % HK
+    group = H // HK
     offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, True)
-    offs_d = tl.arange(0, BLOCK_D)
-    k = _load(k_ptr + off_b * stride_kb + off_hk * stride_kh + rows_n[:, None] * stride_kn
-              + offs_d[None, :] * stride_kd, offs_d[None, :], HEAD_DIM, BLOCK_D)
-    v = _load(v_ptr + off_b * stride_vb + off_hk * stride_vh + rows_n[:, None] * stride_vn
-              + offs_d[None, :] * stride_vd, offs_d[None, :], HEAD_DIM, BLOCK_D)
+    k = _tile(_source(k_ptr, B, HK, Lk, stride_kb, stride_kh, stride_kn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA),
+              b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
+    v = _tile(_source(v_ptr, B, HK, Lk, stride_vb, stride_vh, stride_vn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA),
+              b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
+    q_src = _source(q_ptr, B, H, Lq, stride_qb, stride_qh, stride_qm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
+    do_src = _source(do_ptr, B, H, Lq, stride_db, stride_dh, stride_dm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     full = Lq // BLOCK_M * BLOCK_M
@@ -270,24 +303,23 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk
         lo = 0
         band = 0
     tail = tl.maximum(band, full)
-    for g in range(GROUP):
-        off_h = off_hk * GROUP + g
-        q_base = q_ptr + off_b * stride_qb + off_h * stride_qh
-        do_base = do_ptr + off_b * stride_db + off_h * stride_dh
-        row = (off_b * H + off_h) * Lq
-        mask_base = mask_ptr + off_b * stride_mb + off_h * stride_mh
-        dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, lo, band, q_base, do_base, stats_ptr + 2 * row,
-                             delta_ptr + row, mask_base, Lq, Lk, qk_scale, stride_qm, stride_qd,
-                             stride_dm, stride_dd, stride_mq, stride_mk,
-                             MASK, CAUSAL, True, PRECISION, HEAD_DIM, BLOCK_D, BLOCK_M)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, band, full, q_base, do_base, stats_ptr + 2 * row,
-                             delta_ptr + row, mask_base, Lq, Lk, qk_scale, stride_qm, stride_qd,
-                             stride_dm, stride_dd, stride_mq, stride_mk,
-                             MASK, CAUSAL, False, PRECISION, HEAD_DIM, BLOCK_D, BLOCK_M)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, tail, Lq, q_base, do_base, stats_ptr + 2 * row,
-                             delta_ptr + row, mask_base, Lq, Lk, qk_scale, stride_qm, stride_qd,
-                             stride_dm, stride_dd, stride_mq, stride_mk,
-                             MASK, CAUSAL, True, PRECISION, HEAD_DIM, BLOCK_D, BLOCK_M)
+    for g in range(group):
+        h = hk * group + g
+        row = (b * H + h).to(tl.int64) * Lq
+        mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+        dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, lo, band, q_src, do_src, b, h, stats_ptr + 2 * row,
+                             delta_ptr + row, mask_base, Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm,
+                             stride_qd, stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
+                             MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, band, full, q_src, do_src, b, h, stats_ptr + 2 * row,
+                             delta_ptr + row, mask_base, Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm,
+                             stride_qd, stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
+                             MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, tail, Lq, q_src, do_src, b, h, stats_ptr + 2 * row,
+                             delta_ptr + row, mask_base, Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm,
+                             stride_qd, stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
+                             MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
     offs = bhk.to(tl.int64) * Lk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     store_mask = (offs_n[:, None] < Lk) & (offs_d[None, :] < HEAD_DIM)
     tl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=store_mask)
@@ -295,61 +327,61 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, m, logl, delta, offs_m, lo, hi, k_base, v_base, mask_base,
-              Lq, Lk, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd, stride_mq, stride_mk,
+def _dq_tiles(dq, q, do, m, logl, delta, offs_m, lo, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+              stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
+              stride_mq, stride_mk,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+              TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """dQ of one query tile summed over the key tiles [lo, hi)."""
-    offs_d = tl.arange(0, BLOCK_D)
     for start_n in tl.range(lo, hi, BLOCK_N):
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
-        kt = _load(k_base + rows_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, offs_d[:, None],
-                   HEAD_DIM, BLOCK_D)
-        s = _scores(tl.dot(q, kt, input_precision=PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
+        k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
+                  HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
+        s = _scores(tl.dot(q, tl.trans(k), input_precision=PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
                     mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         p = _exp(s - m[:, None] - logl[:, None], MASK)
-        vt = _load(v_base + rows_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, offs_d[:, None],
-                   HEAD_DIM, BLOCK_D)
-        ds = p * (tl.dot(do, vt, input_precision=PRECISION) - delta[:, None])
-        dq = _dot_acc(dq, ds.to(kt.dtype), tl.trans(kt), PRECISION)
+        v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
+                  HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
+        ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+        dq = _dot_acc(dq, ds.to(k.dtype), k, PRECISION)
     return dq
 
 
 @triton.jit
 def _dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dq_ptr,
-               H, GROUP, Lq, Lk, qk_scale, sm_scale,
+               B, H, HK, Lq, Lk, qk_scale, sm_scale,
                stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
                stride_db, stride_dh, stride_dm, stride_dd,
-               MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+               MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Grid (query tiles, B * H); dq is contiguous [B, H, Lq, E]."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
-    off_b = (bh // H).to(tl.int64)
-    off_h = (bh % H).to(tl.int64)
-    off_hk = off_h // GROUP
+    b = bh // H
+    h = bh % H
+    hk = h // (H // HK)
     offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, True)
-    offs_d = tl.arange(0, BLOCK_D)
-    q = _load(q_ptr + off_b * stride_qb + off_h * stride_qh + rows_m[:, None] * stride_qm
-              + offs_d[None, :] * stride_qd, offs_d[None, :], HEAD_DIM, BLOCK_D)
-    do = _load(do_ptr + off_b * stride_db + off_h * stride_dh + rows_m[:, None] * stride_dm
-               + offs_d[None, :] * stride_dd, offs_d[None, :], HEAD_DIM, BLOCK_D)
+    q = _tile(_source(q_ptr, B, H, Lq, stride_qb, stride_qh, stride_qm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA),
+              b, h, start_m, rows_m, stride_qb, stride_qh, stride_qm, stride_qd, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
+    do = _tile(_source(do_ptr, B, H, Lq, stride_db, stride_dh, stride_dm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA),
+               b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
+    k_src = _source(k_ptr, B, HK, Lk, stride_kb, stride_kh, stride_kn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
+    v_src = _source(v_ptr, B, HK, Lk, stride_vb, stride_vh, stride_vn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
     row = bh.to(tl.int64) * Lq
     m = tl.load(stats_ptr + 2 * row + rows_m)
     logl = tl.load(stats_ptr + 2 * row + Lq + rows_m)
     delta = tl.load(delta_ptr + row + rows_m)
-    k_base = k_ptr + off_b * stride_kb + off_hk * stride_kh
-    v_base = v_ptr + off_b * stride_vb + off_hk * stride_vh
-    mask_base = mask_ptr + off_b * stride_mb + off_h * stride_mh
+    mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, m, logl, delta, offs_m, 0, mid, k_base, v_base, mask_base, Lq, Lk, qk_scale,
-                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mq, stride_mk,
-                   MASK, CAUSAL, False, PRECISION, HEAD_DIM, BLOCK_D, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, m, logl, delta, offs_m, mid, hi, k_base, v_base, mask_base, Lq, Lk, qk_scale,
-                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mq, stride_mk,
-                   MASK, CAUSAL, True, PRECISION, HEAD_DIM, BLOCK_D, BLOCK_N)
+    dq = _dq_tiles(dq, q, do, m, logl, delta, offs_m, 0, mid, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_mq, stride_mk, MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
+    dq = _dq_tiles(dq, q, do, m, logl, delta, offs_m, mid, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_mq, stride_mk, MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
     offs = row * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(dq_ptr + offs, (dq * sm_scale).to(dq_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < HEAD_DIM))
@@ -396,13 +428,33 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int) -> list:
+def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool) -> list:
     """The table's list for this dtype and head dim, less tiles larger than the bucketed lengths (the
-    smallest candidate if none fits)."""
+    smallest candidate if none fits); with `tma`, each with TMA loads first, then with pointer loads."""
     configs = table[(min(q.element_size(), 4), max(64, _block_d(q.shape[-1])))]
     bm, bn = _autotune.bucket(Lq), _autotune.bucket(Lk)
-    fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn]
-    return fitting or configs[-1:]
+    configs = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn] or configs[-1:]
+    return [dict(c, TMA=True) for c in configs if tma] + [dict(c, TMA=False) for c in configs]
+
+
+def _strides(t: torch.Tensor) -> tuple:
+    """t's strides, those of size-1 dims (never stepped) replaced by the next dim's extent in elements: a
+    valid stride for a tensor descriptor."""
+    strides = list(t.stride())
+    for i in range(t.dim() - 2, -1, -1):
+        if t.shape[i] == 1:
+            strides[i] = strides[i + 1] * max(t.shape[i + 1], 1)
+    return tuple(strides)
+
+
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether TMA tensor descriptors can read these [B, H, L, E] operands: Hopper, 16-bit, unit stride along
+    E, 16-byte aligned base, other strides (`_strides`) positive multiples of 16 bytes."""
+    t = tensors[0]
+    if not _runtime.is_hopper(t.device.index or 0) or t.element_size() != 2:
+        return False
+    return all(t.stride(3) == 1 and t.data_ptr() % 16 == 0 and (t.shape[3] * 2) % 16 == 0
+               and all(s > 0 and (s * 2) % 16 == 0 for s in _strides(t)[:3]) for t in tensors)
 
 
 def _mask_args(mask: Optional[torch.Tensor], q: torch.Tensor):
@@ -414,19 +466,41 @@ def _mask_args(mask: Optional[torch.Tensor], q: torch.Tensor):
     return mask, mask.stride(), "float"
 
 
-def _tune_key(name, q, k, mask_kind, is_causal, precision):
-    B, H, Lq, E = q.shape
-    return (name, q.dtype, precision, _block_d(E), _autotune.bucket(Lq), _autotune.bucket(k.shape[2]), mask_kind, is_causal,
-            H // k.shape[1] > 1)
+def _tune_key(q, k, mask_kind, is_causal, precision, tma):
+    Lq, E = q.shape[2:]
+    return (q.dtype, precision, _block_d(E), _autotune.bucket(Lq), _autotune.bucket(k.shape[2]), mask_kind,
+            is_causal, q.shape[1] // k.shape[1] > 1, tma)
 
 
-def _launch(kernel, name, key, configs, grid, args, meta):
-    """Launches `kernel` with the config that `_autotune.pick` chooses for `key`."""
-    def launch(cfg):
-        kernel[grid(cfg)](*args, **meta, **cfg)
+_plans: dict = {}
 
-    cfg = _autotune.pick(name, key, configs, lambda cfg: (lambda: launch(cfg)))
-    launch(cfg)
+
+def _plan(key, make):
+    """The launch plan for this signature, made once (tuning on first use) and reused: small attentions are
+    bound by launch cost."""
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 4096:
+            _plans.clear()
+        plan = _plans[key] = make()
+    return plan
+
+
+def _signature(*tensors) -> tuple:
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16) for t in tensors)
+
+
+def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta: dict, args: tuple) -> _runtime.Launcher:
+    """A launcher of `kernel` with the config that `_autotune.pick` chooses for `key` (timing launches on
+    `args` when tuning); grid(config) gives its grid."""
+    def launcher(cfg):
+        return _runtime.Launcher(kernel, grid(cfg), dict(meta, **cfg), scratch=cfg["TMA"])
+
+    def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
+        launch = launcher(cfg)
+        return lambda: launch(*args)
+
+    return launcher(_autotune.pick(name, key, configs, prepare))
 
 
 def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
@@ -441,11 +515,17 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
     mask_t, mask_strides, mask_kind = _mask_args(mask, q)
     precision = _precision(q.dtype)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
-    args = (q, k, v, mask_t, out, stats, H, H // HK, Lq, Lk, qk_scale,
-            *q.stride(), *k.stride(), *v.stride(), *mask_strides, *out.stride())
-    meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
-    _launch(_fwd_kernel, "attention_fwd", _tune_key("fwd", q, k, mask_kind, is_causal, precision),
-            _candidates(_FWD_CONFIGS, q, Lq, Lk), lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H), args, meta)
+    args = (q, k, v, mask_t, out, stats, B, H, HK, Lq, Lk, qk_scale,
+            *_strides(q), *_strides(k), *_strides(v), *mask_strides, *out.stride())
+
+    def make():
+        tma = _tma_ok(q, k, v)
+        meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
+        return _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
+                      _candidates(_FWD_CONFIGS, q, Lq, Lk, tma), lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H),
+                      meta, args)
+
+    _plan(("fwd", _signature(q, k, v, mask), q.device, is_causal, precision), make)(*args)
     return out, stats
 
 
@@ -462,19 +542,27 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
     precision = _precision(q.dtype)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
     delta = torch.empty((B, H, Lq), device=q.device, dtype=torch.float32)
-    block_d = _block_d(E)
-    _delta_kernel[(triton.cdiv(Lq, _DELTA_BLOCK_M), B * H)](
-        out, grad_out, delta, H, Lq, *out.stride(), *grad_out.stride(),
-        HEAD_DIM=E, BLOCK_D=block_d, BLOCK_M=_DELTA_BLOCK_M)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride())
-    meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=block_d)
-    _launch(_dkdv_kernel, "attention_dkdv", _tune_key("dkdv", q, k, mask_kind, is_causal, precision),
-            _candidates(_DKDV_CONFIGS, q, Lq, Lk), lambda c: (triton.cdiv(Lk, c["BLOCK_N"]), B * HK),
-            (q, k, v, mask_t, grad_out, stats, delta, dk, dv, H, HK, H // HK, Lq, Lk, qk_scale, scale, *strides),
-            meta)
-    _launch(_dq_kernel, "attention_dq", _tune_key("dq", q, k, mask_kind, is_causal, precision),
-            _candidates(_DQ_CONFIGS, q, Lq, Lk), lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H),
-            (q, k, v, mask_t, grad_out, stats, delta, dq, H, H // HK, Lq, Lk, qk_scale, scale, *strides), meta)
+    delta_args = (out, grad_out, delta, H, Lq, *out.stride(), *grad_out.stride())
+    strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
+    dkdv_args = (q, k, v, mask_t, grad_out, stats, delta, dk, dv, B, H, HK, Lq, Lk, qk_scale, scale, *strides)
+    dq_args = (q, k, v, mask_t, grad_out, stats, delta, dq, B, H, HK, Lq, Lk, qk_scale, scale, *strides)
+
+    def make():
+        tma = _tma_ok(q, k, v, grad_out)
+        meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
+        key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
+        return (_runtime.Launcher(_delta_kernel, (triton.cdiv(Lq, _DELTA_BLOCK_M), B * H),
+                                  dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M)),
+                _tuned(_dkdv_kernel, "attention_dkdv", key, _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma),
+                       lambda c: (triton.cdiv(Lk, c["BLOCK_N"]), B * HK), meta, dkdv_args),
+                _tuned(_dq_kernel, "attention_dq", key, _candidates(_DQ_CONFIGS, q, Lq, Lk, tma),
+                       lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H), meta, dq_args))
+
+    launch_delta, launch_dkdv, launch_dq = _plan(
+        ("bwd", _signature(grad_out, q, k, v, mask, out), q.device, is_causal, precision), make)
+    launch_delta(*delta_args)
+    launch_dkdv(*dkdv_args)
+    launch_dq(*dq_args)
     return dq, dk, dv
 
 
