@@ -16,6 +16,10 @@ import torch.nn.functional as F
 import dropin
 from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
 
+# fp16 on the CPU where its path differs (lengths, masks, padding and empty rows, TMA, default configs);
+# elsewhere fp32 only there, to keep the interpreter's run short: every dtype on the GPU.
+DTYPES_LIGHT = [DTYPES[0], pytest.param(torch.float16, id="fp16", marks=gpu), DTYPES[2]]
+
 attn = importlib.import_module("dropin.ops.attention")  # dropin.ops.attention is also the function
 
 SMALL_TILES = {  # kernel -> config: 32 x 16 tiles (the smallest tl.dot takes) cross tiles on tiny shapes
@@ -106,7 +110,7 @@ def test_lengths(shape, causal, dtype):
     check(qkv(B, H, H, Lq, Lk, E, dtype), is_causal=causal)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
 @pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 256, 8, 40])
 def test_head_dims(head_dim, dtype):
     check(qkv(1, 2, 2, 40, 36, head_dim, dtype), is_causal=True)
@@ -127,17 +131,27 @@ MASK_SHAPES = {  # broadcast shapes of a mask for (B, H, Lq, Lk) = (2, 3, 20, 40
 }
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kind", ["bool", "float", "float-q-dtype"])
-@pytest.mark.parametrize("mask_shape", MASK_SHAPES)
-def test_masks(mask_shape, kind, dtype):
-    shape = MASK_SHAPES[mask_shape]
+def random_mask(shape, kind, dtype):
+    """A bool mask (every row keeps key 0: rows with no key are test_fully_masked_rows'), or an additive one
+    in float32 or (kind "q-dtype") in the dtype of q."""
     if kind == "bool":
         mask = torch.rand(shape, device=DEVICE) > 0.3
-        mask[..., 0] = True  # rows with no key are test_fully_masked_rows'
-    else:
-        mask = randn(*shape, dtype=dtype if kind == "float-q-dtype" else torch.float32)
-    check(qkv(2, 3, 3, 20, 40, 32, dtype), attn_mask=mask)
+        mask[..., 0] = True
+        return mask
+    return randn(*shape, dtype=dtype if kind == "q-dtype" else torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("mask_shape", MASK_SHAPES)
+def test_masks(mask_shape, kind, dtype):
+    check(qkv(2, 3, 3, 20, 40, 32, dtype), attn_mask=random_mask(MASK_SHAPES[mask_shape], kind, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:])
+@pytest.mark.parametrize("kind", ["bool", "float", "q-dtype"])
+def test_mask_dtypes(kind, dtype):
+    check(qkv(2, 3, 3, 20, 40, 32, dtype), attn_mask=random_mask((2, 1, 20, 40), kind, dtype))
 
 
 def hf_mask(lengths, L, dtype, fill):
@@ -181,7 +195,7 @@ def test_no_keys():
 
 
 # ------------------------------------------------------------------------------------------- grouped heads
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
 @pytest.mark.parametrize("heads", [(6, 1), (6, 2), (6, 3)], ids=["mqa-6-1", "gqa-6-2", "gqa-6-3"])
 @pytest.mark.parametrize("masking", ["causal", "mask"])
 def test_grouped_query(masking, heads, dtype):
@@ -199,7 +213,7 @@ VIEWS = {  # id -> (storage shape for q / k / v of logical (B, H, L, E), the vie
 }
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
 @pytest.mark.parametrize("view", VIEWS)
 def test_strided_views(view, dtype):
     storage, make_view = VIEWS[view]
@@ -278,16 +292,20 @@ def test_tma_loads(case, dtype, monkeypatch):
     check(leaves, build=build, **kwargs)
 
 
-EVERY_CONFIG = [pytest.param(table, key, i, id=f"{table}-{key[0]}B-d{key[1]}-{i}")
+EVERY_CONFIG = [pytest.param(table, key, i, tma, id=f"{table}-{key[0]}B-d{key[1]}-{i}{'-tma' if tma else ''}")
                 for table in ("_FWD_CONFIGS", "_DKDV_CONFIGS", "_DQ_CONFIGS")
-                for key, configs in getattr(attn, table).items() for i in range(len(configs))]
+                for key, configs in getattr(attn, table).items() for i in range(len(configs))
+                for tma in ((False, True) if key[0] == 2 else (False,))]
 
 
 @gpu
-@pytest.mark.parametrize("table,key,index", EVERY_CONFIG)
-def test_every_config(table, key, index, monkeypatch):
-    """Each candidate forced (the others' defaults), causal and with a mask, on ragged lengths."""
-    cfg = getattr(attn, table)[key][index]
+@pytest.mark.parametrize("table,key,index,tma", EVERY_CONFIG)
+def test_every_config(table, key, index, tma, monkeypatch):
+    """Each candidate forced (the others' defaults), causal with grouped heads and with a mask, on ragged
+    lengths."""
+    if tma and not attn._runtime.is_hopper():
+        pytest.skip("TMA loads: Hopper")
+    cfg = dict(getattr(attn, table)[key][index], TMA=tma)
     name = {"_FWD_CONFIGS": "attention_fwd", "_DKDV_CONFIGS": "attention_dkdv", "_DQ_CONFIGS": "attention_dq"}[table]
     pick = attn._autotune.pick
     monkeypatch.setattr(attn._autotune, "pick",

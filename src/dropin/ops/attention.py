@@ -62,16 +62,6 @@ def _rows(start, L, BLOCK: tl.constexpr, EDGE: tl.constexpr):
 
 
 @triton.jit
-def _load(ptrs, d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A tile of valid rows; `d` (the head-dim index, broadcast to the tile) past HEAD_DIM reads as 0."""
-    if HEAD_DIM == BLOCK_D:
-        tile = tl.load(ptrs)
-    else:
-        tile = tl.load(ptrs, mask=d < HEAD_DIM, other=0.0)
-    return tile
-
-
-@triton.jit
 def _source(ptr, B, HEADS, L, stride_b, stride_h, stride_l,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, TMA: tl.constexpr):
     """What `_tile` reads q, k, v or dO from: (TMA) a tensor descriptor over [B, HEADS, L, HEAD_DIM] (unit
@@ -95,7 +85,10 @@ def _tile(src, b, h, start, rows, stride_b, stride_h, stride_l, stride_d,
         offs_d = tl.arange(0, BLOCK_D)
         ptrs = (src + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + rows[:, None] * stride_l
                 + offs_d[None, :] * stride_d)
-        tile = _load(ptrs, offs_d[None, :], HEAD_DIM, BLOCK_D)
+        if HEAD_DIM == BLOCK_D:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     return tile
 
 
@@ -448,12 +441,12 @@ def _strides(t: torch.Tensor) -> tuple:
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
-    """Whether TMA tensor descriptors can read these [B, H, L, E] operands: Hopper, 16-bit, unit stride along
-    E, 16-byte aligned base, other strides (`_strides`) positive multiples of 16 bytes."""
+    """Whether TMA tensor descriptors can read these [B, H, L, E] operands: Hopper, 16-bit, not empty, unit
+    stride along E, 16-byte aligned base, other strides (`_strides`) positive multiples of 16 bytes."""
     t = tensors[0]
     if not _runtime.is_hopper(t.device.index or 0) or t.element_size() != 2:
         return False
-    return all(t.stride(3) == 1 and t.data_ptr() % 16 == 0 and (t.shape[3] * 2) % 16 == 0
+    return all(t.numel() > 0 and t.stride(3) == 1 and t.data_ptr() % 16 == 0 and (t.shape[3] * 2) % 16 == 0
                and all(s > 0 and (s * 2) % 16 == 0 for s in _strides(t)[:3]) for t in tensors)
 
 
