@@ -36,3 +36,12 @@ def test_flops_count_backward_and_causal():
     assert full.flops == 4 * 2 * 8 * 4 * 16
     assert suite.attention_case(1, 2, 8, 4, 16, "fp32", causal=True, backward=True).flops == full.flops / 2 * 3.5
     assert isinstance(full, harness.Case)
+
+
+def test_reference_per_batch_entry_is_the_whole():
+    """The per-entry reference gives what the providers give on the whole batch (mask with batch 1 shared)."""
+    grad, q, k, v = (torch.randn(3, 2, 5, 8, dtype=torch.float64) for _ in range(4))
+    mask = torch.randn(1, 1, 5, 5, dtype=torch.float64)
+    for backward, inputs in ((False, (q, k, v, mask)), (True, (grad, q, k, v, mask))):
+        case = suite.attention_case(3, 2, 5, 5, 8, "fp32", mask=lambda dtype: mask, backward=backward)
+        torch.testing.assert_close(case.reference(*inputs), case.providers["sdpa_math"](*inputs))

@@ -58,13 +58,26 @@ def _with(fn, is_causal):
     return lambda q, k, v, *mask: fn(q, k, v, *mask, is_causal=is_causal)
 
 
+def _grads(fn, grad, q, k, v, *mask):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    return torch.autograd.grad(fn(*leaves, *mask), leaves, grad)
+
+
 def _fwd_bwd(fn):
     """A provider timing forward + backward: takes (grad, q, k, v, [mask]), returns dq, dk, dv concatenated."""
-    def provider(grad, q, k, v, *mask):
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = fn(*leaves, *mask)
-        return torch.cat([g.flatten() for g in torch.autograd.grad(out, leaves, grad)])
-    return provider
+    return lambda *inputs: torch.cat([g.flatten() for g in _grads(fn, *inputs)])
+
+
+def _per_batch_entry(fn, backward):
+    """The reference: fn one batch entry at a time (the float64 scores of the large cases would not fit in
+    memory at once), put together as the providers give their results."""
+    def reference(*inputs):
+        entries = [[t[i:i + 1] if t.shape[0] > 1 else t for t in inputs] for i in range(inputs[0].shape[0])]
+        if not backward:
+            return torch.cat([fn(*entry) for entry in entries])
+        grads = zip(*(_grads(fn, *entry) for entry in entries))  # (dq parts, dk parts, dv parts)
+        return torch.cat([torch.cat(parts).flatten() for parts in grads])
+    return reference
 
 
 def llama_mask(batch, seq, dtype):
@@ -82,11 +95,10 @@ def attention_case(b, h, lq, lk, e, dtype, causal=False, mask=None, backward=Fal
     providers = {"dropin": ops.attention, "torch": F.scaled_dot_product_attention,
                  **{name: _sdpa_backend(name) for name in _BACKENDS}, "hf_eager": hf_eager}
     providers = {name: _with(fn, causal) for name, fn in providers.items()}
-    reference = _with(attention_ref, causal)
+    reference = _per_batch_entry(_with(attention_ref, causal), backward)
     flops = 4 * b * h * lq * lk * e / (2 if causal else 1)
     if backward:
         providers = {name: _fwd_bwd(fn) for name, fn in providers.items()}
-        reference = _fwd_bwd(reference)
         flops *= 3.5
 
     def make_inputs():

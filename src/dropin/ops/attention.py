@@ -4,14 +4,15 @@ forward and backward.
 q [B, H, Lq, E], k and v [B, HK, Lk, E] (HK divides H: grouped-query / multi-query attention), any strides.
 No kernel ever holds the [Lq, Lk] score matrix: tiles of keys stream past a tile of queries.
 - forward `_fwd_kernel`: one program per (query tile, batch * head); online softmax in base 2 with the
-  softmax scale times log2(e) folded into the scores. Per query row it keeps the row maximum and the log2 of
+  softmax scale times log2(e) folded into the scores. Per query row it keeps the row maximum and the log of
   the row sum (`stats`), from which the backward recomputes the probabilities.
 - backward: `_delta_kernel` (rowsum(dO * O)), `_dkdv_kernel` (one program per key tile and K/V head, walking
   the query tiles of every query head of its group: no atomics) and `_dq_kernel` (one program per query tile,
   walking the key tiles).
 Tiles that lie inside both sequences and (causal) below the diagonal skip all per-entry masking; only the
-tiles on the diagonal and at the ends of the sequences pay for it (EDGE). Rows past the end of a sequence
-read the last row instead (loads need no bounds) and are masked out of the scores.
+tiles on the diagonal and at the ends of the sequences pay for it (EDGE). q, k, v and dO are read with TMA
+tensor descriptors (Hopper, 16-bit, aligned strides: rows past the end read 0) or with pointers (any
+strides: rows past the end read the last row); either way such rows are masked out of the scores.
 Masks: `is_causal` (top-left aligned as in torch), or `attn_mask`, boolean (True: attend) or additive float,
 read through strides with stride 0 over broadcast dims. With an additive mask the scores stay in natural
 units (exp instead of exp2): HF's finfo.min masks then keep torch's meaning, which scaling by log2 e would
