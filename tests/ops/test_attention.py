@@ -7,7 +7,6 @@ several tiles: the unmasked middle, the diagonal and the ragged ends all run. Th
 `test_default_configs` (CPU) and `test_every_config` (GPU).
 """
 import importlib
-import math
 
 import pytest
 import torch

@@ -37,9 +37,10 @@ def _sdpa_backend(name):
 
 
 @functools.lru_cache(maxsize=8)
-def _causal_bias(lq, lk, device):
-    return torch.zeros(lq, lk, device=device).masked_fill(torch.ones(lq, lk, dtype=torch.bool, device=device)
-                                                          .triu(1), float("-inf"))
+def _causal_bias(lq, lk, device, dtype):
+    """HF's causal mask: finfo.min above the diagonal, in the model's dtype."""
+    above = torch.ones(lq, lk, dtype=torch.bool, device=device).triu(1)
+    return torch.zeros(lq, lk, dtype=dtype, device=device).masked_fill(above, torch.finfo(dtype).min)
 
 
 def hf_eager(q, k, v, attn_mask=None, is_causal=False):
@@ -47,7 +48,7 @@ def hf_eager(q, k, v, attn_mask=None, is_causal=False):
     additive tensor, as HF builds it)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     if is_causal:
-        attn_mask = _causal_bias(q.shape[-2], k.shape[-2], q.device)
+        attn_mask = _causal_bias(q.shape[-2], k.shape[-2], q.device, q.dtype)
     if attn_mask is not None:
         scores = scores + attn_mask
     return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
