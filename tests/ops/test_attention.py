@@ -94,7 +94,7 @@ SHAPES = [  # (B, H, Lq, Lk, E)
     pytest.param((1, 2, 70, 64, 64), id="70x64-d64"),
     pytest.param((2, 1, 33, 7, 64), id="lq-33-lk-7"),
     pytest.param((1, 2, 7, 50, 64), id="lq-7-lk-50"),
-    pytest.param((1, 1, 1, 33, 32), id="lq-1-lk-33"),
+    pytest.param((2, 4, 1, 33, 32), id="lq-1-lk-33"),  # 8 rows: a lone row's error ratio to torch's is noise
     pytest.param((2, 4, 1000, 1000, 64), id="1000x1000-d64", marks=gpu),
     pytest.param((1, 3, 1000, 333, 128), id="1000x333-d128", marks=gpu),
     pytest.param((1, 2, 257, 1000, 128), id="257x1000-d128", marks=gpu),

@@ -4,8 +4,8 @@ forward and backward.
 q [B, H, Lq, E], k and v [B, HK, Lk, E] (HK divides H: grouped-query / multi-query attention), any strides.
 No kernel ever holds the [Lq, Lk] score matrix: tiles of keys stream past a tile of queries.
 - forward `_fwd_kernel`: one program per (query tile, batch * head); online softmax in base 2 with the
-  softmax scale times log2(e) folded into the scores. Per query row it keeps the row maximum and the log of
-  the row sum (`stats`), from which the backward recomputes the probabilities.
+  softmax scale times log2(e) folded into the scores. Per query row it keeps the row maximum and 1 / the row
+  sum (`stats`), from which the backward recomputes the probabilities.
 - backward: `_delta_kernel` (rowsum(dO * O)), `_dkdv_kernel` (one program per key tile and K/V head, walking
   the query tiles of every query head of its group: no atomics) and `_dq_kernel` (one program per query tile,
   walking the key tiles).
@@ -125,16 +125,6 @@ def _exp(x, MASK: tl.constexpr):
 
 
 @triton.jit
-def _log(x, MASK: tl.constexpr):
-    """log of a row sum, in the units of the scores."""
-    if MASK == "float":
-        y = tl.log(x)
-    else:
-        y = tl.math.log2(x)
-    return y
-
-
-@triton.jit
 def _key_ranges(start_m, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(mid, hi) for a query tile at start_m: key tiles [0, mid) need no masking, [mid, hi) are EDGE tiles
     (BLOCK_M is a multiple of BLOCK_N, so the diagonal starts on a key tile boundary)."""
@@ -156,6 +146,7 @@ def _fwd_tiles(acc, l_i, m_i, q, offs_m, lo, hi, k_src, v_src, b, hk, mask_base,
                TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """Online softmax over the key tiles [lo, hi): the running output, row sums and row maxima."""
     for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)  # every lo is one (or its range is empty)
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
         k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
@@ -181,9 +172,10 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
                 stride_ob, stride_oh, stride_om, stride_od,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (query tiles, B * H). stats [B, H, 2, Lq] fp32, in the units of the scores: the row maximum (+inf
-    for a row that attends to nothing) and the log of the row sum (kept apart: a finfo.min maximum would
-    absorb it)."""
+    """Grid (query tiles, B * H). stats [B, H, 2, Lq] fp32: the row maximum of the scores (+inf for a row that
+    attends to nothing) and 1 / the row sum: the backward's P = exp(s - max) / sum is then the forward's own
+    (no log-sum-exp, whose rounding would not cancel against O in rowsum(dO * O), and which a finfo.min
+    maximum would absorb)."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
@@ -218,7 +210,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=in_rows[:, None] & (offs_d[None, :] < HEAD_DIM))
     stats = stats_ptr + bh.to(tl.int64) * 2 * Lq + offs_m
     tl.store(stats, tl.where(empty, float("inf"), m_i), mask=in_rows)
-    tl.store(stats + Lq, _log(l_i, MASK), mask=in_rows)
+    tl.store(stats + Lq, 1.0 / l_i, mask=in_rows)
 
 
 @triton.jit
@@ -248,14 +240,15 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, lo, hi, q_src, do_src, b, h, stats_base, d
     """dK, dV of one key tile summed over the query tiles [lo, hi) of head h, in the transposed orientation
     (rows are keys), so that P^T and dS^T feed the products as they come out of the score product."""
     for start_m in tl.range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)  # every lo is one (or its range is empty)
         offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, EDGE)
         q = _tile(q_src, b, h, start_m, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
                   HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
         st = _scores(tl.dot(k, tl.trans(q), input_precision=PRECISION), offs_m[None, :], offs_n[:, None], Lq, Lk,
                      mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m = tl.load(stats_base + rows_m)
-        logl = tl.load(stats_base + Lq + rows_m)
-        pt = _exp(st - m[None, :] - logl[None, :], MASK)
+        inv_l = tl.load(stats_base + Lq + rows_m)
+        pt = _exp(st - m[None, :], MASK) * inv_l[None, :]
         do = _tile(do_src, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
                    HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
         dv = _dot_acc(dv, pt.to(do.dtype), do, PRECISION)
@@ -321,19 +314,20 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, m, logl, delta, offs_m, lo, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+def _dq_tiles(dq, q, do, m, inv_l, delta, offs_m, lo, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
               stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
               stride_mq, stride_mk,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
               TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """dQ of one query tile summed over the key tiles [lo, hi)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)  # every lo is one (or its range is empty)
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
         k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
         s = _scores(tl.dot(q, tl.trans(k), input_precision=PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
                     mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
-        p = _exp(s - m[:, None] - logl[:, None], MASK)
+        p = _exp(s - m[:, None], MASK) * inv_l[:, None]
         v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
         ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
@@ -364,15 +358,15 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dq_p
     v_src = _source(v_ptr, B, HK, Lk, stride_vb, stride_vh, stride_vn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
     row = bh.to(tl.int64) * Lq
     m = tl.load(stats_ptr + 2 * row + rows_m)
-    logl = tl.load(stats_ptr + 2 * row + Lq + rows_m)
+    inv_l = tl.load(stats_ptr + 2 * row + Lq + rows_m)
     delta = tl.load(delta_ptr + row + rows_m)
     mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, m, logl, delta, offs_m, 0, mid, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+    dq = _dq_tiles(dq, q, do, m, inv_l, delta, offs_m, 0, mid, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
                    stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_mq, stride_mk, MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, m, logl, delta, offs_m, mid, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+    dq = _dq_tiles(dq, q, do, m, inv_l, delta, offs_m, mid, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
                    stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_mq, stride_mk, MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -389,9 +383,10 @@ def _cfg(block_m, block_n, warps, stages):
 
 # Candidates by (bytes per element, head-dim tile), the default first. Forward and dQ: BLOCK_M (queries) is a
 # multiple of BLOCK_N (keys); dK/dV: BLOCK_N is a multiple of BLOCK_M (the diagonal falls on tile edges).
+# Forward key tiles no wider than the head-dim tile (as tutorial 06 keeps them).
 _FWD_CONFIGS = {
-    (2, 64): [_cfg(128, 64, 4, 3), _cfg(128, 128, 8, 3), _cfg(128, 64, 8, 4), _cfg(64, 64, 4, 4), _cfg(64, 32, 4, 3)],
-    (2, 128): [_cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3),
+    (2, 64): [_cfg(128, 64, 4, 3), _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 4), _cfg(128, 32, 4, 3), _cfg(64, 32, 4, 3)],
+    (2, 128): [_cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(128, 128, 8, 2), _cfg(64, 64, 4, 3),
                _cfg(64, 32, 4, 3)],
     (2, 256): [_cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 32, 8, 2), _cfg(64, 32, 4, 3)],
     (4, 64): [_cfg(64, 64, 4, 3), _cfg(128, 64, 8, 2), _cfg(64, 32, 4, 3), _cfg(32, 32, 4, 3)],
