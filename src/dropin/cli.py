@@ -13,6 +13,7 @@ SUITES = {
     "swiglu": "dropin.bench.swiglu:swiglu_cases",
     "rms_norm": "dropin.bench.rms_norm:rms_norm_cases",
     "rope": "dropin.bench.rope:rope_cases",
+    "attention": "dropin.bench.attention:attention_cases",
 }
 
 

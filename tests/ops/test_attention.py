@@ -1,0 +1,436 @@
+"""dropin.ops.attention against F.scaled_dot_product_attention: torch semantics, DESIGN.md tolerances.
+
+Every numerical test goes through `check`: the output and the gradients of q, k and v (for a random upstream
+gradient) against torch's math backend in float64 (the reference) and against torch's own error in the same
+dtype.
+Under the interpreter the tuner is replaced by small tiles (`small_tiles`), so that small shapes still cross
+several tiles: the unmasked middle, the diagonal and the ragged ends all run. The shipped configs run in
+`test_default_configs` (CPU) and `test_every_config` (GPU).
+"""
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dropin
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, tolerance
+
+# fp16 on the CPU where its path differs (lengths, masks, padding and empty rows, TMA, default configs);
+# elsewhere fp32 only there, to keep the interpreter's run short: every dtype on the GPU.
+DTYPES_LIGHT = [DTYPES[0], pytest.param(torch.float16, id="fp16", marks=gpu), DTYPES[2]]
+
+attn = importlib.import_module("dropin.ops.attention")  # dropin.ops.attention is also the function
+
+SMALL_TILES = {  # kernel -> config: 32 x 16 tiles (the smallest tl.dot takes) cross tiles on tiny shapes
+    "attention_fwd": dict(attn._cfg(32, 16, 4, 1), TMA=False),
+    "attention_dkdv": dict(attn._cfg(16, 32, 4, 1), TMA=False),
+    "attention_dq": dict(attn._cfg(32, 16, 4, 1), TMA=False),
+}
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(request, monkeypatch):
+    """Forces SMALL_TILES under the interpreter (not on the GPU, nor in test_default_configs); launch plans
+    made by other tests are forgotten."""
+    attn._plans.clear()
+    if not ON_GPU and request.function.__name__ != "test_default_configs":
+        monkeypatch.setattr(attn._autotune, "pick", lambda name, key, configs, prepare: SMALL_TILES[name])
+    yield
+    attn._plans.clear()
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, device=DEVICE)
+
+
+def qkv(B, H, HK, Lq, Lk, E, dtype):
+    return {"q": randn(B, H, Lq, E, dtype=dtype), "k": randn(B, HK, Lk, E, dtype=dtype),
+            "v": randn(B, HK, Lk, E, dtype=dtype)}
+
+
+def check(leaves: dict, build=None, backward=True, peer=F.scaled_dot_product_attention, **kwargs):
+    """attention(*build(**leaves), **kwargs) forward and, with backward, the gradients of q, k and v, against
+    the reference (torch's math backend in float64; a float attn_mask in float64 too) and against torch's own
+    error (`peer` in the same dtype). A gradient that is 0 in exact arithmetic (each row attends to one key:
+    a softmax of one entry is constant) must be rounding-small, as no relative error applies."""
+    build = build or (lambda **t: tuple(t.values()))
+    dtype = leaves["q"].dtype
+    originals = {k: v.clone() for k, v in leaves.items()}
+
+    def run(fn, cast):
+        ins = {k: cast(v).detach().requires_grad_(backward) for k, v in leaves.items()}
+        kw = dict(kwargs)
+        mask = kw.get("attn_mask")
+        if mask is not None and mask.is_floating_point():
+            kw["attn_mask"] = cast(mask)
+        return ins, fn(*build(**ins), **kw)
+
+    ins, out = run(dropin.ops.attention, lambda t: t)
+    ins_t, out_t = run(peer, lambda t: t)
+    ins_64, ref = run(attn.attention_ref, lambda t: t.double())
+    for k, v in leaves.items():
+        assert torch.equal(v, originals[k]), f"the op modified its input '{k}'"
+    assert_close(out, ref, dtype, "fwd", torch_out=out_t, what="forward")
+    if not backward:
+        return
+    grad = torch.randn(ref.shape, device=DEVICE, dtype=dtype)
+    grads = torch.autograd.grad(out, list(ins.values()), grad)
+    grads_t = torch.autograd.grad(out_t, list(ins_t.values()), grad)
+    grads_64 = torch.autograd.grad(ref, list(ins_64.values()), grad.double())
+    scale = grad.abs().max().item() * max(v.abs().max().item() for v in leaves.values()) ** 2
+    for name, g, g_t, g_64 in zip(leaves, grads, grads_t, grads_64):
+        if g_64.abs().max() <= 1e-12 * scale:
+            assert g.abs().max() <= tolerance(dtype, "bwd") * scale, f"gradient of '{name}': not ~0"
+            continue
+        assert_close(g, g_64, dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
+
+
+# ------------------------------------------------------------------------------------- lengths, causal
+SHAPES = [  # (B, H, Lq, Lk, E)
+    pytest.param((1, 1, 1, 1, 32), id="1x1-d32"),
+    pytest.param((2, 2, 7, 7, 64), id="7x7-d64"),
+    pytest.param((1, 2, 33, 33, 32), id="33x33-d32"),
+    pytest.param((1, 2, 70, 64, 64), id="70x64-d64"),
+    pytest.param((2, 1, 33, 7, 64), id="lq-33-lk-7"),
+    pytest.param((1, 2, 7, 50, 64), id="lq-7-lk-50"),
+    pytest.param((2, 4, 1, 33, 32), id="lq-1-lk-33"),  # 8 rows: a lone row's error ratio to torch's is noise
+    pytest.param((2, 4, 1000, 1000, 64), id="1000x1000-d64", marks=gpu),
+    pytest.param((1, 3, 1000, 333, 128), id="1000x333-d128", marks=gpu),
+    pytest.param((1, 2, 257, 1000, 128), id="257x1000-d128", marks=gpu),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_lengths(shape, causal, dtype):
+    B, H, Lq, Lk, E = shape
+    check(qkv(B, H, H, Lq, Lk, E, dtype), is_causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 256, 8, 40])
+def test_head_dims(head_dim, dtype):
+    check(qkv(1, 2, 2, 40, 36, head_dim, dtype), is_causal=True)
+
+
+def test_scale():
+    check(qkv(1, 2, 2, 20, 24, 32, torch.float32), scale=0.3)
+
+
+# ---------------------------------------------------------------------------------------------- masks
+MASK_SHAPES = {  # broadcast shapes of a mask for (B, H, Lq, Lk) = (2, 3, 20, 40)
+    "LqxLk": (20, 40),
+    "1x1xLqxLk": (1, 1, 20, 40),
+    "Bx1xLqxLk": (2, 1, 20, 40),
+    "BxHxLqxLk": (2, 3, 20, 40),
+    "Bx1x1xLk": (2, 1, 1, 40),
+    "1xHx1xLk": (1, 3, 1, 40),
+}
+
+
+def random_mask(shape, kind, dtype):
+    """A bool mask (every row keeps key 0: rows with no key are test_fully_masked_rows'), or an additive one
+    in float32 or (kind "q-dtype") in the dtype of q."""
+    if kind == "bool":
+        mask = torch.rand(shape, device=DEVICE) > 0.3
+        mask[..., 0] = True
+        return mask
+    return randn(*shape, dtype=dtype if kind == "q-dtype" else torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("mask_shape", MASK_SHAPES)
+def test_masks(mask_shape, kind, dtype):
+    check(qkv(2, 3, 3, 20, 40, 32, dtype), attn_mask=random_mask(MASK_SHAPES[mask_shape], kind, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:])
+@pytest.mark.parametrize("kind", ["bool", "float", "q-dtype"])
+def test_mask_dtypes(kind, dtype):
+    check(qkv(2, 3, 3, 20, 40, 32, dtype), attn_mask=random_mask((2, 1, 20, 40), kind, dtype))
+
+
+def hf_mask(lengths, L, dtype, fill):
+    """HF's 4-D [B, 1, L, L] additive mask: causal + left padding (batch b has lengths[b] real tokens), masked
+    entries `fill`. The padding rows see no real key; under finfo.min they still attend: by their scores where
+    the offset is exact (fp16's -65504), uniformly where finfo.min absorbs the scores (bf16, fp32)."""
+    pos = torch.arange(L, device=DEVICE)
+    pad = torch.stack([pos < L - n for n in lengths])  # [B, L]: left padding
+    masked = (pos[None, :] > pos[:, None])[None] | pad[:, None, :]
+    return torch.zeros(masked.shape, dtype=dtype, device=DEVICE).masked_fill(masked, fill)[:, None]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fill", ["finfo.min", "-inf"])
+def test_hf_padding_mask(fill, dtype):
+    L = 37
+    value = torch.finfo(dtype).min if fill == "finfo.min" else float("-inf")
+    check(qkv(2, 2, 2, L, L, 64, dtype), attn_mask=hf_mask([L, 20], L, dtype, value))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_fully_masked_rows(kind, dtype):
+    """Rows that attend to no key give 0 and no gradient, as torch gives."""
+    mask = torch.rand(2, 1, 24, 40, device=DEVICE) > 0.3
+    mask[..., 0] = True
+    mask[0, :, 5] = False
+    mask[1, :, 17:] = False
+    if kind == "float":
+        mask = torch.zeros(mask.shape, device=DEVICE).masked_fill(~mask, float("-inf"))
+    leaves = qkv(2, 2, 2, 24, 40, 32, dtype)
+    out = dropin.ops.attention(**leaves, attn_mask=mask)
+    assert (out[0, :, 5] == 0).all() and (out[1, :, 17:] == 0).all()
+    check(leaves, attn_mask=mask)
+
+
+def test_no_keys():
+    """Lk = 0: every row attends to nothing."""
+    out = dropin.ops.attention(randn(1, 2, 5, 32), randn(1, 2, 0, 32), randn(1, 2, 0, 32))
+    assert out.shape == (1, 2, 5, 32) and (out == 0).all()
+
+
+# ------------------------------------------------------------------------------------------- grouped heads
+@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
+@pytest.mark.parametrize("heads", [(6, 1), (6, 2), (6, 3)], ids=["mqa-6-1", "gqa-6-2", "gqa-6-3"])
+@pytest.mark.parametrize("masking", ["causal", "mask"])
+def test_grouped_query(masking, heads, dtype):
+    H, HK = heads
+    kwargs = {"is_causal": True} if masking == "causal" else {"attn_mask": randn(2, 1, 19, 35)}
+    check(qkv(2, H, HK, 19, 35, 32, dtype), enable_gqa=True, **kwargs)
+
+
+# ------------------------------------------------------------------------------------- strides and views
+VIEWS = {  # id -> (storage shape for q / k / v of logical (B, H, L, E), the view)
+    "BLHE-transposed": (lambda B, H, L, E: (B, L, H, E), lambda t: t.transpose(1, 2)),
+    "head-dim-strided": (lambda B, H, L, E: (B, H, E, L), lambda t: t.transpose(2, 3)),
+    "sliced": (lambda B, H, L, E: (B, H + 1, L + 2, 2 * E), lambda t: t[:, 1:, 2:, ::2]),
+    "batch-expanded": (lambda B, H, L, E: (1, H, L, E), lambda t: t.expand(2, -1, -1, -1)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
+@pytest.mark.parametrize("view", VIEWS)
+def test_strided_views(view, dtype):
+    storage, make_view = VIEWS[view]
+    leaves = {"q": randn(*storage(2, 2, 21, 32), dtype=dtype), "k": randn(*storage(2, 2, 30, 32), dtype=dtype),
+              "v": randn(*storage(2, 2, 30, 32), dtype=dtype)}
+
+    def build(q, k, v):
+        return make_view(q), make_view(k), make_view(v)
+
+    check(leaves, build=build, is_causal=True)
+
+
+def test_unbatched_3d():
+    """(N, L, E) operands, as torch takes them, with a (Lq, Lk) mask."""
+    check({"q": randn(3, 9, 32), "k": randn(3, 20, 32), "v": randn(3, 20, 32)},
+          attn_mask=torch.rand(9, 20, device=DEVICE) > 0.2)
+
+
+def test_no_grad_and_output_layout():
+    leaves = qkv(2, 3, 3, 9, 20, 32, torch.float32)
+    with torch.no_grad():
+        out = dropin.ops.attention(**leaves)
+    ref = F.scaled_dot_product_attention(*leaves.values())
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert out.transpose(1, 2).is_contiguous(), "stored [B, L, H, E], as torch's flash attention stores it"
+
+
+# ------------------------------------------------------------------------------------------------ configs
+def test_config_tables():
+    """Forward / dQ tiles: BLOCK_M a multiple of BLOCK_N; dK/dV: BLOCK_N a multiple of BLOCK_M (the diagonal
+    falls on tile edges); tl.dot needs 16."""
+    for table, outer, inner in ((attn._FWD_CONFIGS, "BLOCK_M", "BLOCK_N"), (attn._DQ_CONFIGS, "BLOCK_M", "BLOCK_N"),
+                                (attn._DKDV_CONFIGS, "BLOCK_N", "BLOCK_M")):
+        assert set(table) == {(s, d) for s in (2, 4) for d in (64, 128, 256)}
+        for configs in table.values():
+            for c in configs:
+                assert c[inner] >= 16 and c[outer] % c[inner] == 0, c
+
+
+CPU_TABLE_KEYS = [(torch.float16, 64), (torch.float16, 128), (torch.float32, 64), (torch.float32, 128),
+                  (torch.float16, 256), (torch.float32, 256)]
+
+
+@pytest.mark.parametrize("dtype,head_dim", CPU_TABLE_KEYS, ids=[f"{d}-d{e}".replace("torch.", "")
+                                                                for d, e in CPU_TABLE_KEYS])
+def test_default_configs(dtype, head_dim):
+    """The first (default) candidate of each table, on lengths that fit its tiles and end ragged."""
+    check(qkv(1, 1, 1, 130, 140, head_dim, dtype), is_causal=True)
+
+
+TMA_CASES = {  # id -> (B, H, HK, Lq, Lk, E, keyword arguments)
+    "causal-gqa": (2, 4, 2, 45, 37, 32, {"is_causal": True, "enable_gqa": True}),
+    "mask-d80": (1, 2, 2, 33, 50, 80, {"attn_mask": "float"}),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TMA_CASES)
+def test_tma_loads(case, dtype, monkeypatch):
+    """The tensor-descriptor loads (Hopper) of every kernel, forced (on the GPU: the first TMA candidate,
+    which must be one for this layout): rows and head-dim columns past the end read 0; (B, L, H, E) storage."""
+    B, H, HK, Lq, Lk, E, kwargs = TMA_CASES[case]
+    if not ON_GPU:
+        forced = lambda name, key, configs, prepare: dict(SMALL_TILES[name], TMA=True)  # noqa: E731
+    elif attn._runtime.is_hopper() and dtype != torch.float32:
+        forced = lambda name, key, configs, prepare: next(c for c in configs if c["TMA"])  # noqa: E731
+    else:
+        pytest.skip("TMA loads: Hopper, 16-bit")
+    monkeypatch.setattr(attn._autotune, "pick", forced)
+    if kwargs.get("attn_mask") == "float":
+        kwargs = dict(kwargs, attn_mask=randn(B, 1, Lq, Lk))
+    leaves = {"q": randn(B, Lq, H, E, dtype=dtype), "k": randn(B, Lk, HK, E, dtype=dtype),
+              "v": randn(B, Lk, HK, E, dtype=dtype)}
+
+    def build(q, k, v):
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    check(leaves, build=build, **kwargs)
+
+
+EVERY_CONFIG = [pytest.param(table, key, i, tma, id=f"{table}-{key[0]}B-d{key[1]}-{i}{'-tma' if tma else ''}")
+                for table in ("_FWD_CONFIGS", "_DKDV_CONFIGS", "_DQ_CONFIGS")
+                for key, configs in getattr(attn, table).items() for i in range(len(configs))
+                for tma in ((False, True) if key[0] == 2 else (False,))]
+
+
+@gpu
+@pytest.mark.parametrize("table,key,index,tma", EVERY_CONFIG)
+def test_every_config(table, key, index, tma, monkeypatch):
+    """Each candidate forced (the others' defaults), causal with grouped heads and with a mask, on ragged
+    lengths."""
+    if tma and not attn._runtime.is_hopper():
+        pytest.skip("TMA loads: Hopper")
+    cfg = dict(getattr(attn, table)[key][index], TMA=tma)
+    name = {"_FWD_CONFIGS": "attention_fwd", "_DKDV_CONFIGS": "attention_dkdv", "_DQ_CONFIGS": "attention_dq"}[table]
+    pick = attn._autotune.pick
+    monkeypatch.setattr(attn._autotune, "pick",
+                        lambda n, k, configs, prepare: cfg if n == name else pick(n, k, configs, prepare))
+    dtype = torch.float32 if key[0] == 4 else torch.float16
+    E = {64: 64, 128: 96, 256: 256}[key[1]]
+    check(qkv(2, 4, 2, 300, 277, E, dtype), is_causal=True, enable_gqa=True)
+    check(qkv(2, 4, 4, 300, 277, E, dtype), attn_mask=randn(2, 1, 300, 277))
+
+
+# ------------------------------------------------------------------------------------------- compile
+def _block(attention):
+    def f(q, k, v, mask):
+        return attention(q, k, v, attn_mask=mask).relu().sum(-1, keepdim=True) * attention(q, k, v, is_causal=True)
+    return f
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"),
+                                   pytest.param(torch.bfloat16, id="bf16", marks=gpu)])
+def test_torch_compile_fullgraph(dtype):
+    """Two attentions (masked, causal) in one graph, compiled with fullgraph=True; fwd and bwd."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_block(dropin.ops.attention), fullgraph=True)
+    leaves = qkv(1, 2, 2, 24, 24, 32, dtype)
+    mask = randn(1, 1, 24, 24)
+    out = compiled(**{k: v.requires_grad_() for k, v in leaves.items()}, mask=mask)
+    ref_leaves = {k: v.detach().double().requires_grad_() for k, v in leaves.items()}
+    ref = _block(F.scaled_dot_product_attention)(**ref_leaves, mask=mask.double())
+    assert_close(out, ref, dtype, "fwd")
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, list(leaves.values()), grad)
+    grads_64 = torch.autograd.grad(ref, list(ref_leaves.values()), grad.double())
+    for name, g, g_64 in zip(leaves, grads, grads_64):
+        assert_close(g, g_64, dtype, "bwd", what=f"gradient of '{name}'")
+
+
+# ------------------------------------------------------------------------------------ TF32, autocast
+@gpu
+@pytest.mark.parametrize("tf32", [False, True], ids=["allow_tf32-off", "allow_tf32-on"])
+def test_float32_follows_allow_tf32(tf32, allow_tf32):
+    """True fp32 (1e-5 and within 2x torch) unless torch.backends.cuda.matmul.allow_tf32; then tf32. The peer
+    is torch's math backend, whose matmuls follow the same switch (its fused fp32 backends ignore it)."""
+    allow_tf32(tf32)
+    check(qkv(2, 4, 4, 1024, 1024, 256, torch.float32), attn_mask=randn(2, 1, 1024, 1024), peer=attn.attention_ref)
+
+
+@gpu
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_autocast(amp_dtype):
+    leaves = qkv(2, 4, 4, 128, 128, 64, torch.float32)
+    with torch.autocast("cuda", dtype=amp_dtype):
+        out = dropin.ops.attention(**leaves, is_causal=True)
+        out_t = F.scaled_dot_product_attention(**leaves, is_causal=True)
+    assert out.dtype == out_t.dtype == amp_dtype
+    ref = F.scaled_dot_product_attention(*(t.to(amp_dtype).double() for t in leaves.values()), is_causal=True)
+    assert_close(out, ref, amp_dtype, "fwd", torch_out=out_t)
+
+
+# ------------------------------------------------------------------------------------------ reference
+def test_reference_function():
+    q, k, v = (t.double() for t in qkv(1, 4, 2, 5, 7, 16, torch.float32).values())
+    mask = torch.rand(5, 7, device=DEVICE) > 0.3
+    mask[:, 0] = True
+    scores = (q @ k.repeat_interleave(2, 1).mT / 4).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(attn.attention_ref(q, k, v, attn_mask=mask, enable_gqa=True),
+                               scores.softmax(-1) @ v.repeat_interleave(2, 1))
+
+
+# --------------------------------------------------------------------------------------------- errors
+WRONG_DEVICE = "cpu" if ON_GPU else "meta"
+
+
+def T(*shape, dtype=torch.float32, device=None):
+    return torch.randn(shape, device=device or DEVICE).to(dtype)
+
+
+fp16 = torch.float16
+ERRORS = [  # (id, arguments, keyword arguments, exception, the argument the message must name)
+    ("q-int", lambda: (T(1, 2, 3, 8, dtype=torch.int32), T(1, 2, 3, 8), T(1, 2, 3, 8)), {}, RuntimeError, "q"),
+    ("k-dtype-mismatch", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8, dtype=fp16), T(1, 2, 3, 8)), {}, RuntimeError, "k"),
+    ("v-dtype-mismatch", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8, dtype=fp16)), {}, RuntimeError, "v"),
+    ("q-list", lambda: ([[1.0]], T(1, 2, 3, 8), T(1, 2, 3, 8)), {}, TypeError, "q"),
+    ("k-device", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8, device=WRONG_DEVICE), T(1, 2, 3, 8)), {}, RuntimeError, "k"),
+    ("q-2d", lambda: (T(3, 8), T(3, 8), T(3, 8)), {}, RuntimeError, "q"),
+    ("k-3d-q-4d", lambda: (T(1, 2, 3, 8), T(2, 3, 8), T(1, 2, 3, 8)), {}, RuntimeError, "k"),
+    ("v-batch", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8), T(2, 2, 3, 8)), {}, RuntimeError, "v"),
+    ("v-keys", lambda: (T(1, 2, 3, 8), T(1, 2, 5, 8), T(1, 2, 4, 8)), {}, RuntimeError, "v"),
+    ("k-head-dim", lambda: (T(1, 2, 3, 8), T(1, 2, 5, 16), T(1, 2, 5, 8)), {}, RuntimeError, "k"),
+    ("v-head-dim", lambda: (T(1, 2, 3, 8), T(1, 2, 5, 8), T(1, 2, 5, 16)), {}, RuntimeError, "v"),
+    ("head-dim-512", lambda: (T(1, 1, 3, 512), T(1, 1, 5, 512), T(1, 1, 5, 512)), {}, RuntimeError, "q"),
+    ("heads-no-gqa", lambda: (T(1, 4, 3, 8), T(1, 2, 5, 8), T(1, 2, 5, 8)), {}, RuntimeError, "k"),
+    ("heads-gqa-not-divisor", lambda: (T(1, 4, 3, 8), T(1, 3, 5, 8), T(1, 3, 5, 8)), {"enable_gqa": True},
+     RuntimeError, "k"),
+    ("v-heads", lambda: (T(1, 4, 3, 8), T(1, 2, 5, 8), T(1, 1, 5, 8)), {"enable_gqa": True}, RuntimeError, "v"),
+    ("dropout", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8)), {"dropout_p": 0.1}, NotImplementedError,
+     "dropout_p"),
+    ("mask-and-causal", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8), T(3, 3)), {"is_causal": True},
+     RuntimeError, "attn_mask"),
+    ("mask-int", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8), T(3, 3, dtype=torch.int32)), {},
+     RuntimeError, "attn_mask"),
+    ("mask-fp16-for-fp32", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8), T(3, 3, dtype=fp16)), {},
+     RuntimeError, "attn_mask"),
+    ("mask-shape", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8), T(3, 4)), {}, RuntimeError, "attn_mask"),
+    ("mask-5d", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8), T(2, 1, 2, 3, 3)), {}, RuntimeError,
+     "attn_mask"),
+    ("mask-device", lambda: (T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8), T(3, 3, device=WRONG_DEVICE)), {},
+     RuntimeError, "attn_mask"),
+]
+
+
+@pytest.mark.parametrize("args,kwargs,exc,name", [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
+def test_bad_input_raises(args, kwargs, exc, name):
+    args = args()
+    with pytest.raises(exc, match=f"'{name}'"):
+        dropin.ops.attention(*args, **kwargs)
+    try:  # where torch rejects the input too, it raises the same type
+        F.scaled_dot_product_attention(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        assert isinstance(e, exc), f"torch raises {type(e).__name__}, the test expects {exc.__name__}"
+
+
+def test_mask_gradient_raises():
+    mask = T(3, 3).requires_grad_()
+    with pytest.raises(RuntimeError, match="'attn_mask'"):
+        dropin.ops.attention(T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8), attn_mask=mask)
+    with torch.no_grad():
+        dropin.ops.attention(T(1, 2, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8), attn_mask=mask)
