@@ -42,6 +42,17 @@ def test_rejects_more_than_twice_torchs_error(dtype, kind):
         assert_close(out, ref, dtype, kind, torch_out=ref.to(dtype))
 
 
+def test_two_x_rule_needs_a_finite_pytorch_result():
+    """A PyTorch result with NaN where the reference is finite is no yardstick: only the table applies."""
+    ref = reference()
+    out = (ref * (1 + 0.8 * tolerance(torch.float16, "fwd"))).to(torch.float16)
+    broken = ref.to(torch.float16)
+    broken.view(-1)[0] = float("nan")
+    assert_close(out, ref, torch.float16, "fwd", torch_out=broken)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_close((ref * 1.1).to(torch.float16), ref, torch.float16, "fwd", torch_out=broken)
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_two_x_rule_allows_ulp_noise(dtype):
     """One ulp off on a quarter of the entries passes next to a PyTorch result with no error at all."""

@@ -359,7 +359,7 @@ def test_autocast(amp_dtype):
     leaves = qkv(2, 4, 4, 128, 128, 64, torch.float32)
     with torch.autocast("cuda", dtype=amp_dtype):
         out = dropin.ops.attention(**leaves, is_causal=True)
-        out_t = F.scaled_dot_product_attention(**leaves, is_causal=True)
+        out_t = F.scaled_dot_product_attention(*leaves.values(), is_causal=True)
     assert out.dtype == out_t.dtype == amp_dtype
     ref = F.scaled_dot_product_attention(*(t.to(amp_dtype).double() for t in leaves.values()), is_causal=True)
     assert_close(out, ref, amp_dtype, "fwd", torch_out=out_t)
