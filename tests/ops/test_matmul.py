@@ -16,7 +16,12 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
+import triton
+import triton.language as tl
+
 import dropin
+
+_mm_module = importlib.import_module("dropin.ops.matmul")  # dropin.ops.matmul is also the function
 from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
 
 ACTIVATIONS = {
@@ -459,6 +464,31 @@ def test_tensors_on_different_gpus(op):
 
 
 # ------------------------------------------------------------------------- TF32, compile, autocast
+@triton.jit
+def _tf32_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(y_ptr + offs, _mm_module._tf32(tl.load(x_ptr + offs)))
+
+
+def test_tf32_operand_rounding():
+    """What the tf32 MMA sees (the low 13 bits dropped) of _tf32(x) is x rounded half away from zero;
+    inf, nan and the largest finite values pass unchanged."""
+    special = torch.tensor([float("inf"), -float("inf"), float("nan"), 3.4e38, -3.4e38, 0.0, -0.0, 1e-40])
+    x = torch.cat([special, torch.randn(1024 - len(special)) * 10.0 ** torch.randint(-30, 30, (1024 - len(special),))])
+    x = x.to(DEVICE)
+    y = torch.full_like(x, 7.0)
+    _tf32_kernel[(1,)](x, y, N=1024)
+    seen = y.view(torch.int32) & ~0x1FFF
+    bits = x.view(torch.int32)
+    finite = x.abs() < 3.0e38
+    expect = torch.where(finite, (bits + 0x1000) & ~0x1FFF, bits & ~0x1FFF)
+    assert torch.equal(seen[x == x], expect[x == x])
+    assert torch.isnan(y[~(x == x)]).all()
+    rounded = seen.view(torch.float32).double()
+    normal = finite & (x.abs() >= torch.finfo(torch.float32).tiny)  # relative bound: normal numbers only
+    assert ((rounded - x.double()).abs()[normal] <= x.double().abs()[normal] * 2.0**-11).all()
+
+
 @gpu
 @pytest.mark.parametrize("tf32", [False, True], ids=["allow_tf32-off", "allow_tf32-on"])
 @pytest.mark.parametrize("op", ["matmul", "linear"])
