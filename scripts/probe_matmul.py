@@ -22,7 +22,7 @@ def candidates(aa, bb, c, z):
     real = mm._autotune.pick
     mm._autotune.pick = lambda name, key, configs, run: seen.extend(configs) or configs[0]
     try:
-        mm._make_plan(aa, bb, c, None, z, "none", False, None)
+        mm._make_plan(aa, bb, c, None, z, "none", False, None, mm._precision(aa.dtype))
     finally:
         mm._autotune.pick = real
     return seen
@@ -32,7 +32,7 @@ def plan_for(aa, bb, c, z, cfg):
     real = mm._autotune.pick
     mm._autotune.pick = lambda name, key, configs, run: cfg
     try:
-        return mm._make_plan(aa, bb, c, None, z, "none", False, None)
+        return mm._make_plan(aa, bb, c, None, z, "none", False, None, mm._precision(aa.dtype))
     finally:
         mm._autotune.pick = real
 

@@ -22,7 +22,7 @@ import triton.language as tl
 import dropin
 
 _mm_module = importlib.import_module("dropin.ops.matmul")  # dropin.ops.matmul is also the function
-from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, rel_err
 
 ACTIVATIONS = {
     None: lambda t: t,
@@ -500,6 +500,21 @@ def test_float32_follows_allow_tf32(op, tf32, allow_tf32):
     else:
         # gelu, not relu: relu's gradient jumps at 0, so a tf32-sized change of z flips it wholesale.
         check(dropin_linear("gelu"), torch_linear("gelu"), linear_leaves((4, 64, 2048), 384, torch.float32))
+
+
+@pytest.mark.parametrize("layout", ["nn", "tt"])
+def test_tf32_products_use_rounded_operands(layout, allow_tf32):
+    """With TF32 allowed, the kernels multiply tf32-rounded copies of the operands (exact products under the
+    MMA's truncation) and sum in fp32: the float64 product of the rounded operands, to fp32 accuracy."""
+    allow_tf32(True)
+    a, b = randn(33, 70), randn(70, 20)
+    if layout == "tt":
+        a, b = a.mT.contiguous().mT, b.mT.contiguous().mT
+    bits = lambda t: (t.view(torch.int32) + 0x1000) & -8192  # noqa: E731  (finite values)
+    rounded = lambda t: bits(t).view(torch.float32).double()  # noqa: E731
+    out = dropin.matmul(a, b)
+    assert rel_err(out, rounded(a) @ rounded(b)) < 1e-6
+    assert rel_err(out, a.double() @ b.double()) > 1e-5  # not an fp32 product
 
 
 def _chain(matmul, linear, bmm):
