@@ -1,8 +1,9 @@
-"""Suite "conv2d": dropin vs torch (cuDNN) vs torch.compile, forward, checked against float64 references.
+"""Suite "conv2d": dropin vs torch (cuDNN) vs torch.compile, checked against float64 references.
 
 Full cases (GPU): seed 000's seven convs and seed 003's single-channel image (fp32, NCHW, true fp32: cuDNN's
 TF32 switched off for every provider), the ResNet-50 convs (batch 64, fp16/bf16, channels_last) and CvT-13's
-embedding and depthwise convs, and conv + BatchNorm (+ identity) + ReLU fused vs the eager sequence. Quick cases (interpreter, or --quick): tiny shapes.
+embedding and depthwise convs, conv + BatchNorm (+ identity) + ReLU fused vs the eager sequence, and
+forward + backward of four of them. Quick cases (interpreter, or --quick): tiny shapes.
 """
 import contextlib
 import functools
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from dropin import ops
 from dropin.ops.conv2d import conv2d_ref
 
-from .harness import TORCH_DTYPES, Case, compiled, randn
+from .harness import TORCH_DTYPES, Case, compiled, randn, with_backward
 
 
 @contextlib.contextmanager
@@ -32,8 +33,9 @@ def _torch_conv(x, w, stride, padding, dilation, groups):
 
 
 def conv_case(name, batch, cin, cout, hw, kernel, dtype, stride=1, padding=0, dilation=1, groups=1,
-              channels_last=False):
-    """One conv2d without bias: input [batch, cin, *hw], weight [cout, cin / groups, *kernel]."""
+              channels_last=False, backward=False):
+    """One conv2d without bias: input [batch, cin, *hw], weight [cout, cin / groups, *kernel]. With backward:
+    forward + the input and weight gradients for a random output gradient (3x the forward's FLOPs)."""
     (h, w), (kh, kw) = hw, kernel
     oh = (h + 2 * padding - dilation * (kh - 1) - 1) // stride + 1
     ow = (w + 2 * padding - dilation * (kw - 1) - 1) // stride + 1
@@ -42,21 +44,27 @@ def conv_case(name, batch, cin, cout, hw, kernel, dtype, stride=1, padding=0, di
     def make_inputs():
         x = randn(batch, cin, h, w, dtype=dtype).to(memory_format=fmt)
         weight = randn(cout, cin // groups, kh, kw, dtype=dtype).to(memory_format=fmt)
+        if backward:
+            return x, weight, randn(batch, cout, oh, ow, dtype=dtype).to(memory_format=fmt)
         return x, weight
 
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     torch_fn = functools.partial(_torch_conv, **geometry)
+    providers = {"dropin": functools.partial(ops.conv2d, **geometry), "torch": torch_fn,
+                 "torch_compile": compiled(torch_fn)}
+    reference = functools.partial(conv2d_ref, **geometry)
+    if backward:
+        providers = {name: with_backward(fn, 2, 2) for name, fn in providers.items()}
+        reference = with_backward(reference, 2, 2)
     layout = "NHWC" if channels_last else "NCHW"
+    passes = 3 if backward else 1
     return Case(
         name=f"{name} {dtype} {layout} {batch}x{cin}x{h}x{w} k{kh}x{kw} s{stride} p{padding} -> {cout}"
-             + (f" g{groups}" if groups > 1 else ""),
-        dtype=dtype, make_inputs=make_inputs,
-        providers={"dropin": functools.partial(ops.conv2d, **geometry), "torch": torch_fn,
-                   "torch_compile": compiled(torch_fn)},
-        reference=functools.partial(conv2d_ref, **geometry),
-        flops=2 * batch * oh * ow * cout * (cin // groups) * kh * kw,
-        bytes=TORCH_DTYPES[dtype].itemsize * (batch * cin * h * w + cout * cin // groups * kh * kw
-                                             + batch * cout * oh * ow),
+             + (f" g{groups}" if groups > 1 else "") + (" fwd+bwd" if backward else ""),
+        dtype=dtype, make_inputs=make_inputs, providers=providers, reference=reference, backward=backward,
+        flops=passes * 2 * batch * oh * ow * cout * (cin // groups) * kh * kw,
+        bytes=passes * TORCH_DTYPES[dtype].itemsize * (batch * cin * h * w + cout * cin // groups * kh * kw
+                                                      + batch * cout * oh * ow),
         context=lambda: _cudnn_tf32(dtype == "tf32"))
 
 
@@ -130,10 +138,18 @@ def conv2d_cases(quick: bool) -> list[Case]:
     if quick:
         return [conv_case("seed000", 2, 4, 8, (12, 10), (3, 3), "fp32", padding=1),
                 conv_case("depthwise", 2, 8, 8, (9, 9), (3, 3), "fp16", 2, 1, groups=8, channels_last=True),
-                conv_bn_case(2, 8, 16, 7, 3, "fp32", 1, 1, add=True)]
+                conv_bn_case(2, 8, 16, 7, 3, "fp32", 1, 1, add=True),
+                conv_case("seed000", 2, 4, 8, (9, 7), (3, 3), "fp32", 2, 1, backward=True)]
     return ([conv_case("seed000", 32, 16, 32, (64, 32), k, "fp32", s, p) for k, s, p in SEED000]
             + [conv_case("seed003", 1, 1, 1, (1000, 2000), (3, 3), "fp32", padding=1)]
             + _resnet50("fp16") + _resnet50("bf16") + _cvt13("bf16")
             + [conv_bn_case(64, 64, 64, 56, 3, "bf16", 1, 1), conv_bn_case(64, 256, 256, 14, 3, "bf16", 1, 1),
                conv_bn_case(64, 64, 256, 56, 1, "bf16", add=True), conv_bn_case(64, 512, 512, 7, 3, "bf16", 1, 1,
-                                                                                   add=True)])
+                                                                                   add=True)]
+            + [conv_case("resnet50 3x3", 64, 64, 64, (56, 56), (3, 3), "bf16", 1, 1, channels_last=True,
+                         backward=True),
+               conv_case("resnet50 3x3", 64, 256, 256, (14, 14), (3, 3), "bf16", 1, 1, channels_last=True,
+                         backward=True),
+               conv_case("resnet50 1x1", 64, 64, 256, (56, 56), (1, 1), "bf16", channels_last=True, backward=True),
+               conv_case("cvt13 depthwise", 64, 192, 192, (28, 28), (3, 3), "bf16", 1, 1, groups=192,
+                         channels_last=True, backward=True)])
