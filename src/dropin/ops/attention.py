@@ -383,29 +383,28 @@ def _cfg(block_m, block_n, warps, stages):
 
 # Candidates by (bytes per element, head-dim tile), the default first. Forward and dQ: BLOCK_M (queries) is a
 # multiple of BLOCK_N (keys); dK/dV: BLOCK_N is a multiple of BLOCK_M (the diagonal falls on tile edges).
-# Forward key tiles no wider than the head-dim tile (as tutorial 06 keeps them).
+# Forward key tiles no wider than the head-dim tile (as tutorial 06 keeps them). Three each: tuning compiles
+# every candidate (twice on Hopper: TMA and pointer loads), a few seconds apiece.
 _FWD_CONFIGS = {
-    (2, 64): [_cfg(128, 64, 4, 3), _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 4), _cfg(128, 32, 4, 3), _cfg(64, 32, 4, 3)],
-    (2, 128): [_cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(128, 128, 8, 2), _cfg(64, 64, 4, 3),
-               _cfg(64, 32, 4, 3)],
-    (2, 256): [_cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 32, 8, 2), _cfg(64, 32, 4, 3)],
-    (4, 64): [_cfg(64, 64, 4, 3), _cfg(128, 64, 8, 2), _cfg(64, 32, 4, 3), _cfg(32, 32, 4, 3)],
-    (4, 128): [_cfg(64, 32, 4, 3), _cfg(64, 64, 4, 2), _cfg(128, 64, 8, 2), _cfg(32, 32, 4, 3)],
-    (4, 256): [_cfg(32, 32, 4, 2), _cfg(64, 32, 4, 2), _cfg(64, 16, 4, 2), _cfg(16, 16, 4, 2)],
+    (2, 64): [_cfg(128, 64, 4, 3), _cfg(64, 64, 4, 4), _cfg(128, 32, 4, 3)],
+    (2, 128): [_cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(64, 64, 4, 3)],
+    (2, 256): [_cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3)],
+    (4, 64): [_cfg(64, 64, 4, 3), _cfg(64, 32, 4, 3), _cfg(32, 32, 4, 3)],
+    (4, 128): [_cfg(64, 32, 4, 3), _cfg(64, 64, 4, 2), _cfg(32, 32, 4, 3)],
+    (4, 256): [_cfg(32, 32, 4, 2), _cfg(64, 32, 4, 2), _cfg(16, 16, 4, 2)],
 }
 _DKDV_CONFIGS = {
-    (2, 64): [_cfg(32, 128, 4, 5), _cfg(64, 128, 8, 3), _cfg(32, 128, 8, 4), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 3)],
-    (2, 128): [_cfg(32, 128, 8, 4), _cfg(64, 128, 8, 3), _cfg(32, 128, 4, 5), _cfg(64, 64, 4, 3),
-               _cfg(32, 64, 4, 3)],
-    (2, 256): [_cfg(32, 64, 4, 2), _cfg(16, 64, 4, 2), _cfg(32, 128, 8, 2), _cfg(16, 32, 4, 2)],
+    (2, 64): [_cfg(32, 128, 4, 5), _cfg(64, 128, 8, 3), _cfg(32, 64, 4, 3)],
+    (2, 128): [_cfg(32, 128, 8, 4), _cfg(64, 128, 8, 3), _cfg(32, 64, 4, 3)],
+    (2, 256): [_cfg(32, 64, 4, 2), _cfg(16, 64, 4, 2), _cfg(16, 32, 4, 2)],
     (4, 64): [_cfg(32, 64, 4, 3), _cfg(32, 128, 8, 2), _cfg(16, 32, 4, 3)],
     (4, 128): [_cfg(32, 64, 4, 2), _cfg(16, 64, 4, 2), _cfg(16, 32, 4, 3)],
     (4, 256): [_cfg(16, 32, 4, 2), _cfg(16, 64, 4, 1), _cfg(16, 16, 4, 2)],
 }
 _DQ_CONFIGS = {
-    (2, 64): [_cfg(128, 32, 4, 5), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 3)],
-    (2, 128): [_cfg(128, 32, 8, 4), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 3)],
-    (2, 256): [_cfg(64, 32, 4, 2), _cfg(64, 64, 8, 2), _cfg(32, 32, 4, 2), _cfg(32, 16, 4, 2)],
+    (2, 64): [_cfg(128, 32, 4, 5), _cfg(128, 64, 8, 3), _cfg(64, 32, 4, 3)],
+    (2, 128): [_cfg(128, 32, 8, 4), _cfg(128, 64, 8, 3), _cfg(64, 32, 4, 3)],
+    (2, 256): [_cfg(64, 32, 4, 2), _cfg(32, 32, 4, 2), _cfg(32, 16, 4, 2)],
     (4, 64): [_cfg(64, 32, 4, 3), _cfg(64, 64, 8, 2), _cfg(32, 16, 4, 3)],
     (4, 128): [_cfg(64, 32, 4, 2), _cfg(32, 32, 4, 2), _cfg(32, 16, 4, 3)],
     (4, 256): [_cfg(32, 16, 4, 2), _cfg(32, 32, 4, 1), _cfg(16, 16, 4, 2)],
@@ -504,17 +503,19 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
     mask_t, mask_strides, mask_kind = _mask_args(mask, q)
     precision = _precision(q.dtype)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
-    args = (q, k, v, mask_t, out, stats, B, H, HK, Lq, Lk, qk_scale,
-            *_strides(q), *_strides(k), *_strides(v), *mask_strides, *out.stride())
 
-    def make():
+    def make():  # sizes and strides are fixed by the plan's key: computed once
+        fixed = (B, H, HK, Lq, Lk)
+        strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *out.stride())
         tma = _tma_ok(q, k, v)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
-        return _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
-                      _candidates(_FWD_CONFIGS, q, Lq, Lk, tma), lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H),
-                      meta, args)
+        launch = _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
+                        _candidates(_FWD_CONFIGS, q, Lq, Lk, tma), lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H),
+                        meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides))
+        return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, out, stats, *fixed, qk_scale, *strides)
 
-    _plan(("fwd", _signature(q, k, v, mask), q.device, is_causal, precision), make)(*args)
+    _plan(("fwd", _signature(q, k, v, mask), q.device, is_causal, precision), make)(
+        q, k, v, mask_t, out, stats, qk_scale)
     return out, stats
 
 
@@ -531,27 +532,31 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
     precision = _precision(q.dtype)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
     delta = torch.empty((B, H, Lq), device=q.device, dtype=torch.float32)
-    delta_args = (out, grad_out, delta, H, Lq, *out.stride(), *grad_out.stride())
-    strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
-    dkdv_args = (q, k, v, mask_t, grad_out, stats, delta, dk, dv, B, H, HK, Lq, Lk, qk_scale, scale, *strides)
-    dq_args = (q, k, v, mask_t, grad_out, stats, delta, dq, B, H, HK, Lq, Lk, qk_scale, scale, *strides)
 
-    def make():
+    def make():  # sizes and strides are fixed by the plan's key: computed once
+        fixed = (B, H, HK, Lq, Lk)
+        strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
+        delta_fixed = (H, Lq, *out.stride(), *grad_out.stride())
         tma = _tma_ok(q, k, v, grad_out)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
         key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
-        return (_runtime.Launcher(_delta_kernel, (triton.cdiv(Lq, _DELTA_BLOCK_M), B * H),
-                                  dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M)),
-                _tuned(_dkdv_kernel, "attention_dkdv", key, _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma),
-                       lambda c: (triton.cdiv(Lk, c["BLOCK_N"]), B * HK), meta, dkdv_args),
-                _tuned(_dq_kernel, "attention_dq", key, _candidates(_DQ_CONFIGS, q, Lq, Lk, tma),
-                       lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H), meta, dq_args))
+        launch_delta = _runtime.Launcher(_delta_kernel, (triton.cdiv(Lq, _DELTA_BLOCK_M), B * H),
+                                         dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M))
+        launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma),
+                             lambda c: (triton.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
+                             (q, k, v, mask_t, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides))
+        launch_dq = _tuned(_dq_kernel, "attention_dq", key, _candidates(_DQ_CONFIGS, q, Lq, Lk, tma),
+                           lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
+                           (q, k, v, mask_t, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides))
 
-    launch_delta, launch_dkdv, launch_dq = _plan(
-        ("bwd", _signature(grad_out, q, k, v, mask, out), q.device, is_causal, precision), make)
-    launch_delta(*delta_args)
-    launch_dkdv(*dkdv_args)
-    launch_dq(*dq_args)
+        def run(grad_out, q, k, v, m, out, stats, delta, dq, dk, dv, qk_scale, scale):
+            launch_delta(out, grad_out, delta, *delta_fixed)
+            launch_dkdv(q, k, v, m, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides)
+            launch_dq(q, k, v, m, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides)
+        return run
+
+    _plan(("bwd", _signature(grad_out, q, k, v, mask, out), q.device, is_causal, precision), make)(
+        grad_out, q, k, v, mask_t, out, stats, delta, dq, dk, dv, qk_scale, scale)
     return dq, dk, dv
 
 
