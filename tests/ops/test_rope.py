@@ -141,6 +141,19 @@ def test_output_layout_follows_input():
     assert q_out.stride() == q.stride() and k_out.stride() == k.stride()
 
 
+def test_backward_of_a_sum_of_q_only():
+    """Upstream gradients as autograd makes them for `q_embed.sum()`: expanded (stride 0), none for k."""
+    t = qk_leaves(2, 3, 1, 5, 8, torch.float32)
+    q = t["q"].requires_grad_()
+    k = t["k"].requires_grad_()
+    q_out, _ = dropin.ops.rope(q, k, t["cos"], t["sin"])
+    q_out.sum().backward()
+    q64 = t["q"].detach().double().requires_grad_()
+    rope_ref(q64, t["k"].double(), t["cos"].double(), t["sin"].double())[0].sum().backward()
+    torch.testing.assert_close(q.grad, q64.grad.float(), rtol=1e-5, atol=1e-6)
+    assert k.grad is None or not k.grad.any()
+
+
 def test_empty():
     q, k = torch.randn(2, 4, 0, 8, device=DEVICE), torch.randn(2, 0, 0, 8, device=DEVICE)
     cos, sin = cos_sin(0, 8, torch.float32)

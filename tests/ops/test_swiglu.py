@@ -32,7 +32,7 @@ SHAPES = [  # (x shape, intermediate size)
     pytest.param((1, 1), 1, id="1x1-i1"),
     pytest.param((7,), 33, id="x1d-7-i33"),
     pytest.param((7, 33), 50, id="7x33-i50"),
-    pytest.param((2, 3, 16), 1000, id="2x3x16-i1000"),
+    pytest.param((2, 3, 16), 200, id="2x3x16-i200"),
     pytest.param((1000, 8), 24, id="1000x8-i24"),
     pytest.param((2, 1, 5, 65), 129, id="weird-2x1x5x65-i129"),
     pytest.param((4, 256, 1024), 2816, id="4x256x1024-i2816", marks=gpu),
@@ -44,7 +44,13 @@ SHAPES = [  # (x shape, intermediate size)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("x_shape,intermediate", SHAPES)
 def test_swiglu_mlp(x_shape, intermediate, dtype):
-    check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves(x_shape, intermediate, dtype))
+    check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves(x_shape, intermediate, dtype), positive=few(x_shape))
+
+
+def few(x_shape):
+    """A single token of a single feature: every gradient is one product, which near a zero of silu' is a
+    cancellation (any rounding, PyTorch's too, is then a large relative error): positive numbers there."""
+    return math.prod(x_shape) == 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -53,7 +59,7 @@ def test_saved_preactivations(x_shape, intermediate, dtype):
     """recompute=False: the forward keeps g and u, the backward reuses them."""
     def ours(*args):
         return dropin.ops.swiglu_mlp(*args, recompute=False)
-    check(ours, swiglu_mlp_ref, leaves(x_shape, intermediate, dtype))
+    check(ours, swiglu_mlp_ref, leaves(x_shape, intermediate, dtype), positive=few(x_shape))
 
 
 def test_saved_preactivations_second_backward_raises():

@@ -70,8 +70,9 @@ def swiglu_case(tokens: tuple, hidden: int, intermediate: int, dtype: str, backw
         reference = with_backward(reference, 4, 4)
     flops = 2 * m * hidden * intermediate * 3
     bytes_ = size * (2 * m * hidden + 3 * hidden * intermediate)
+    shape = f"{'x'.join(map(str, tokens))}x{hidden}->{intermediate}"
     return Case(
-        name=f"{label} {dtype} {'x'.join(map(str, tokens))}x{hidden}->{intermediate} {'fwd+bwd' if backward else 'fwd'}",
+        name=f"{label} {dtype} {shape} {'fwd+bwd' if backward else 'fwd'}",
         dtype=dtype, make_inputs=make_inputs, providers=providers, reference=reference, backward=backward,
         flops=flops * (3 if backward else 1), bytes=bytes_ * (2 if backward else 1),
         context=lambda: allow_tf32(False))

@@ -141,6 +141,8 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
         configs, kinds = [dict(_cfg(64, 128, 16, 4, 1), TMA=False)], ()
     else:
         fitting = _fits(_CONFIGS[x.element_size()], M, N, K, max_k)
+        if M >= 64:  # the 16-row tiles are for few tokens; fewer candidates, less compiling when tuning
+            fitting = [cfg for cfg in fitting if cfg["BLOCK_M"] > 16] or fitting
         if tma is None:
             tma_ok = _runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, (x, gate_weight, up_weight)))
             kinds = (True, False) if tma_ok else (False,)
