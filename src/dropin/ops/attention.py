@@ -32,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
 from . import _autotune
-from .matmul import _autocast, _dot_acc, _precision, switch
+from .matmul import _autocast, _dot, _dot_acc, _precision, switch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -150,7 +150,7 @@ def _fwd_tiles(acc, l_i, m_i, q, offs_m, lo, hi, k_src, v_src, b, hk, mask_base,
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
         k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        s = _scores(tl.dot(q, tl.trans(k), input_precision=PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
+        s = _scores(_dot(q, tl.trans(k), PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
                     mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: keep exp away from -inf - -inf
@@ -244,7 +244,7 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, lo, hi, q_src, do_src, b, h, stats_base, d
         offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, EDGE)
         q = _tile(q_src, b, h, start_m, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
                   HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-        st = _scores(tl.dot(k, tl.trans(q), input_precision=PRECISION), offs_m[None, :], offs_n[:, None], Lq, Lk,
+        st = _scores(_dot(k, tl.trans(q), PRECISION), offs_m[None, :], offs_n[:, None], Lq, Lk,
                      mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m = tl.load(stats_base + rows_m)
         inv_l = tl.load(stats_base + Lq + rows_m)
@@ -252,7 +252,7 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, lo, hi, q_src, do_src, b, h, stats_base, d
         do = _tile(do_src, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
                    HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
         dv = _dot_acc(dv, pt.to(do.dtype), do, PRECISION)
-        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        dpt = _dot(v, tl.trans(do), PRECISION)
         dst = pt * (dpt - tl.load(delta_base + rows_m)[None, :])
         dk = _dot_acc(dk, dst.to(q.dtype), q, PRECISION)
     return dk, dv
@@ -325,12 +325,12 @@ def _dq_tiles(dq, q, do, m, inv_l, delta, offs_m, lo, hi, k_src, v_src, b, hk, m
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
         k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        s = _scores(tl.dot(q, tl.trans(k), input_precision=PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
+        s = _scores(_dot(q, tl.trans(k), PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
                     mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         p = _exp(s - m[:, None], MASK) * inv_l[:, None]
         v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+        ds = p * (_dot(do, tl.trans(v), PRECISION) - delta[:, None])
         dq = _dot_acc(dq, ds.to(k.dtype), k, PRECISION)
     return dq
 
