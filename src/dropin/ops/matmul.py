@@ -165,7 +165,9 @@ def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         k_ok = offs_k < K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+        # Subtracting the negated products: Triton 3.6 rewrites sum(a[:, :, None] * b[None, :, :], 1) into a
+        # tl.dot of default (tf32) precision, 7.7e-4 off on seed 004; the negation defeats that pattern.
+        acc -= tl.sum(-(a[:, :, None] * b[None, :, :]), axis=1)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
