@@ -12,12 +12,13 @@ from _tol import DEVICE, ON_GPU, assert_close
 
 mm = __import__("dropin.ops.matmul", fromlist=["_make_plan"])
 
-CONFIGS = [pytest.param("tma", c, id=f"tma-{size}B-{i}") for size, cs in mm._TMA_CONFIGS.items()
+_DTYPE = {2: torch.float16, 4: torch.float32}
+CONFIGS = [pytest.param("tma", c, _DTYPE[size], id=f"tma-{size}B-{i}") for size, cs in mm._TMA_CONFIGS.items()
            for i, c in enumerate(cs)] + \
-          [pytest.param("ptr", c, id=f"ptr-{size}B-{i}") for size, cs in mm._PTR_CONFIGS.items()
+          [pytest.param("ptr", c, _DTYPE[size], id=f"ptr-{size}B-{i}") for size, cs in mm._PTR_CONFIGS.items()
            for i, c in enumerate(cs)] + \
-          [pytest.param("fma", c, id=f"fma-{kind}-{i}") for kind, cs in mm._FMA_CONFIGS.items()
-           for i, c in enumerate(cs)]
+          [pytest.param("fma", c, torch.float32, id=f"fma-{kind}-{i}") for kind, cs in mm._FMA_CONFIGS.items()
+           for i, c in enumerate(cs)]  # the CUDA-core kernel in fp32, the strictest tolerance
 
 
 @pytest.fixture
@@ -30,10 +31,9 @@ def forced(monkeypatch):
     mm._plans.clear()
 
 
-@pytest.mark.parametrize("kernel,cfg", CONFIGS)
+@pytest.mark.parametrize("kernel,cfg,dtype", CONFIGS)
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
-def test_every_config(kernel, cfg, layout, forced):
-    dtype = torch.float16 if cfg in mm._TMA_CONFIGS[2] + mm._PTR_CONFIGS[2] else torch.float32  # CUDA-core: fp32
+def test_every_config(kernel, cfg, dtype, layout, forced):
     if kernel == "tma" and not ON_GPU and cfg["BLOCK_M"] * cfg["BLOCK_N"] > 128 * 128:
         pytest.skip("large TMA tiles are slow under the interpreter; they run on the GPU")
     # every size a multiple of 8 (16-byte rows for TMA), none a multiple of a tile; the vector configs: M = 1
