@@ -51,6 +51,7 @@ class Replaced:
     original: str  # type of the module it replaced
     kernel: str
     fused: tuple = ()  # paths of the following siblings it computes too (their slots hold Folded stand-ins)
+    covers: int = 1    # torch modules without children whose work it does
 
     @property
     def output_name(self) -> str:
@@ -75,7 +76,7 @@ class InjectReport:
 
     @property
     def summary(self) -> str:
-        covered = sum(1 + len(r.fused) for r in self.replaced)
+        covered = sum(r.covers for r in self.replaced)
         return (f"{len(self.replaced)} module(s) replaced ({covered} torch module(s) covered), "
                 f"{len(self.left)} left to torch; {self.verification}")
 
@@ -115,8 +116,9 @@ def _walk(module: torch.nn.Module, prefix: str, config: InjectConfig, report: In
             for sibling in new.absorbs:
                 setattr(module, sibling, Folded(module._modules[sibling], into=path))
         fused.update(new.absorbs)
+        leaves = sum(not m._modules for m in new.original.modules())
         report.replaced.append(Replaced(path, type(new.original).__name__, new.kernel,
-                                        tuple(prefix + s for s in new.absorbs)))
+                                        tuple(prefix + s for s in new.absorbs), leaves + len(new.absorbs)))
 
 
 def revert_(model: torch.nn.Module) -> torch.nn.Module:

@@ -13,6 +13,7 @@ import torch
 from .. import _runtime
 
 HANDLERS: dict = {}  # type -> (op, fn)
+CHAINS: dict = {}  # parent type -> [names of children that its forward runs one after the other, ...]
 
 
 def register(*types, op: Optional[str]):
@@ -21,6 +22,12 @@ def register(*types, op: Optional[str]):
             HANDLERS[t] = (op, fn)
         return fn
     return decorate
+
+
+def chain(parent_type: type, *names: str) -> None:
+    """Declares that `parent_type`'s forward runs these children in this order, each on the previous one's
+    output alone (so they may fuse, as in an nn.Sequential)."""
+    CHAINS.setdefault(parent_type, []).append(names)
 
 
 def ops() -> set:
@@ -37,13 +44,14 @@ class Site:
     config: "InjectConfig"  # noqa: F821  (api.InjectConfig)
 
     def following(self) -> list:
-        """(name, module) of the siblings that run right after this module on its output: those after it in an
-        nn.Sequential (one whose forward is nn.Sequential's); [] elsewhere, where child order says nothing."""
-        if not isinstance(self.parent, torch.nn.Sequential) or \
-                type(self.parent).forward is not torch.nn.Sequential.forward:
-            return []
-        names = list(self.parent._modules)
-        return [(n, self.parent._modules[n]) for n in names[names.index(self.name) + 1:]]
+        """(name, module) of the siblings that run right after this module, on its output alone: those after it
+        in an nn.Sequential (one whose forward is nn.Sequential's) or in a declared chain; [] elsewhere."""
+        parent = self.parent
+        if isinstance(parent, torch.nn.Sequential) and type(parent).forward is torch.nn.Sequential.forward:
+            names = list(parent._modules)
+        else:
+            names = next((c for c in CHAINS.get(type(parent), ()) if self.name in c), [self.name])
+        return [(n, parent._modules[n]) for n in names[names.index(self.name) + 1:]]
 
 
 def _tensor_reason(module: torch.nn.Module, config) -> Optional[str]:

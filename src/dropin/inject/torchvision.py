@@ -1,9 +1,10 @@
-"""Handlers for torchvision models: ResNet's BasicBlock and Bottleneck -> nn.ResidualBlock (eval mode)."""
+"""Handlers for torchvision models: ResNet's BasicBlock and Bottleneck -> nn.ResidualBlock (eval mode); ResNet's
+stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses it."""
 from torch import nn
 
 from .. import nn as dnn
 from .generic import conv_reason, fold_reason
-from .registry import register
+from .registry import chain, register
 
 
 def _block_reason(block: nn.Module, pairs: list, config):
@@ -25,10 +26,11 @@ def _block_reason(block: nn.Module, pairs: list, config):
 
 
 try:
-    from torchvision.models.resnet import BasicBlock, Bottleneck
+    from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 except ImportError:  # torchvision is optional: no handlers without it
     pass
 else:
+    chain(ResNet, "conv1", "bn1", "relu")
     _PAIRS = {BasicBlock: [("conv1", "bn1"), ("conv2", "bn2")],
               Bottleneck: [("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")]}
 
