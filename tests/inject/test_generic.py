@@ -8,7 +8,7 @@ from torch import nn
 import dropin
 import dropin.nn as dnn
 from dropin.inject import InjectConfig, InjectError, VerificationError, registry
-from _tol import DEVICE
+from _tol import DEVICE, gpu
 
 from _models import (assert_same_state, check_backward, check_forward, cnn, injected_pair, mlp,
                      randomize_batchnorms, snapshot)
@@ -188,3 +188,11 @@ def test_unsupported_modules_and_root_are_reported():
     assert "1" in {e.name for e in dropin.inject_(model, verify=False).left}  # training Dropout computes
     report = dropin.inject_(nn.Linear(4, 4).to(DEVICE), verify=False)
     assert report.left[0].name == "" and "wrap it" in report.left[0].reason and "<root>" in str(report)
+
+
+@pytest.mark.parametrize("make, shape", [(mlp, (4, 16)), pytest.param(cnn, (2, 3, 8, 8), marks=gpu)])
+def test_torch_compile_fullgraph(make, shape):
+    """(the CNN compiles in ~40 s on the CPU: GPU only)"""
+    model, original, _ = injected_pair(make, verify=False)
+    x = torch.randn(shape, device=DEVICE)
+    check_forward(torch.compile(model, fullgraph=True), original, x)
