@@ -1,4 +1,9 @@
-"""Small models and checks shared by the inject tests (the Triton interpreter is slow: few channels)."""
+"""Small models and checks shared by the inject tests (the Triton interpreter is slow: few channels).
+
+Whole models are checked against float64 with the dtype's tolerance alone: the "not worse than 2x PyTorch's
+error" rule is the op tests' (through a deep model, and a training BatchNorm over a few numbers per channel,
+the ratio of two rounding errors is noise: it failed about one run in three at errors near 1e-6 in float32).
+"""
 import copy
 
 import torch
@@ -46,27 +51,26 @@ def assert_same_state(model: nn.Module, expected: dict) -> None:
 
 
 def check_forward(injected: nn.Module, original: nn.Module, x: torch.Tensor) -> None:
-    """The injected model's output against the original's in float64, with the 2x-PyTorch rule."""
+    """The injected model's output against the original's in float64."""
     with torch.no_grad():
-        out, out_t = injected(x), original(x)
-        ref = copy.deepcopy(original).double()(x.double())
-    assert_close(out, ref, x.dtype, "fwd", torch_out=out_t)
+        out, ref = injected(x), copy.deepcopy(original).double()(x.double())
+    assert_close(out, ref, x.dtype, "fwd")
 
 
 def check_backward(injected: nn.Module, original: nn.Module, x: torch.Tensor) -> None:
-    """Output, input gradient and every parameter's gradient against the original's (float64 reference) for a
-    random upstream gradient. Each model updates its own BatchNorm statistics in training mode."""
+    """Output, input gradient and every parameter's gradient against the original's in float64 for a random
+    upstream gradient. The original runs too: in training mode each model updates its own BatchNorm statistics."""
     runs = []
     for model, dtype in ((injected, x.dtype), (original, x.dtype), (copy.deepcopy(original).double(), torch.float64)):
         xi = x.to(dtype).requires_grad_()
         names, params = zip(*sorted(model.named_parameters()))
         runs.append((model(xi), [xi, *params]))
     grad = torch.randn_like(runs[0][0])
-    (out, grads), (out_t, grads_t), (ref, grads_64) = [
-        (out, torch.autograd.grad(out, leaves, grad.to(out.dtype))) for out, leaves in runs]
-    assert_close(out, ref, x.dtype, "fwd", torch_out=out_t)
-    for name, g, g_t, g_64 in zip(["input", *names], grads, grads_t, grads_64):
-        assert_close(g, g_64, x.dtype, "bwd", torch_out=g_t, what=f"gradient of {name}")
+    (out, grads), _, (ref, grads_64) = [(out, torch.autograd.grad(out, leaves, grad.to(out.dtype)))
+                                        for out, leaves in runs]
+    assert_close(out, ref, x.dtype, "fwd")
+    for name, g, g_64 in zip(["input", *names], grads, grads_64):
+        assert_close(g, g_64, x.dtype, "bwd", what=f"gradient of {name}")
 
 
 def injected_pair(make, train=False, **inject_kw):
