@@ -1,5 +1,7 @@
-"""nn.Module drop-ins built on dropin.ops; inject_ puts them in place of torch modules."""
+"""nn.Module drop-ins built on dropin.ops; each can adopt a HF module's parameters without copying them."""
 from .conv import Conv2d, ConvBNAct
 from .linear import Linear
 from .module import DropinModule, Folded
 from .resnet import ResidualBlock
+
+__all__ = ["Conv2d", "ConvBNAct", "DropinModule", "Folded", "Linear", "ResidualBlock"]
