@@ -10,8 +10,7 @@ import dropin.nn as dnn
 from dropin.inject import InjectConfig, InjectError, VerificationError, registry
 from _tol import DEVICE, gpu
 
-from _models import (assert_same_state, check_backward, check_forward, cnn, injected_pair, mlp,
-                     randomize_batchnorms, snapshot)
+from _models import assert_same_state, check_backward, check_forward, cnn, injected_pair, mlp, snapshot
 
 
 def kinds(model):
@@ -196,3 +195,10 @@ def test_torch_compile_fullgraph(make, shape):
     model, original, _ = injected_pair(make, verify=False)
     x = torch.randn(shape, device=DEVICE)
     check_forward(torch.compile(model, fullgraph=True), original, x)
+
+
+def test_training_mode_verification_with_dropout():
+    """Every verification run draws the same dropout masks (one seed), so a training-mode model verifies."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 8)).to(DEVICE).train()
+    report = dropin.inject_(model, example_inputs=torch.randn(4, 16, device=DEVICE))
+    assert report.verification.startswith("verified") and [e.name for e in report.left] == ["2"]
