@@ -25,19 +25,11 @@ DTYPES = [
     pytest.param(torch.bfloat16, id="bf16", marks=gpu),
 ]
 
-# DESIGN.md: relative error against float64, (forward, backward).
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-4),
-    "tf32": (5e-3, 5e-3),
-    torch.float16: (5e-3, 1e-2),
-    torch.bfloat16: (2e-2, 3e-2),
-}
-# "Never worse than 2x PyTorch's error" compares two rounding errors, so it allows NOISE_ULPS unit roundoffs
-# on top (an fp32 activation derivative 2 ulps off is not a defect), and it applies from MIN_NUMEL_2X
-# elements on: on a handful of numbers the ratio of two rounding errors is noise (PyTorch may round a lone
-# number exactly, and a lone sum that cancels magnifies both errors alike).
-UNIT_ROUNDOFF = {torch.float32: 2.0**-24, "tf32": 2.0**-11, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
-NOISE_ULPS = 2
+# DESIGN.md's table (forward, backward), unit roundoffs and the relative error, shared with inject_'s verification.
+from dropin._tolerance import NOISE_ULPS, TOLERANCES, UNIT_ROUNDOFF, rel_err  # noqa: E402,F401
+
+# The 2x rule applies from MIN_NUMEL_2X elements on: on a handful of numbers the ratio of two rounding errors is
+# noise (PyTorch may round a lone number exactly, and a lone sum that cancels magnifies both errors alike).
 MIN_NUMEL_2X = 32
 
 
@@ -53,20 +45,6 @@ def tolerance_key(dtype):
 def tolerance(dtype, kind: str) -> float:
     """kind: 'fwd' or 'bwd'."""
     return TOLERANCES[tolerance_key(dtype)][{"fwd": 0, "bwd": 1}[kind]]
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64 over the finite entries of ref.
-
-    A zero reference must be matched exactly: 0.0 if out is zero there too, else inf.
-    """
-    out, ref = out.detach().double(), ref.detach().double()
-    finite = torch.isfinite(ref)
-    diff = torch.linalg.vector_norm(out[finite] - ref[finite]).item()
-    scale = torch.linalg.vector_norm(ref[finite]).item()
-    if scale == 0.0:
-        return 0.0 if diff == 0.0 else float("inf")
-    return diff / scale
 
 
 def _same_non_finite(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:

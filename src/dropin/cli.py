@@ -1,4 +1,4 @@
-"""Command line: `dropin info`, `dropin bench SUITE [options]`."""
+"""Command line: `dropin info`, `dropin bench SUITE [options]`, `dropin inject MODEL [options]`."""
 import argparse
 import importlib
 import sys
@@ -15,6 +15,16 @@ SUITES = {
     "rope": "dropin.bench.rope:rope_cases",
     "attention": "dropin.bench.attention:attention_cases",
 }
+
+
+def _torchvision(name: str):
+    import torchvision
+
+    return getattr(torchvision.models, name)()  # random weights
+
+
+# Model name -> a function that builds it (torch, random weights).
+MODELS = {"resnet18": lambda: _torchvision("resnet18"), "resnet50": lambda: _torchvision("resnet50")}
 
 
 def load_suite(name: str):
@@ -44,6 +54,28 @@ def _bench(args) -> int:
     return 1 if harness.failed_cases(result["rows"]) else 0
 
 
+def _inject(args) -> int:
+    import torch
+
+    from dropin.inject import VerificationError, inject_
+
+    size = args.image_size or (32 if _runtime.INTERPRET else 224)
+    if _runtime.INTERPRET:
+        print(f"dropin inject: no GPU, kernels run under the Triton interpreter on the CPU ({size}x{size} images)")
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    dtype = getattr(torch, args.dtype)
+    model = MODELS[args.model]().eval().to(_runtime.KERNEL_DEVICE, dtype, memory_format=memory_format)
+    x = torch.randn(args.batch, 3, size, size, device=_runtime.KERNEL_DEVICE, dtype=dtype)
+    try:
+        report = inject_(model, example_inputs=x.to(memory_format=memory_format), verify=args.verify)
+    except VerificationError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(f"{args.model}, batch {args.batch}, {args.dtype}{', channels_last' if args.channels_last else ''}")
+    print(report)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dropin", description="dropin: drop-in Triton kernels for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=float, default=25, help="warm-up time per provider, ms (GPU)")
     bench.add_argument("--rep", type=float, default=100, help="timed repetitions per provider, ms")
     bench.set_defaults(func=_bench)
+    inject = commands.add_parser(
+        "inject", help="put dropin kernels into a model and print the report",
+        description="Builds the model (random weights, eval mode), swaps in dropin modules and prints what was "
+                    "replaced (with its kernel) and what stays torch (with the reason). Exit code 1 if "
+                    "--verify finds a divergence. Under the Triton interpreter (no GPU) images are small.")
+    inject.add_argument("model", choices=sorted(MODELS))
+    inject.add_argument("--batch", type=int, default=1, help="default: %(default)s")
+    inject.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    inject.add_argument("--channels-last", action="store_true", help="model and input in channels_last")
+    inject.add_argument("--verify", action="store_true", help="compare with the original model on a random batch")
+    inject.add_argument("--image-size", type=int, help="default: 224, or 32 under the interpreter")
+    inject.set_defaults(func=_inject)
     return parser
 
 

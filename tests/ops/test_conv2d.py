@@ -209,7 +209,10 @@ def test_fold_batchnorm(conv_bias, affine):
         assert_close(dropin.conv2d(x, weight, bias, padding=1, activation="relu"),
                      F.relu(bn.double()(conv.double()(x.double()))), torch.float32, "fwd", what="folded conv")
     assert all(torch.equal(v, state[k]) for k, v in bn.state_dict().items()), "bn changed"
-    assert not weight.requires_grad and not bias.requires_grad, "folded parameters keep no graph to conv / bn"
+    assert weight.requires_grad and bias.requires_grad, "the fold is differentiable (frozen-BatchNorm fine-tuning)"
+    with torch.no_grad():
+        weight, bias = dropin.ops.fold_batchnorm(conv.weight, conv.bias, bn)
+    assert not weight.requires_grad and not bias.requires_grad, "under no_grad the fold keeps no graph"
 
 
 def test_fold_batchnorm_errors():

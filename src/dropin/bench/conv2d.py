@@ -96,7 +96,7 @@ def conv_bn_case(batch, cin, cout, hw, k, dtype, stride=1, padding=0, add=False)
             bn.bias.normal_(0, 0.1)
         stats = [t.to(TORCH_DTYPES[dtype]) for t in (bn.running_mean, bn.running_var, bn.weight, bn.bias)]
         identity = randn(batch, cout, oh, oh, dtype=dtype).to(memory_format=fmt) if add else None
-        return (x, w, *stats, identity, *fold_batchnorm(w, None, bn))
+        return (x, w, *stats, identity, *(t.detach() for t in fold_batchnorm(w, None, bn)))  # no graph
 
     geometry = dict(stride=stride, padding=padding)
     eager = functools.partial(_eager_conv_bn, **geometry)

@@ -42,20 +42,20 @@ def fold_batchnorm(conv_weight: torch.Tensor, conv_bias: Optional[torch.Tensor],
                    bn: torch.nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight, bias) of one conv equal to conv -> bn with bn's running statistics (inference BatchNorm):
     weight * s per output channel and (bias - running_mean) * s + beta, s = gamma / sqrt(running_var + eps).
-    Computed in float32, returned in the weight's dtype and layout; bn is not changed."""
+    Computed in float32, returned in the weight's dtype and layout; new tensors (bn is not changed), differentiable
+    with respect to the conv's and bn's tensors (fine-tuning with a frozen BatchNorm)."""
     if bn.running_mean is None or bn.running_var is None:
         raise RuntimeError("fold_batchnorm: argument 'bn' tracks no running statistics "
                            "(track_running_stats=False); only an inference BatchNorm folds into a conv")
     if bn.num_features != conv_weight.shape[0]:
         raise RuntimeError(f"fold_batchnorm: argument 'bn' has {bn.num_features} features but 'conv_weight' has "
                            f"{conv_weight.shape[0]} output channels")
-    with torch.no_grad():
-        scale = torch.rsqrt(bn.running_var.float() + bn.eps)
-        if bn.weight is not None:
-            scale = scale * bn.weight.float()
-        shift = -bn.running_mean.float() if conv_bias is None else conv_bias.float() - bn.running_mean.float()
-        shift = shift * scale + (bn.bias.float() if bn.bias is not None else 0.0)
-        weight = (conv_weight.float() * scale.view(-1, 1, 1, 1)).to(conv_weight.dtype)
+    scale = torch.rsqrt(bn.running_var.float() + bn.eps)
+    if bn.weight is not None:
+        scale = scale * bn.weight.float()
+    shift = -bn.running_mean.float() if conv_bias is None else conv_bias.float() - bn.running_mean.float()
+    shift = shift * scale + (bn.bias.float() if bn.bias is not None else 0.0)
+    weight = (conv_weight.float() * scale.view(-1, 1, 1, 1)).to(conv_weight.dtype)
     return weight, shift.to(conv_weight.dtype)
 
 

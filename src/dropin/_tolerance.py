@@ -1,0 +1,31 @@
+"""DESIGN.md's tolerance table and the relative error it is measured in.
+
+One copy for the library (inject_'s verification) and the tests (tests/_tol.py imports it from here).
+"""
+import torch
+
+# Relative error against float64, (forward, backward).
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-4),
+    "tf32": (5e-3, 5e-3),
+    torch.float16: (5e-3, 1e-2),
+    torch.bfloat16: (2e-2, 3e-2),
+}
+# "Never worse than 2x PyTorch's error" compares two rounding errors, so it allows NOISE_ULPS unit roundoffs
+# on top (an fp32 activation derivative 2 ulps off is not a defect).
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, "tf32": 2.0**-11, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+NOISE_ULPS = 2
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64 over the finite entries of ref.
+
+    A zero reference must be matched exactly: 0.0 if out is zero there too, else inf.
+    """
+    out, ref = out.detach().double(), ref.detach().double()
+    finite = torch.isfinite(ref)
+    diff = torch.linalg.vector_norm(out[finite] - ref[finite]).item()
+    scale = torch.linalg.vector_norm(ref[finite]).item()
+    if scale == 0.0:
+        return 0.0 if diff == 0.0 else float("inf")
+    return diff / scale

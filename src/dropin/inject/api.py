@@ -1,0 +1,258 @@
+"""inject_, revert_ and the report: swap dropin modules into a model in place, verify them, undo it."""
+import copy
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import _runtime
+from .._tolerance import NOISE_ULPS, TOLERANCES, UNIT_ROUNDOFF, rel_err
+from ..nn import DropinModule, Folded
+from . import registry
+
+
+class InjectError(RuntimeError):
+    """inject_ could not do what was asked (strict mode); the model is reverted."""
+
+
+class VerificationError(InjectError):
+    """The injected model's output diverged from the original's; the model is reverted. `module`: the path of
+    the first replaced module (in execution order) whose own output diverged, or None."""
+
+    def __init__(self, message: str, module: Optional[str]):
+        super().__init__(message)
+        self.module = module
+
+
+@dataclass
+class InjectConfig:
+    """What inject_ may do.
+
+    ops: the dropin ops to use, e.g. {"linear"}; None: every op a handler knows ("linear", "conv2d", ...).
+    fusions: fuse neighbours (Conv2d + BatchNorm2d + activation, Linear + activation, ResNet blocks).
+    dtypes: a module with a floating tensor of another dtype stays torch.
+    input_shape: without example_inputs, verification feeds one random tensor of this shape (the dtype and
+      device of the model's first floating parameter).
+    """
+    ops: Optional[frozenset] = None
+    fusions: bool = True
+    dtypes: tuple = (torch.float32, torch.float16, torch.bfloat16)
+    input_shape: Optional[tuple] = None
+
+    def uses(self, op: str) -> bool:
+        return self.ops is None or op in self.ops
+
+
+@dataclass
+class Replaced:
+    name: str      # path of the dropin module in the model
+    original: str  # type of the module it replaced
+    kernel: str
+    fused: tuple = ()  # paths of the following siblings it computes too (their slots hold Folded stand-ins)
+    covers: int = 1    # torch modules without children whose work it does
+
+    @property
+    def output_name(self) -> str:
+        """The original module whose output this module's output is."""
+        return self.fused[-1] if self.fused else self.name
+
+
+@dataclass
+class Left:
+    name: str
+    type: str
+    reason: str
+
+
+@dataclass
+class InjectReport:
+    replaced: list = field(default_factory=list)  # [Replaced]
+    left: list = field(default_factory=list)      # [Left]: modules that compute and stay torch
+    notes: list = field(default_factory=list)     # [Left]: modules with children whose handler declined
+                                                  # (the children were handled one by one)
+    verification: str = "not verified"
+
+    @property
+    def summary(self) -> str:
+        covered = sum(r.covers for r in self.replaced)
+        return (f"{len(self.replaced)} module(s) replaced ({covered} torch module(s) covered), "
+                f"{len(self.left)} left to torch; {self.verification}")
+
+    def __str__(self) -> str:
+        lines = [f"dropin inject_: {self.summary}"]
+        tables = [("replaced", "original", "kernel", [(r.name, r.original, r.kernel + (
+                      f"  (also {', '.join(r.fused)})" if r.fused else "")) for r in self.replaced]),
+                  ("left to torch", "type", "reason", [(e.name, e.type, e.reason) for e in self.left]),
+                  ("not fused", "type", "reason", [(e.name, e.type, e.reason) for e in self.notes])]
+        rows = [row for *_, body in tables for row in body] + [t[:3] for t in tables]
+        width = [max(len(row[i] or "<root>") for row in rows) for i in (0, 1)]
+        for *head, body in tables:
+            if body:
+                lines += [f"  {head[0]:<{width[0]}}  {head[1]:<{width[1]}}  {head[2]}"]
+                lines += [f"  {name or '<root>':<{width[0]}}  {kind:<{width[1]}}  {text}" for name, kind, text in body]
+        return "\n".join(lines)
+
+
+def _walk(module: torch.nn.Module, prefix: str, config: InjectConfig, report: InjectReport) -> None:
+    fused = set()
+    for name, child in list(module._modules.items()):
+        path = prefix + name
+        if child is None or name in fused:
+            continue
+        new = child if isinstance(child, DropinModule) else registry.handle(
+            child, registry.Site(module, name, path, config))  # a DropinModule: injected before (idempotent)
+        if isinstance(new, str):
+            if child._modules:
+                if type(child) in registry.HANDLERS:
+                    report.notes.append(Left(path, type(child).__name__, new))
+                _walk(child, path + ".", config, report)
+            elif not registry.is_passive(child):
+                report.left.append(Left(path, type(child).__name__, new))
+            continue
+        if new is not child:
+            setattr(module, name, new)
+            for sibling in new.absorbs:
+                setattr(module, sibling, Folded(module._modules[sibling], into=path))
+        fused.update(new.absorbs)
+        leaves = sum(not m._modules for m in new.original.modules())
+        report.replaced.append(Replaced(path, type(new.original).__name__, new.kernel,
+                                        tuple(prefix + s for s in new.absorbs), leaves + len(new.absorbs)))
+
+
+def revert_(model: torch.nn.Module) -> torch.nn.Module:
+    """Puts back every original module that inject_ replaced (the same objects); returns `model`."""
+    for name, child in list(model._modules.items()):
+        if isinstance(child, DropinModule):
+            setattr(model, name, child.original)
+        elif child is not None:
+            revert_(child)
+    return model
+
+
+# --- verification ------------------------------------------------------------------------------------------
+
+def _limit(out: torch.Tensor, torch_err: float) -> float:
+    """The dtype's forward tolerance, or 2x PyTorch's own error (+ noise) where that is larger: a model's error
+    compounds with depth, so a deep model may exceed the per-op tolerance in PyTorch too."""
+    key = out.dtype
+    if key == torch.float32 and not _runtime.INTERPRET and (
+            torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32):
+        key = "tf32"
+    key = key if key in TOLERANCES else torch.float32
+    return max(TOLERANCES[key][0], 2 * torch_err + NOISE_ULPS * UNIT_ROUNDOFF[key])
+
+
+def _divergence(out, out_torch, out_64) -> Optional[str]:
+    """None where every floating tensor of `out` is within its limit, else what exceeded it."""
+    for got, theirs, ref in zip(*(pytree.tree_leaves(o) for o in (out, out_torch, out_64))):
+        if isinstance(got, torch.Tensor) and got.is_floating_point():
+            torch_err = rel_err(theirs, ref)
+            err, limit = rel_err(got, ref), _limit(got, torch_err)
+            if not err <= limit:
+                return (f"relative error {err:.2e} > limit {limit:.2e} ({got.dtype}, against float64; "
+                        f"PyTorch's own error {torch_err:.2e})")
+    return None
+
+
+def _run(model: torch.nn.Module, inputs: tuple, names: list, seed: int):
+    """model(*inputs) and the outputs of the named modules (copies), with the names in the order they ran."""
+    seen, order = {}, []
+
+    def keep(name):
+        def hook(module, args, output):
+            seen[name] = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, output)
+            order.append(name)
+        return hook
+
+    handles = [model.get_submodule(n).register_forward_hook(keep(n)) for n in names]
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):  # the same dropout masks in every run
+            torch.manual_seed(seed)
+            return model(*inputs), seen, order
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def _buffers_kept(model: torch.nn.Module):
+    """Restores the model's buffers (BatchNorm statistics that a training-mode forward updates)."""
+    saved = [(b, b.clone()) for b in model.buffers()] if any(m.training for m in model.modules()) else []
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
+def _example(model: torch.nn.Module, config: InjectConfig, example_inputs):
+    if example_inputs is not None:
+        return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    if config.input_shape is None:
+        return None
+    p = next(t for t in model.parameters() if t.is_floating_point())
+    return (torch.randn(config.input_shape, dtype=p.dtype, device=p.device),)
+
+
+def _verify(model: torch.nn.Module, inputs: tuple, report: InjectReport) -> None:
+    names = {r.name: r.output_name for r in report.replaced}
+    reference = revert_(copy.deepcopy(model))
+    seed = int(torch.randint(2**31, ()))
+    with torch.no_grad(), _buffers_kept(model):
+        out, seen, order = _run(model, inputs, list(names), seed)
+        out_t, seen_t, _ = _run(reference, inputs, list(names.values()), seed)
+        to64 = lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        out_64, seen_64, _ = _run(reference.double(), pytree.tree_map(to64, inputs), list(names.values()), seed)
+    problem = _divergence(out, out_t, out_64)
+    if problem is None:
+        report.verification = "verified: output within tolerance of PyTorch's (float64 reference)"
+        return
+    revert_(model)
+    culprit = next(((name, why) for name in order
+                    if (why := _divergence(seen[name], seen_t[names[name]], seen_64[names[name]]))), None)
+    where = ("no replaced module's own output diverged" if culprit is None else
+             f"first replaced module whose output diverged: '{culprit[0]}' ({culprit[1]})")
+    raise VerificationError(f"inject_: verification failed, the model is reverted. Model output: {problem}; "
+                            f"{where}", culprit and culprit[0])
+
+
+def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, example_inputs=None,
+            verify: bool = True, strict: bool = False) -> InjectReport:
+    """Swaps dropin modules into `model` in place (setattr on the parent of each module replaced); returns the
+    report of what was replaced (with its kernel) and what stays torch (with the reason).
+
+    Handlers are found by exact module type (dropin.inject.registry); torch classes are never changed.
+    `example_inputs` (a tensor or a tuple of forward arguments) or `config.input_shape`: with verify, the
+    injected model and a reverted copy run on them (and the copy in float64 as the reference) under no_grad, with
+    the same random seed and the model's buffers restored after; a divergence beyond the dtype's tolerance
+    reverts the model and raises VerificationError naming the first replaced module whose output diverged.
+    Without inputs nothing is verified (the report says so). strict: raise InjectError (model reverted) when any
+    module that computes stays torch. Injecting an injected model again keeps its dropin modules (idempotent)
+    and handles what a new config now allows; revert_ undoes all of it.
+    """
+    config = InjectConfig() if config is None else config
+    unknown = set(config.ops or ()) - registry.ops()
+    if unknown:
+        raise ValueError(f"InjectConfig.ops: unknown op(s) {sorted(unknown)}; known: {sorted(registry.ops())}")
+    report = InjectReport()
+    if model._modules:
+        _walk(model, "", config, report)
+    elif not isinstance(model, DropinModule) and not registry.is_passive(model):
+        report.left.append(Left("", type(model).__name__, "inject_ replaces children in place, not the root "
+                                                          "module itself: wrap it in an nn.Sequential"))
+    if strict and report.left:
+        revert_(model)
+        raise InjectError("inject_(strict=True): these modules would stay torch (the model is reverted):\n" +
+                          "\n".join(f"  {e.name or '<root>'} ({e.type}): {e.reason}" for e in report.left))
+    inputs = _example(model, config, example_inputs)
+    if verify and inputs is not None:
+        _verify(model, inputs, report)
+    elif verify:
+        report.verification = "NOT verified (pass example_inputs or InjectConfig(input_shape=...))"
+    else:
+        report.verification = "not verified (verify=False)"
+    return report

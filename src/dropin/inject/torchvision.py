@@ -1,0 +1,43 @@
+"""Handlers for torchvision models: ResNet's BasicBlock and Bottleneck -> nn.ResidualBlock (eval mode); ResNet's
+stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses it."""
+from torch import nn
+
+from .. import nn as dnn
+from .generic import conv_reason, fold_reason
+from .registry import chain, register
+
+
+def _block_reason(block: nn.Module, pairs: list, config):
+    if not config.fusions:
+        return "fusions are off in the config"
+    if type(block.relu) is not nn.ReLU:
+        return f"its activation is {type(block.relu).__name__}, not nn.ReLU"
+    convs = [(getattr(block, conv), getattr(block, bn)) for conv, bn in pairs]
+    shortcut = block.downsample
+    if shortcut is not None:
+        if type(shortcut) is not nn.Sequential or len(shortcut) != 2:
+            return "its downsample is not an nn.Sequential(conv, bn)"
+        convs.append((shortcut[0], shortcut[1]))
+    for conv, bn in convs:
+        reason = conv_reason(conv) or fold_reason(bn, conv)
+        if reason:
+            return reason
+    return None
+
+
+try:
+    from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+except ImportError:  # torchvision is optional: no handlers without it
+    pass
+else:
+    chain(ResNet, "conv1", "bn1", "relu")
+    _PAIRS = {BasicBlock: [("conv1", "bn1"), ("conv2", "bn2")],
+              Bottleneck: [("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")]}
+
+    @register(BasicBlock, Bottleneck, op="conv2d")
+    def resnet_block(block: nn.Module, site):
+        pairs = _PAIRS[type(block)]
+        reason = _block_reason(block, pairs, site.config)
+        if reason:
+            return f"{reason}: not fused as a block; its modules are injected one by one"
+        return dnn.ResidualBlock(block, pairs, "downsample" if block.downsample is not None else None)

@@ -1,0 +1,65 @@
+"""Drop-ins for torch.nn.Conv2d: dropin.ops.conv2d, alone or with a BatchNorm2d folded in (ConvBNAct)."""
+from typing import Optional
+
+import torch
+
+from ..ops import conv2d, fold_batchnorm
+from ..ops.activations import activation_ref
+from .module import DropinModule
+
+
+class Conv2d(DropinModule):
+    """`activation(conv(x) + residual)` for an nn.Conv2d (zeros padding; its own weight and bias), one kernel."""
+
+    def __init__(self, original: torch.nn.Conv2d, activation: Optional[str] = None, absorbs: tuple = ()):
+        super().__init__(original, absorbs)
+        self.activation = activation
+        self.kernel = "conv2d" + (f"+{activation}" if activation else "")
+
+    def _conv(self, x, weight, bias, activation, residual):
+        c = self.original
+        return conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups, activation, residual)
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self._conv(x, self.weight, self.bias, self.activation, residual)
+
+
+class ConvBNAct(Conv2d):
+    """`activation(bn(conv(x)) + residual)` for an nn.Conv2d and the BatchNorm2d after it.
+
+    While `bn` is in eval mode: one conv kernel with the BatchNorm folded into its weight and bias (new tensors,
+    cached until a source tensor changes: in-place updates, load_state_dict, .to(); recomputed on every call
+    where autograd needs the fold, or under torch.compile). In training mode BatchNorm uses batch statistics,
+    which cannot fold: the dropin conv, then `bn` itself (torch), then the residual add and activation (torch).
+    `bn` is a plain attribute: it stays registered where it was (a sibling, or the block around both).
+    """
+
+    def __init__(self, original: torch.nn.Conv2d, bn: torch.nn.BatchNorm2d, activation: Optional[str] = None,
+                 absorbs: tuple = ()):
+        super().__init__(original, activation, absorbs)
+        object.__setattr__(self, "bn", bn)
+        self.kernel = "conv2d+bn" + (f"+{activation}" if activation else "")
+        self._cache = None  # (source tensors, their versions, folded weight, folded bias)
+
+    def _sources(self):
+        bn = self.bn
+        return [t for t in (self.weight, self.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+                if t is not None]
+
+    def _folded(self):
+        sources = self._sources()
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
+            return fold_batchnorm(self.weight, self.bias, self.bn)
+        versions = [(t.data_ptr(), t._version, t.dtype) for t in sources] + [self.bn.eps]
+        cache = self._cache
+        if cache is None or cache[1] != versions:
+            # the old tensors stay referenced with the cache, so a new tensor cannot reuse their address
+            cache = self._cache = ([t.detach() for t in sources], versions, *fold_batchnorm(self.weight, self.bias,
+                                                                                          self.bn))
+        return cache[2], cache[3]
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if not self.bn.training:
+            return self._conv(x, *self._folded(), self.activation, residual)
+        y = self.bn(self._conv(x, self.weight, self.bias, None, None))
+        return activation_ref(y if residual is None else y + residual, self.activation)

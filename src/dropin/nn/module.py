@@ -1,0 +1,54 @@
+"""The base of every module that inject_ puts in place of a torch module, and the stand-in for fused modules."""
+import torch
+
+
+class DropinModule(torch.nn.Module):
+    """A drop-in for one torch module (`original`), which it keeps for `revert_` without registering it.
+
+    The original's parameter and buffer dicts are shared, not copied: the drop-in has the same tensors under the
+    same names, so `state_dict()` has the original keys and values, nothing is counted twice, and
+    `load_state_dict`, `.to()`, `.half()` and optimizers act on the original's own tensors (after any of them
+    the original is current: revert_ copies nothing). `train()` / `eval()` set the original's flag too.
+    Subclasses set `kernel` (what runs, for the report) and `absorbs` (names of the following siblings in an
+    nn.Sequential that this module computes too; inject_ puts a `Folded` stand-in in their slots).
+    """
+
+    kernel = "dropin"
+
+    def __init__(self, original: torch.nn.Module, absorbs: tuple = ()):
+        super().__init__()
+        object.__setattr__(self, "original", original)  # a plain attribute: not a submodule
+        self._parameters = original._parameters
+        self._buffers = original._buffers
+        self._non_persistent_buffers_set = original._non_persistent_buffers_set
+        self._version = original._version  # state_dict metadata as the original writes it
+        self.training = original.training
+        self.absorbs = tuple(absorbs)
+
+    def train(self, mode: bool = True):
+        self.original.training = mode
+        return super().train(mode)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        # the original's rules (its pre-hooks, BatchNorm's old-checkpoint handling) on the shared tensors
+        self.original._load_from_state_dict(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"{type(self.original).__name__} -> {self.kernel}"
+
+
+class Folded(DropinModule):
+    """Stands in the slot of a module whose work a preceding drop-in does (a BatchNorm folded into a conv, an
+    activation fused into its epilogue): the identity, holding the original's tensors for state_dict."""
+
+    kernel = "fused"
+
+    def __init__(self, original: torch.nn.Module, into: str):
+        super().__init__(original)
+        self.into = into
+
+    def forward(self, x):
+        return x
+
+    def extra_repr(self) -> str:
+        return f"{type(self.original).__name__} fused into '{self.into}'"

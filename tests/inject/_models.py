@@ -1,0 +1,81 @@
+"""Small models and checks shared by the inject tests (the Triton interpreter is slow: few channels).
+
+Whole models are checked against float64 with the dtype's tolerance alone: the "not worse than 2x PyTorch's
+error" rule is the op tests' (through a deep model, and a training BatchNorm over a few numbers per channel,
+the ratio of two rounding errors is noise: it failed about one run in three at errors near 1e-6 in float32).
+"""
+import copy
+
+import torch
+from torch import nn
+
+import dropin
+from _tol import DEVICE, assert_close
+
+
+def randomize_batchnorms(model: nn.Module) -> nn.Module:
+    """Running statistics and affine parameters away from the identity, so that folding them shows."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return model
+
+
+def cnn(conv_bias: bool = False) -> nn.Module:
+    """(conv_bias: a conv bias before a training-mode BatchNorm has a zero gradient, which no relative error fits)"""
+    return randomize_batchnorms(nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=conv_bias), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 2 * 2, 16), nn.GELU(), nn.Linear(16, 4),
+    )).to(DEVICE)
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.GELU(approximate="tanh"),
+                         nn.Linear(32, 16), nn.SiLU(), nn.Linear(16, 8)).to(DEVICE)
+
+
+def snapshot(model: nn.Module) -> dict:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_state(model: nn.Module, expected: dict) -> None:
+    state = model.state_dict()
+    assert list(state) == list(expected)
+    for k, v in expected.items():
+        assert state[k].dtype == v.dtype and torch.equal(state[k], v), k
+
+
+def check_forward(injected: nn.Module, original: nn.Module, x: torch.Tensor) -> None:
+    """The injected model's output against the original's in float64."""
+    with torch.no_grad():
+        out, ref = injected(x), copy.deepcopy(original).double()(x.double())
+    assert_close(out, ref, x.dtype, "fwd")
+
+
+def check_backward(injected: nn.Module, original: nn.Module, x: torch.Tensor) -> None:
+    """Output, input gradient and every parameter's gradient against the original's in float64 for a random
+    upstream gradient. The original runs too: in training mode each model updates its own BatchNorm statistics."""
+    runs = []
+    for model, dtype in ((injected, x.dtype), (original, x.dtype), (copy.deepcopy(original).double(), torch.float64)):
+        xi = x.to(dtype).requires_grad_()
+        names, params = zip(*sorted(model.named_parameters()))
+        runs.append((model(xi), [xi, *params]))
+    grad = torch.randn_like(runs[0][0])
+    (out, grads), _, (ref, grads_64) = [(out, torch.autograd.grad(out, leaves, grad.to(out.dtype)))
+                                        for out, leaves in runs]
+    assert_close(out, ref, x.dtype, "fwd")
+    for name, g, g_64 in zip(["input", *names], grads, grads_64):
+        assert_close(g, g_64, x.dtype, "bwd", what=f"gradient of {name}")
+
+
+def injected_pair(make, train=False, **inject_kw):
+    """(injected model, its original as a deep copy, the report)."""
+    model = make().train(train)
+    original = copy.deepcopy(model)
+    report = dropin.inject_(model, **inject_kw)
+    return model, original, report

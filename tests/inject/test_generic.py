@@ -1,0 +1,204 @@
+"""inject_ / revert_ on models of torch.nn layers: fusions, report, verification, revert, state_dict, training."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import dropin
+import dropin.nn as dnn
+from dropin.inject import InjectConfig, InjectError, VerificationError, registry
+from _tol import DEVICE, gpu
+
+from _models import assert_same_state, check_backward, check_forward, cnn, injected_pair, mlp, snapshot
+
+
+def kinds(model):
+    return [type(m).__name__ for m in model.children()]
+
+
+def test_mlp_linear_activation_fused():
+    model, original, report = injected_pair(mlp, example_inputs=torch.randn(4, 16, device=DEVICE))
+    assert kinds(model) == ["Linear", "Folded", "Linear", "Folded", "Linear", "Folded", "Linear"]
+    assert all(isinstance(m, dnn.DropinModule) for m in model)
+    assert [(r.name, r.kernel, r.fused) for r in report.replaced] == [
+        ("0", "linear+relu", ("1",)), ("2", "linear+gelu_tanh", ("3",)), ("4", "linear+silu", ("5",)),
+        ("6", "linear", ())]
+    assert report.left == [] and report.verification.startswith("verified")
+    check_forward(model, original, torch.randn(3, 16, device=DEVICE))
+
+
+def test_cnn_eval_conv_bn_relu_fused():
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    model, original, report = injected_pair(cnn, example_inputs=x)
+    assert [(r.name, r.kernel, r.fused) for r in report.replaced] == [
+        ("0", "conv2d+bn+relu", ("1", "2")), ("3", "conv2d+bn+relu", ("4", "5")), ("8", "linear+gelu", ("9",)),
+        ("10", "linear", ())]
+    assert [(e.name, e.type) for e in report.left] == [("6", "MaxPool2d")]  # Flatten computes nothing: not listed
+    assert "no dropin handler for MaxPool2d" in report.left[0].reason
+    text = str(report)
+    assert "MaxPool2d" in text and "conv2d+bn+relu" in text and "verified" in text
+    check_forward(model, original, x)
+    assert isinstance(model[1], dnn.Folded) and model[1].into == "0" and model[0].bn is model[1].original
+
+
+def test_training_mode_bn_not_folded_and_backward_matches_torch():
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    model, original, report = injected_pair(cnn, train=True, example_inputs=x)
+    assert [r.kernel for r in report.replaced] == ["conv2d", "conv2d", "linear+gelu", "linear"]
+    left = {e.name: e.reason for e in report.left}
+    assert set(left) == {"1", "2", "4", "5", "6"}
+    assert "training mode" in left["1"] and "batch_norm" in left["1"] and "no standalone dropin relu" in left["2"]
+    assert torch.equal(model[1].running_mean, original[1].running_mean), "verification changed BN statistics"
+    check_backward(model, original, x)
+    assert torch.allclose(model[1].running_mean, original[1].running_mean)  # both updated alike
+
+
+def test_eval_fused_backward_through_the_fold():
+    """Fine-tuning with frozen BatchNorm: gradients reach the conv and the BatchNorm parameters."""
+    model, original, _ = injected_pair(lambda: cnn(conv_bias=True), verify=False)
+    check_backward(model, original, torch.randn(2, 3, 8, 8, device=DEVICE))
+
+
+def test_fused_then_train_mode_runs_batch_statistics():
+    model, original, _ = injected_pair(cnn, verify=False)
+    model.train(), original.train()
+    assert model[0].training and model[0].original.training and model[1].original.training
+    check_backward(model, original, torch.randn(2, 3, 8, 8, device=DEVICE))
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.allclose(getattr(model[1], name), getattr(original[1], name).to(getattr(model[1], name)))
+    model.eval(), original.eval()  # the fold is recomputed from the updated statistics
+    check_forward(model, original, torch.randn(2, 3, 8, 8, device=DEVICE))
+
+
+def test_revert_restores_the_same_modules_bit_for_bit():
+    model = cnn().eval()
+    children = list(model.children())
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    with torch.no_grad():
+        before = model(x)
+    dropin.inject_(model, example_inputs=x)
+    assert dropin.revert_(model) is model
+    assert list(model.children()) == children and all(a is b for a, b in zip(model.children(), children))
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+
+
+def test_state_dict_round_trip_and_fold_refresh():
+    model = cnn().eval()
+    state = snapshot(model)
+    dropin.inject_(model, verify=False)
+    assert_same_state(model, state)
+    assert sum(p.numel() for p in model.parameters()) == sum(v.numel() for k, v in state.items()
+                                                            if "running" not in k and "num_batches" not in k)
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    with torch.no_grad():
+        model(x)  # fills the fold cache
+    other = cnn().eval()
+    model.load_state_dict(other.state_dict())
+    check_forward(model, other, x)  # the folded weights follow the loaded values
+    dropin.revert_(model)
+    assert_same_state(model, snapshot(other))
+
+
+def test_dtype_conversion_after_injection_reaches_the_original():
+    model = cnn().eval()
+    dropin.inject_(model, verify=False)
+    model.half()
+    original = copy.deepcopy(model)
+    dropin.revert_(original)
+    assert all(t.dtype == torch.float16 for t in original.state_dict().values() if t.is_floating_point())
+    check_forward(model, original, torch.randn(2, 3, 8, 8, device=DEVICE, dtype=torch.float16))
+
+
+class _Perturbed(dnn.Linear):
+    """A wrong kernel: the weight off by 1%."""
+
+    def forward(self, x):
+        return dropin.linear(x, self.weight * 1.01, self.bias, self.activation)
+
+
+def test_verification_catches_a_wrong_kernel_and_reverts(monkeypatch):
+    model = mlp()
+    children = list(model.children())
+    op, handler = registry.HANDLERS[nn.Linear]
+
+    def plant(module, site):
+        return _Perturbed(module) if site.path == "4" else handler(module, site)
+
+    monkeypatch.setitem(registry.HANDLERS, nn.Linear, (op, plant))
+    state = snapshot(model)
+    with pytest.raises(VerificationError, match="'4'") as e:
+        dropin.inject_(model, example_inputs=torch.randn(4, 16, device=DEVICE))
+    assert e.value.module == "4" and "reverted" in str(e.value)
+    assert all(a is b for a, b in zip(model.children(), children))
+    assert_same_state(model, state)
+
+
+def test_strict_raises_on_modules_left_to_torch():
+    model = cnn().eval()
+    children = list(model.children())
+    with pytest.raises(InjectError, match="MaxPool2d"):
+        dropin.inject_(model, strict=True, verify=False)
+    assert all(a is b for a, b in zip(model.children(), children))
+    assert dropin.inject_(mlp(), strict=True, verify=False).left == []
+
+
+def test_injecting_twice_is_idempotent():
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    model = cnn().eval()
+    first = dropin.inject_(model, example_inputs=x)
+    modules = list(model.children())
+    second = dropin.inject_(model, example_inputs=x)
+    assert all(a is b for a, b in zip(model.children(), modules))
+    assert second.replaced == first.replaced and second.left == first.left
+    dropin.revert_(model)
+    assert not any(isinstance(m, dnn.DropinModule) for m in model.modules())
+
+
+def test_config_ops_fusions_dtypes():
+    model = cnn().eval()
+    report = dropin.inject_(model, InjectConfig(ops={"linear"}), verify=False)
+    assert isinstance(model[0], nn.Conv2d) and isinstance(model[8], dnn.Linear)
+    assert "op 'conv2d' is switched off" in {e.name: e.reason for e in report.left}["0"]
+    model = mlp()
+    report = dropin.inject_(model, InjectConfig(fusions=False), verify=False)
+    assert [r.kernel for r in report.replaced] == ["linear"] * 4 and isinstance(model[1], nn.ReLU)
+    report = dropin.inject_(mlp().half(), InjectConfig(dtypes=(torch.float32,)), verify=False)
+    assert not report.replaced and "torch.float16" in report.left[0].reason
+    with pytest.raises(ValueError, match="'pooling'"):
+        dropin.inject_(mlp(), InjectConfig(ops={"linear", "pooling"}))
+
+
+def test_verification_inputs():
+    assert dropin.inject_(mlp()).verification.startswith("NOT verified")
+    assert dropin.inject_(mlp(), verify=False).verification == "not verified (verify=False)"
+    assert dropin.inject_(mlp(), InjectConfig(input_shape=(2, 16))).verification.startswith("verified")
+
+
+def test_unsupported_modules_and_root_are_reported():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), nn.Dropout(0.5),
+                          nn.BatchNorm2d(4), nn.Identity(), nn.Tanh(), nn.Conv1d(4, 4, 1)).to(DEVICE).eval()
+    left = {e.name: e.reason for e in dropin.inject_(model, verify=False).left}
+    assert set(left) == {"0", "2", "4", "5"}  # eval Dropout and Identity compute nothing
+    assert "padding_mode 'reflect'" in left["0"] and "no dropin handler for Tanh" in left["4"]
+    assert "not folded into a conv" in left["2"]
+    model.train()
+    assert "1" in {e.name for e in dropin.inject_(model, verify=False).left}  # training Dropout computes
+    report = dropin.inject_(nn.Linear(4, 4).to(DEVICE), verify=False)
+    assert report.left[0].name == "" and "wrap it" in report.left[0].reason and "<root>" in str(report)
+
+
+@pytest.mark.parametrize("make, shape", [(mlp, (4, 16)), pytest.param(cnn, (2, 3, 8, 8), marks=gpu)])
+def test_torch_compile_fullgraph(make, shape):
+    """(the CNN compiles in ~40 s on the CPU: GPU only)"""
+    model, original, _ = injected_pair(make, verify=False)
+    x = torch.randn(shape, device=DEVICE)
+    check_forward(torch.compile(model, fullgraph=True), original, x)
+
+
+def test_training_mode_verification_with_dropout():
+    """Every verification run draws the same dropout masks (one seed), so a training-mode model verifies."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 8)).to(DEVICE).train()
+    report = dropin.inject_(model, example_inputs=torch.randn(4, 16, device=DEVICE))
+    assert report.verification.startswith("verified") and [e.name for e in report.left] == ["2"]

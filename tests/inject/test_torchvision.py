@@ -1,0 +1,111 @@
+"""inject_ on torchvision ResNet blocks: BasicBlock and Bottleneck as one ResidualBlock of fused convs (eval)."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import dropin
+import dropin.nn as dnn
+from _tol import DEVICE, gpu
+
+from _models import assert_same_state, check_backward, check_forward, injected_pair, randomize_batchnorms, snapshot
+
+resnet = pytest.importorskip("torchvision.models.resnet")
+
+
+def _shortcut(cin, cout, stride):
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+
+def tiny_resnet() -> nn.Module:
+    """torchvision's blocks at 4-16 channels: identity and downsample shortcuts, BasicBlock and Bottleneck."""
+    return randomize_batchnorms(nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(inplace=True),
+        resnet.BasicBlock(4, 4),
+        resnet.BasicBlock(4, 8, stride=2, downsample=_shortcut(4, 8, 2)),
+        resnet.Bottleneck(8, 2),
+        resnet.Bottleneck(8, 4, stride=2, downsample=_shortcut(8, 16, 2)),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5),
+    )).to(DEVICE)
+
+
+X_SHAPE = (2, 3, 8, 8)
+
+
+def test_blocks_fused_in_eval():
+    x = torch.randn(X_SHAPE, device=DEVICE)
+    model, original, report = injected_pair(tiny_resnet, example_inputs=x)
+    assert [type(m).__name__ for m in model] == ["ConvBNAct", "Folded", "Folded", *["ResidualBlock"] * 4,
+                                                 "AdaptiveAvgPool2d", "Flatten", "Linear"]
+    kernels = {r.name: r.kernel for r in report.replaced}
+    assert kernels["3"] == "2 x conv2d+bn+relu (the last + residual)"
+    assert kernels["6"] == "3 x conv2d+bn+relu (the last + residual), shortcut conv2d+bn"
+    assert [e.name for e in report.left] == ["7"] and report.verification.startswith("verified")
+    block = model[4]
+    assert isinstance(block.conv2, dnn.ConvBNAct) and block.bn2 is block.conv2.bn and block.bn2 is \
+        block.original.bn2 and isinstance(block.downsample[1], dnn.Folded)
+    check_forward(model, original, x)
+
+
+def test_block_state_dict_revert_and_reinject():
+    model = tiny_resnet().eval()
+    state, blocks = snapshot(model), list(model.children())
+    x = torch.randn(X_SHAPE, device=DEVICE)
+    with torch.no_grad():
+        before = model(x)
+    report = dropin.inject_(model, verify=False)
+    assert_same_state(model, state)
+    assert dropin.inject_(model, verify=False).replaced == report.replaced
+    dropin.revert_(model)
+    assert all(a is b for a, b in zip(model.children(), blocks))
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+
+
+def test_training_mode_blocks_not_fused_and_backward_matches_torch():
+    x = torch.randn(X_SHAPE, device=DEVICE)
+    model, original, report = injected_pair(tiny_resnet, train=True, example_inputs=x)
+    assert {n.name for n in report.notes} == {"3", "4", "5", "6"}
+    assert "training mode" in report.notes[0].reason and "one by one" in report.notes[0].reason
+    assert isinstance(model[4].conv1, dnn.Conv2d) and isinstance(model[4].downsample[0], dnn.Conv2d)
+    assert isinstance(model[4].bn1, nn.BatchNorm2d) and "4.bn1" in {e.name for e in report.left}
+    check_backward(model, original, x)
+
+
+def test_eval_blocks_then_train_mode_backward():
+    model, original, _ = injected_pair(tiny_resnet, verify=False)
+    model.train(), original.train()
+    check_backward(model, original, torch.randn(X_SHAPE, device=DEVICE))
+
+
+def test_channels_last_eval():
+    x = torch.randn(X_SHAPE, device=DEVICE).to(memory_format=torch.channels_last)
+    model, original, _ = injected_pair(lambda: tiny_resnet().to(memory_format=torch.channels_last),
+                                       example_inputs=x)
+    check_forward(model, original, x)
+
+
+@gpu
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+def test_torchvision_resnet(name):
+    import torchvision
+
+    x = torch.randn(2, 3, 64, 64, device=DEVICE)
+    model, original, report = injected_pair(lambda: randomize_batchnorms(
+        getattr(torchvision.models, name)().to(DEVICE)), example_inputs=x)
+    assert sum(r.original in ("BasicBlock", "Bottleneck") for r in report.replaced) == (8 if name == "resnet18" else 16)
+    assert sorted(e.type for e in report.left) == ["AdaptiveAvgPool2d", "MaxPool2d"]
+    check_forward(model, original, x)
+    assert_same_state(model, snapshot(dropin.revert_(copy.deepcopy(model))))
+
+
+def test_resnet_stem_is_a_chain():
+    """ResNet's forward runs conv1 -> bn1 -> relu: declared a chain, fused like an nn.Sequential (no forward
+    here: the full-width ResNet is slow under the interpreter; test_torchvision_resnet runs it on the GPU)."""
+    model = resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1]).to(DEVICE).eval()
+    report = dropin.inject_(model, verify=False)
+    stem = report.replaced[0]
+    assert (stem.name, stem.kernel, stem.fused, stem.covers) == ("conv1", "conv2d+bn+relu", ("bn1", "relu"), 3)
+    assert report.replaced[1].covers == 5 and report.replaced[2].covers == 7  # block, block with downsample
+    assert isinstance(model.bn1, dnn.Folded) and isinstance(model.relu, dnn.Folded)
