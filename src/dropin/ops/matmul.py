@@ -165,9 +165,10 @@ def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         k_ok = offs_k < K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-        # Subtracting the negated products: Triton 3.6 rewrites sum(a[:, :, None] * b[None, :, :], 1) into a
-        # tl.dot of default (tf32) precision, 7.7e-4 off on seed 004; the negation defeats that pattern.
-        acc -= tl.sum(-(a[:, :, None] * b[None, :, :]), axis=1)
+        if BLOCK_M == 1:  # vector x matrix: a broadcast product summed as a tree over the K chunk
+            acc += tl.sum(tl.reshape(a, (BLOCK_K, 1)) * b, axis=0)[None, :]
+        else:  # tl.dot's CUDA-core fp32 path, two-level K sum. (Not sum(a[:, :, None] * b[None, :, :], 1):
+            acc = _dot_acc(acc, a, b, "ieee")  # Triton 3.6 rewrites that into a tf32 dot, 7.7e-4 off.)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
@@ -323,7 +324,7 @@ _PTR_CONFIGS = {
 _FMA_CONFIGS = {
     "vector": [_cfg(1, 64, 128, 4, 1), _cfg(1, 16, 256, 4, 1), _cfg(1, 32, 256, 4, 1), _cfg(1, 128, 64, 4, 1),
                _cfg(1, 256, 32, 8, 1)],
-    "narrow": [_cfg(32, 16, 32, 4, 3), _cfg(64, 16, 16, 4, 3), _cfg(16, 16, 64, 4, 2), _cfg(128, 16, 8, 8, 3)],
+    "narrow": [_cfg(32, 16, 32, 4, 3), _cfg(64, 16, 16, 4, 3), _cfg(16, 16, 64, 4, 2), _cfg(128, 16, 16, 8, 3)],
 }
 
 
