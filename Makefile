@@ -21,4 +21,4 @@ run: setup
 	$(BIN)/dropin bench matmul
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto

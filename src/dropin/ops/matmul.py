@@ -555,7 +555,7 @@ def _product_like(x, y, like):
 def _product(a, b, bias, activation):
     """act(a @ b + bias) in canonical form, through an autograd node only where a gradient is wanted (the
     node costs launch time, which small products feel)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias)):
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or bias is not None and bias.requires_grad):
         return _MatmulFunction.apply(a, b, bias, activation)
     return _mm(a, b, bias, activation, False)[0]
 
