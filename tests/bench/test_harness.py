@@ -96,6 +96,17 @@ def test_with_backward_and_optional():
     assert harness.optional("no_such_module_here", "x") is None
 
 
+@pytest.mark.parametrize("module,note", [("no_such_module_here", "not installed"),
+                                         ("math", "skipped: interpreter" if harness._runtime.INTERPRET else None)])
+def test_optional_provider(module, note):
+    provider = harness.optional_provider(module, "sqrt", lambda f: lambda x: f(x) + 1)
+    if note is None:
+        assert provider(4.0) == 3.0
+    else:
+        with pytest.raises(harness.Skipped, match=note):
+            provider(4.0)
+
+
 def test_peak_memory():
     def allocate_64_mib():
         return torch.empty(2**24, device=_runtime.KERNEL_DEVICE).sum()

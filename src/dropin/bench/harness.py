@@ -98,6 +98,17 @@ def optional(module: str, name: str):
         return None
 
 
+def optional_provider(module: str, name: str, wrap: Callable = lambda function: function) -> Callable:
+    """A provider built by `wrap` from an optional dependency's `module.name` (e.g. Liger-Kernel's GPU kernels);
+    a skipped one when it is not installed, or under the interpreter, where such kernels cannot run."""
+    function = optional(module, name)
+    if function is None:
+        return skipped("not installed")
+    if _runtime.INTERPRET:
+        return skipped("skipped: interpreter")
+    return wrap(function)
+
+
 def with_backward(fn: Callable, n_args: int, n_grads: int) -> Callable:
     """A forward + backward provider from a forward one: called with (*args, *upstream gradients), one
     upstream gradient per output of fn(*args), it returns (*outputs, gradients of the first n_grads args).

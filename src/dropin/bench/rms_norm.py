@@ -13,8 +13,7 @@ import types
 from dropin.ops import rms_norm
 from dropin.ops.rms_norm import rms_norm_ref
 
-from .. import _runtime
-from .harness import TORCH_DTYPES, Case, compiled, optional, randn, skipped, with_backward
+from .harness import TORCH_DTYPES, Case, compiled, optional, optional_provider, randn, with_backward
 
 EPS = 1e-6
 
@@ -47,13 +46,9 @@ def _hf_norm():
 
 
 def _liger():
-    function = optional("liger_kernel.ops.rms_norm", "LigerRMSNormFunction")
-    if function is None:
-        return skipped("not installed")
-    if _runtime.INTERPRET:
-        return skipped("skipped: interpreter")
     # in_place=False: Liger would otherwise write dx over the upstream gradient, an input shared by providers
-    return _residual_first(lambda x, weight: function.apply(x, weight, EPS, 0.0, "llama", False))
+    return optional_provider("liger_kernel.ops.rms_norm", "LigerRMSNormFunction", lambda function: _residual_first(
+        lambda x, weight: function.apply(x, weight, EPS, 0.0, "llama", False)))
 
 
 def rms_norm_case(tokens: tuple, hidden: int, dtype: str, residual: bool, backward: bool, label: str) -> Case:

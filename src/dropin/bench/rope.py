@@ -11,17 +11,7 @@ Without transformers the eager row runs rope_ref, the same computation (tests ch
 from dropin.ops import rope
 from dropin.ops.rope import rope_ref
 
-from .. import _runtime
-from .harness import TORCH_DTYPES, Case, compiled, optional, randn, skipped, with_backward
-
-
-def _liger():
-    function = optional("liger_kernel.transformers.rope", "liger_rotary_pos_emb")
-    if function is None:
-        return skipped("not installed")
-    if _runtime.INTERPRET:
-        return skipped("skipped: interpreter")
-    return function
+from .harness import TORCH_DTYPES, Case, compiled, optional, optional_provider, randn, with_backward
 
 
 def rope_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, dtype: str, label: str,
@@ -37,7 +27,8 @@ def rope_case(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, dt
 
     providers = {"dropin": rope, "torch": optional("transformers.models.llama.modeling_llama",
                                                     "apply_rotary_pos_emb") or rope_ref,
-                 "torch_compile": compiled(rope_ref), "liger": _liger()}
+                 "torch_compile": compiled(rope_ref),
+                 "liger": optional_provider("liger_kernel.transformers.rope", "liger_rotary_pos_emb")}
     reference = rope_ref
     if backward:
         providers = {name: with_backward(fn, 4, 2) for name, fn in providers.items()}

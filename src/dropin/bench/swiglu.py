@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from dropin.ops import swiglu_mlp
 from dropin.ops.swiglu import swiglu_mlp_ref
 
-from .. import _runtime
-from .harness import TORCH_DTYPES, Case, allow_tf32, compiled, optional, randn, skipped, with_backward
+from .harness import TORCH_DTYPES, Case, allow_tf32, compiled, optional, optional_provider, randn, with_backward
 
 
 def _hf_mlp(hidden: int, intermediate: int):
@@ -38,15 +37,10 @@ def _hf_mlp(hidden: int, intermediate: int):
 
 
 def _liger():
-    silu_mul = optional("liger_kernel.ops.swiglu", "LigerSiLUMulFunction")
-    if silu_mul is None:
-        return skipped("not installed")
-    if _runtime.INTERPRET:
-        return skipped("skipped: interpreter")
-
-    def liger(x, gate_weight, up_weight, down_weight):
-        return F.linear(silu_mul.apply(F.linear(x, gate_weight), F.linear(x, up_weight)), down_weight)
-    return liger
+    def mlp(silu_mul):
+        return lambda x, gate_weight, up_weight, down_weight: F.linear(
+            silu_mul.apply(F.linear(x, gate_weight), F.linear(x, up_weight)), down_weight)
+    return optional_provider("liger_kernel.ops.swiglu", "LigerSiLUMulFunction", mlp)
 
 
 def swiglu_case(tokens: tuple, hidden: int, intermediate: int, dtype: str, backward: bool, label: str) -> Case:
