@@ -3,3 +3,5 @@ from .conv2d import conv2d, fold_batchnorm
 from .matmul import bmm, linear, matmul
 
 __all__ = ["matmul", "bmm", "linear", "conv2d", "fold_batchnorm"]
+from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: E402
+__all__ += ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
