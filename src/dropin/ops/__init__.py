@@ -5,3 +5,5 @@ from .matmul import bmm, linear, matmul
 __all__ = ["matmul", "bmm", "linear", "conv2d", "fold_batchnorm"]
 from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: E402
 __all__ += ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
+from .layer_norm import layer_norm  # noqa: E402
+__all__ += ["layer_norm"]
