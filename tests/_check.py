@@ -34,4 +34,4 @@ def check(op, ref_op, inputs: dict, backward=True, grad_of=None):
         assert_close(g, g_64, dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
         if g.dim() == 4 and g.numel() > 1:
             assert g.is_contiguous(memory_format=torch.channels_last) == \
-                g_t.is_contiguous(memory_format=torch.channels_last), f"gradient of '{name}': layout differs from torch's"
+                g_t.is_contiguous(memory_format=torch.channels_last), f"gradient of '{name}': not torch's layout"

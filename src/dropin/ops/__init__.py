@@ -7,3 +7,5 @@ from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: E402
 __all__ += ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
 from .layer_norm import layer_norm  # noqa: E402
 __all__ += ["layer_norm"]
+from .batch_norm import batch_norm  # noqa: E402
+__all__ += ["batch_norm"]

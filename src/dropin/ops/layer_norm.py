@@ -45,9 +45,10 @@ def _ln_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     mask = r_ok[:, None] & c_ok[None, :]
     x = tl.load(x_ptr + _row_offsets(rows, M1, sx0, sx1)[:, None] + cols[None, :] * sxn, mask=mask, other=0.0)
     x = x.to(tl.float32)
-    mean = tl.sum(x, axis=1) / N
+    n = tl.zeros((BLOCK_M,), tl.float32) + N
+    mean = tl.div_rn(tl.sum(x, axis=1), n)  # per-row scalars correctly rounded (plain / and sqrt approximate)
     d = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+    rstd = tl.div_rn(n * 0.0 + 1.0, tl.sqrt_rn(tl.div_rn(tl.sum(d * d, axis=1), n) + eps))
     y = d * rstd[:, None]
     if HAS_W:
         y = y * tl.load(w_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]

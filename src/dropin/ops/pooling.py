@@ -109,7 +109,8 @@ def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr,
             else:
                 acc += v
     if MODE != "max":
-        acc = acc / _divisor(oh, ow, H, W, OH, OW, KH, KW, SH, SW, PH, PW, MODE == "adaptive", COUNT_PAD, DIVISOR)[:, None]
+        d = _divisor(oh, ow, H, W, OH, OW, KH, KW, SH, SW, PH, PW, MODE == "adaptive", COUNT_PAD, DIVISOR)
+        acc = acc / d[:, None]
     offs_y = (n * syn + oh * syh + ow * syw)[:, None] + cc * syc
     mask = p_ok[:, None] & c_ok[None, :]
     tl.store(y_ptr + offs_y, acc.to(y_ptr.dtype.element_ty), mask=mask)
