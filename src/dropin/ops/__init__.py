@@ -9,3 +9,5 @@ from .layer_norm import layer_norm  # noqa: E402
 __all__ += ["layer_norm"]
 from .batch_norm import batch_norm  # noqa: E402
 __all__ += ["batch_norm"]
+from .softmax import log_softmax, softmax  # noqa: E402
+__all__ += ["softmax", "log_softmax"]
