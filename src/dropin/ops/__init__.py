@@ -11,3 +11,5 @@ from .batch_norm import batch_norm  # noqa: E402
 __all__ += ["batch_norm"]
 from .softmax import log_softmax, softmax  # noqa: E402
 __all__ += ["softmax", "log_softmax"]
+from .activations import activation, gelu, relu, silu  # noqa: E402
+__all__ += ["activation", "relu", "gelu", "silu"]

@@ -1,11 +1,16 @@
-"""Helpers shared by the memory-bound ops (pooling, norms, softmax, activations): dtype checks, strided
-views and the launch heuristic for row-wise kernels."""
+"""Helpers shared by the ops: the eager / compile switch, and for the memory-bound ops (pooling, norms,
+softmax, activations) dtype checks, strided views, the launch heuristic for row-wise kernels, cached launches."""
 import torch
 import triton
 
 from .. import _runtime
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def switch(op, impl):
+    """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
+    return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)
 
 
 def check_float(op: str, **tensors) -> None:

@@ -22,9 +22,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, launch, merge_dims
+from ._common import check_float, launch, merge_dims, switch
 from .conv2d import _channels_last, _pixel
-from .matmul import switch
 from .pooling import _tiles
 
 # --- 1. Reference ----------------------------------------------------------------------------------------

@@ -17,8 +17,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, launch, row_config, row_view
-from .matmul import switch
+from ._common import MAX_ROW, check_float, launch, row_config, row_view, switch
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 

@@ -18,9 +18,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, launch
+from ._common import check_float, launch, switch
 from .conv2d import _channels_last, _pixel
-from .matmul import switch
 
 # --- 1. References ---------------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 One kernel pair for both: BLOCK_M whole rows of N <= 65536 elements per program, held in registers, fp32
 math (the row max, exp(x - max), their sum), so the input is read once and the output written once:
 - `_softmax_fwd_kernel`: y = exp(x - max) / sum, or (LOG) x - max - log(sum).
-- `_softmax_bwd_kernel`: dx = y * (dy - sum(dy * y)), or (LOG) dy - exp(y) * sum(dy).
+- `_softmax_bwd_kernel`: dx = y * (dy - sum(dy * y)) (that sum in fp64), or (LOG) dy - exp(y) * sum(dy).
 Rows are read through strides: the softmax dim is the row (any stride), the other dims M0 x M1 rows (any
 view whose other dims merge into two; others are copied once). The output is contiguous, as torch's is.
 """
@@ -12,9 +12,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, launch, row_config, row_view
+from ._common import MAX_ROW, check_float, launch, row_config, row_view, switch
 from .layer_norm import _row_offsets, _rows
-from .matmul import switch
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -45,7 +44,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr,
     if LOG:
         y = z - tl.log(s)[:, None]
     else:
-        y = e * tl.div_rn(s * 0.0 + 1.0, s)[:, None]
+        y = tl.div_rn(e, s[:, None])
     tl.store(y_ptr + _tile(rows, cols, M1y, sy0, sy1, syn), y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -64,7 +63,13 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr,
     if LOG:
         dx = dy - tl.exp(y) * tl.sum(dy, axis=1)[:, None]
     else:
-        dx = y * (dy - tl.sum(dy * y, axis=1)[:, None])
+        # sum(dy * y) in fp64 (exact products; the GPU has the fp64 rate to spare in a memory-bound kernel),
+        # kept as fp32 hi + lo: where dy is near the sum (the dominant entries), dy - sum cancels, and one
+        # fp32 rounding of the sum would show
+        c = tl.sum(dy.to(tl.float64) * y.to(tl.float64), axis=1)
+        hi = c.to(tl.float32)
+        lo = (c - hi.to(tl.float64)).to(tl.float32)
+        dx = y * ((dy - hi[:, None]) - lo[:, None])
     tl.store(dx_ptr + offs_y, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
