@@ -4,6 +4,8 @@ ties, NaN and -inf for max pooling, every error path; larger shapes on the GPU."
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import dropin.ops as ops
 from _check import check
@@ -84,6 +86,34 @@ def test_avg_pool_options(case):
 def test_avg_pool_dtypes_layouts(dtype, layout):
     kw = dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
     check(_bind(ops.avg_pool2d, **kw), _bind(F.avg_pool2d, **kw), {"x": _x((2, 6, 11, 8), dtype, layout)})
+
+
+@st.composite
+def pool_configs(draw):
+    """Random max / avg pooling configurations; dilation only where no window lies wholly in the padding
+    (without ceil_mode, on inputs at least one dilated kernel wide: see max_pool2d's docstring)."""
+    kind = draw(st.sampled_from(["max", "avg"]))
+    k = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    ceil_mode = draw(st.booleans())
+    d = (draw(st.integers(1, 3)), draw(st.integers(1, 3))) if kind == "max" and not ceil_mode else (1, 1)
+    p = tuple(draw(st.integers(0, ki // 2)) for ki in k)
+    size = tuple(draw(st.integers(max(1, di * (ki - 1) + 1 - (2 * pi if di == 1 else 0)), 12))
+                 for ki, di, pi in zip(k, d, p))
+    kw = dict(kernel_size=k, stride=(draw(st.integers(1, 4)), draw(st.integers(1, 4))), padding=p,
+              ceil_mode=ceil_mode)
+    if kind == "max":
+        kw["dilation"] = d
+    else:
+        kw.update(count_include_pad=draw(st.booleans()), divisor_override=draw(st.sampled_from([None, 3])))
+    return kind, size, kw, draw(st.sampled_from(["nchw", "channels_last", "strided"]))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=pool_configs())
+def test_random_configs(cfg):
+    kind, size, kw, layout = cfg
+    fn, ref = (ops.max_pool2d, F.max_pool2d) if kind == "max" else (ops.avg_pool2d, F.avg_pool2d)
+    check(_bind(fn, **kw), _bind(ref, **kw), {"x": _x((2, 3, *size), layout=layout)})
 
 
 # ----------------------------------------------------------------------------------------- adaptive_avg_pool2d

@@ -350,9 +350,9 @@ def _pool(op, mode, input, kernel_size, stride, padding, dilation, ceil_mode, co
     for name, v in (("kernel_size", kernel), ("stride", stride), ("dilation", dilation)):
         if min(v) <= 0:
             raise RuntimeError(f"{op}: '{name}' should be greater than zero, but got {name}={v}")
-    if min(padding) < 0 or any(p > (d * (k - 1) + 1) // 2 for p, k, d in zip(padding, kernel, dilation)):
-        raise RuntimeError(f"{op}: 'padding' should be non-negative and at most half of the effective kernel size, "
-                           f"but got padding={padding}, kernel_size={kernel} and dilation={dilation}")
+    if min(padding) < 0 or any(p > k // 2 for p, k in zip(padding, kernel)):  # torch's rule (its CPU path)
+        raise RuntimeError(f"{op}: 'padding' should be non-negative and at most half of the kernel size, but got "
+                           f"padding={padding} and kernel_size={kernel}")
     x = input.unsqueeze(0) if input.dim() == 3 else input
     out_hw = [_out_size(i, k, s, p, d, ceil_mode) for i, k, s, p, d in zip(x.shape[2:], kernel, stride, padding,
                                                                            dilation)]
@@ -376,8 +376,10 @@ def max_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, dilatio
 
     input [N, C, H, W] or unbatched [C, H, W], float32 / float16 / bfloat16, any strides; the output is
     channels_last where the input is. kernel_size / stride (default kernel_size) / padding / dilation an int
-    or a pair. Padding never wins; ties go to the first max in window order and NaN propagates, as in torch;
-    the gradient flows to the argmax (return_indices is not offered)."""
+    or a pair, padding at most half the kernel. Padding never wins; ties go to the first max in window order
+    and NaN propagates, as in torch; the gradient flows to the argmax (return_indices is not offered). A window
+    wholly in the padding (only possible with dilation) gives -inf and no gradient (torch's CPU kernel routes
+    that gradient to an element outside the window)."""
     return _pool("max_pool2d", "max", input, kernel_size, stride, padding, dilation, ceil_mode)
 
 
