@@ -61,9 +61,10 @@ _launchers: dict = {}
 
 def launch(kernel, grid, *args, **meta) -> None:
     """`kernel[grid](*args, **meta)` through a cached `_runtime.Launcher` (the lean launch path after the
-    first call), keyed by everything Triton specializes on: dtypes, 16-byte alignment, scalar values."""
-    key = (kernel, grid, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a for a in args),
-           tuple(meta.items()))
+    first call), keyed by everything Triton specializes on: dtypes, 16-byte alignment, scalar values; and by
+    the device (args[0]'s), whose stream the direct launch uses."""
+    key = (kernel, grid, args[0].device, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a
+                                               for a in args), tuple(meta.items()))
     launcher = _launchers.get(key)
     if launcher is None:
         if len(_launchers) > 4096:

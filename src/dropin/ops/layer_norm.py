@@ -27,9 +27,9 @@ layer_norm_ref = F.layer_norm
 # --- 2. Kernels ------------------------------------------------------------------------------------------
 
 @triton.jit
-def _row_offsets(rows, M1, s0, s1):
-    """Offsets of rows r = i0 * M1 + i1 of a strided M0 x M1 batch."""
-    return (rows // M1) * s0 + (rows % M1) * s1
+def _tile(rows, cols, M1, s0, s1, sn):
+    """Offsets of elements cols of rows r = i0 * M1 + i1 (int64) of a strided M0 x M1 batch of rows."""
+    return ((rows // M1) * s0 + (rows % M1) * s1)[:, None] + cols.to(tl.int64)[None, :] * sn
 
 
 @triton.jit
@@ -42,8 +42,7 @@ def _ln_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     r_ok = rows < M
     c_ok = cols < N
     mask = r_ok[:, None] & c_ok[None, :]
-    x = tl.load(x_ptr + _row_offsets(rows, M1, sx0, sx1)[:, None] + cols[None, :] * sxn, mask=mask, other=0.0)
-    x = x.to(tl.float32)
+    x = tl.load(x_ptr + _tile(rows, cols, M1, sx0, sx1, sxn), mask=mask, other=0.0).to(tl.float32)
     n = tl.zeros((BLOCK_M,), tl.float32) + N
     mean = tl.div_rn(tl.sum(x, axis=1), n)  # per-row scalars correctly rounded (plain / and sqrt approximate)
     d = tl.where(mask, x - mean[:, None], 0.0)
@@ -77,9 +76,8 @@ def _ln_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, part_ptr,
         rows = (rb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         r_ok = rows < M
         mask = r_ok[:, None] & c_ok[None, :]
-        x = tl.load(x_ptr + _row_offsets(rows, M1x, sx0, sx1)[:, None] + cols[None, :] * sxn, mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + _row_offsets(rows, M1d, sd0, sd1)[:, None] + cols[None, :] * sdn, mask=mask,
-                     other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + _tile(rows, cols, M1x, sx0, sx1, sxn), mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + _tile(rows, cols, M1d, sd0, sd1, sdn), mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=r_ok, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=r_ok, other=0.0)
         xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)

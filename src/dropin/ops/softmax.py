@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, launch, row_config, row_view, switch
-from .layer_norm import _row_offsets, _rows
+from .layer_norm import _rows, _tile
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -22,11 +22,6 @@ log_softmax_ref = torch.log_softmax
 
 
 # --- 2. Kernels ------------------------------------------------------------------------------------------
-
-@triton.jit
-def _tile(rows, cols, M1, s0, s1, sn):
-    return _row_offsets(rows, M1, s0, s1)[:, None] + cols[None, :] * sn
-
 
 @triton.jit
 def _softmax_fwd_kernel(x_ptr, y_ptr,
