@@ -138,10 +138,10 @@ def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invs
         tl.store(dwb_ptr + C + offs_c, a.to(dwb_ptr.dtype.element_ty), mask=c_ok)
         scale = w * invstd
         if TRAINING:
-            uh = a / P
+            uh = tl.div_rn(a, zero + P)
             vh = _load_row(center_ptr, 0, offs_c, C, c_ok)
             vl = _load_row(center_ptr, 1, offs_c, C, c_ok)
-            bv = -scale * invstd * b / P
+            bv = -scale * invstd * tl.div_rn(b, zero + P)
     else:
         if TRAINING:  # the mean K + a as hi + lo (TwoSum, exact)
             shift = _load_row(center_ptr, 0, offs_c, C, c_ok)
@@ -154,7 +154,7 @@ def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invs
                 rv = _load_row(rv_ptr, 0, offs_c, C, c_ok)
                 tl.store(rm_ptr + offs_c, ((1.0 - momentum) * rm + momentum * (uh + ul)).to(rm_ptr.dtype.element_ty),
                          mask=c_ok)
-                tl.store(rv_ptr + offs_c, ((1.0 - momentum) * rv + momentum * (b / (P - 1))).to(
+                tl.store(rv_ptr + offs_c, ((1.0 - momentum) * rv + momentum * tl.div_rn(b, zero + (P - 1))).to(
                     rv_ptr.dtype.element_ty), mask=c_ok)
         else:
             uh = _load_row(rm_ptr, 0, offs_c, C, c_ok)

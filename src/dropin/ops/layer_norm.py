@@ -82,8 +82,9 @@ def _ln_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, part_ptr,
         rstd = tl.load(rstd_ptr + rows, mask=r_ok, other=0.0)
         xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
         wdy = dy * w if HAS_W else dy
-        c1 = tl.sum(xhat * wdy, axis=1) / N
-        c2 = tl.sum(wdy, axis=1) / N
+        n = tl.zeros((BLOCK_M,), tl.float32) + N
+        c1 = tl.div_rn(tl.sum(xhat * wdy, axis=1), n)
+        c2 = tl.div_rn(tl.sum(wdy, axis=1), n)
         dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
         tl.store(dx_ptr + rows[:, None] * N + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if PARTIALS:

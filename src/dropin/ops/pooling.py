@@ -109,7 +109,7 @@ def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr,
                 acc += v
     if MODE != "max":
         d = _divisor(oh, ow, H, W, OH, OW, KH, KW, SH, SW, PH, PW, MODE == "adaptive", COUNT_PAD, DIVISOR)
-        acc = acc / d[:, None]
+        acc = tl.div_rn(acc, tl.broadcast_to(d[:, None], acc.shape))  # correctly rounded (plain / is not)
     offs_y = (n * syn + oh * syh + ow * syw)[:, None] + cc * syc
     mask = p_ok[:, None] & c_ok[None, :]
     tl.store(y_ptr + offs_y, acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -164,7 +164,8 @@ def _pool_bwd_kernel(dy_ptr, idx_ptr, dx_ptr,
                 acc += tl.where(hit, g, 0.0)
             else:
                 d = _divisor(oh, ow, H, W, OH, OW, KH, KW, SH, SW, PH, PW, MODE == "adaptive", COUNT_PAD, DIVISOR)
-                acc += g / tl.where(h_ok & w_ok, d, 1.0)[:, None]  # d may be 0 off the valid candidates
+                d = tl.where(h_ok & w_ok, d, 1.0)[:, None]  # d may be 0 off the valid candidates
+                acc += tl.div_rn(g, tl.broadcast_to(d, g.shape))
     offs_x = (n * sxn + ih * sxh + iw * sxw)[:, None] + cc * sxc
     tl.store(dx_ptr + offs_x, acc.to(dx_ptr.dtype.element_ty), mask=p_ok[:, None] & c_ok[None, :])
 
@@ -184,7 +185,7 @@ def _global_avg_kernel(x_ptr, y_ptr,
         s = s0 + tl.arange(0, BLOCK_HW)
         offs = (s // W) * sxh + (s % W) * sxw
         acc += tl.load(x_base + offs[:, None], mask=(s < HW)[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-    y = tl.sum(acc, axis=0) / HW
+    y = tl.div_rn(tl.sum(acc, axis=0), tl.zeros((BLOCK_C,), tl.float32) + HW)
     tl.store(y_ptr + n * syn + offs_c * syc, y.to(y_ptr.dtype.element_ty), mask=c_ok)
 
 
