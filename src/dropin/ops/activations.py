@@ -193,8 +193,8 @@ class _ActivationFunction(torch.autograd.Function):
 def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
     """`activation(input)` elementwise, for activation "relu", "gelu" (exact, erf), "gelu_tanh" or "silu",
     as torch's F.relu / F.gelu / F.gelu(approximate="tanh") / F.silu; fp32 math, backward included.
-    input of any shape and strides, float32 / float16 / bfloat16; the output has input's layout where input
-    is dense (channels_last stays channels_last), else it is contiguous."""
+    input of any shape and strides, float32 / float16 / bfloat16, read through its strides; the output is
+    `torch.empty_like(input)` (a dense input's own layout: channels_last stays channels_last), as torch's."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"argument 'activation' must be one of {ACTIVATIONS}, got {activation!r}")
     _runtime.check_kernel_device(activation, input=input)

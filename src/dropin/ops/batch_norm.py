@@ -217,7 +217,8 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
 
 def _apply(u, v, coef, out):
     u, (N, C, H, W), su = _as4d(u)
-    _, _, so = _as4d(out)
+    o, _, so = _as4d(out)
+    assert o is out, "outputs are contiguous or channels_last: their spatial dims merge without a copy"
     v, _, sv = (u, None, su) if v is None else _as4d(v)
     P = N * H * W
     block_p, block_c = _tiles(P, C, su[1] == 1 and C > 1)
