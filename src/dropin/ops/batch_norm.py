@@ -223,7 +223,7 @@ def _apply(u, v, coef, out):
     P = N * H * W
     block_p, block_c = _tiles(P, C, su[1] == 1 and C > 1)
     launch(_bn_apply_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), u, v, out, coef, C, H, W, P,
-           *su, *sv, *so, HAS_V=v is not u, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
+           *su, *sv, *so, HAS_V=v is not u, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
 
 
 def _reduce(x, dy, center, invstd):
@@ -238,7 +238,7 @@ def _reduce(x, dy, center, invstd):
     splits = triton.cdiv(P, per_split)
     part = torch.empty((2, splits, C), device=x.device, dtype=torch.float32)
     launch(_bn_reduce_kernel, (c_tiles, splits), x, dy, center, invstd, part, C, H, W, P, per_split, *sx, *sd,
-           GRAD=dy is not x, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
+           GRAD=dy is not x, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
     return part, per_split
 
 

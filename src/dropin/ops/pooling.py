@@ -31,6 +31,14 @@ adaptive_avg_pool2d_ref = F.adaptive_avg_pool2d
 # --- 2. Kernels ------------------------------------------------------------------------------------------
 
 @triton.jit
+def _plane(offs, H, W):
+    """(n, h, w) of flat pixel indices: n int64, h and w int32 (offsets within one sample's planes are int32:
+    fewer registers for the address math of every tap; each sample holds fewer than 2^31 elements)."""
+    n, h, w = _pixel(offs, H, W)
+    return n, h.to(tl.int32), w.to(tl.int32)
+
+
+@triton.jit
 def _window(o, I, O, S: tl.constexpr, PAD: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,
             ADAPTIVE: tl.constexpr):
     """Output index o's window along one axis: [first, end) in input coordinates (not clipped to [0, I))."""
@@ -81,7 +89,7 @@ def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr,
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     p_ok = offs_p < P
     c_ok = offs_c < C
-    n, oh, ow = _pixel(offs_p, OH, OW)
+    n, oh, ow = _plane(offs_p, OH, OW)
     cc = offs_c.to(tl.int64)[None, :]
     h0, h1 = _window(oh, H, OH, SH, PH, KH, DH, MODE == "adaptive")
     w0, w1 = _window(ow, W, OW, SW, PW, KW, DW, MODE == "adaptive")
@@ -103,14 +111,14 @@ def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr,
                 # torch: the first valid tap, then any larger value or NaN
                 take = ok & (~seen | (v > acc) | (v != v))
                 acc = tl.where(take, v, acc)
-                arg = tl.where(take, (ih * W + iw).to(tl.int32)[:, None], arg)
+                arg = tl.where(take, (ih * W + iw)[:, None], arg)
                 seen = seen | ok
             else:
                 acc += v
     if MODE != "max":
         d = _divisor(oh, ow, H, W, OH, OW, KH, KW, SH, SW, PH, PW, MODE == "adaptive", COUNT_PAD, DIVISOR)
         acc = tl.div_rn(acc, tl.broadcast_to(d[:, None], acc.shape))  # correctly rounded (plain / is not)
-    offs_y = (n * syn + oh * syh + ow * syw)[:, None] + cc * syc
+    offs_y = (n * syn + (oh * syh + ow * syw))[:, None] + cc * syc
     mask = p_ok[:, None] & c_ok[None, :]
     tl.store(y_ptr + offs_y, acc.to(y_ptr.dtype.element_ty), mask=mask)
     if STORE_IDX:
@@ -146,11 +154,11 @@ def _pool_bwd_kernel(dy_ptr, idx_ptr, dx_ptr,
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     p_ok = offs_p < P
     c_ok = offs_c < C
-    n, ih, iw = _pixel(offs_p, H, W)
+    n, ih, iw = _plane(offs_p, H, W)
     cc = offs_c.to(tl.int64)[None, :]
     dy_base = dy_ptr + (n * sdn)[:, None] + cc * sdc
     idx_base = idx_ptr + (n * sin)[:, None] + cc * sic
-    here = (ih * W + iw).to(tl.int32)[:, None]
+    here = (ih * W + iw)[:, None]
     acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
     for th in range(TH):
         oh, h_ok = _outputs(ih, th, H, OH, SH, PH, DH, MODE == "adaptive")
@@ -166,7 +174,7 @@ def _pool_bwd_kernel(dy_ptr, idx_ptr, dx_ptr,
                 d = _divisor(oh, ow, H, W, OH, OW, KH, KW, SH, SW, PH, PW, MODE == "adaptive", COUNT_PAD, DIVISOR)
                 d = tl.where(h_ok & w_ok, d, 1.0)[:, None]  # d may be 0 off the valid candidates
                 acc += tl.div_rn(g, tl.broadcast_to(d, g.shape))
-    offs_x = (n * sxn + ih * sxh + iw * sxw)[:, None] + cc * sxc
+    offs_x = (n * sxn + (ih * sxh + iw * sxw))[:, None] + cc * sxc
     tl.store(dx_ptr + offs_x, acc.to(dx_ptr.dtype.element_ty), mask=p_ok[:, None] & c_ok[None, :])
 
 
@@ -237,7 +245,7 @@ def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad
     launch(_pool_fwd_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), x, y, idx if store_idx else y,
            C, H, W, OH, OW, P, *x.stride(), *y.stride(),
            **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), STORE_IDX=store_idx,
-           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
+           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
     return y, idx
 
 
@@ -261,7 +269,7 @@ def _bwd_impl(dy, idx, x_shape, channels_last: bool, mode: str, kernel, stride, 
     launch(_pool_bwd_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), dy, i, dx,
            C, H, W, OH, OW, P, *dy.stride(), *i.stride(), *dx.stride(),
            **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), TH=th, TW=tw,
-           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
+           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
     return dx
 
 
