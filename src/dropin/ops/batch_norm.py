@@ -45,14 +45,14 @@ def _load_row(ptr, row, offs_c, C, c_ok):
 
 
 @triton.jit
-def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, invstd_ptr, part_ptr,
+def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, part_ptr,
                       C, H, W, P, PER_SPLIT,
                       sxn, sxc, sxh, sxw, sdn, sdc, sdh, sdw,
                       GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """Split s = program_id(1) covers pixels [s * PER_SPLIT, min(P, (s + 1) * PER_SPLIT)) of channel tile
     program_id(0); part[0 / 1, s, c] (fp32) gets: mean and M2 of x - K (GRAD False; split 0 stores the shift
-    K in center[0]), or sum(dy) and sum(dy * xhat) (GRAD True; xhat from the mean center[0]
-    + center[1] and invstd)."""
+    K in center[0]), or sum(dy) and sum(dy * (x - mean)) (GRAD True; the mean as center[0] + center[1];
+    exact products, fp64 sums)."""
     split = tl.program_id(1)
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
@@ -61,10 +61,11 @@ def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, invstd_ptr, part_ptr,
     p_end = tl.minimum(P, p_first + PER_SPLIT)
     a = tl.zeros((BLOCK_C,), tl.float32)
     b = tl.zeros((BLOCK_C,), tl.float32)
-    if GRAD:
+    if GRAD:  # sums in fp64: a tile's sum over pixels has no tree to keep its fp32 error small everywhere
+        ga = tl.zeros((BLOCK_C,), tl.float64)
+        gb = tl.zeros((BLOCK_C,), tl.float64)
         shift = _load_row(center_ptr, 0, offs_c, C, c_ok)[None, :]  # the mean's hi, then its lo
         mean_s = _load_row(center_ptr, 1, offs_c, C, c_ok)[None, :]
-        invstd = _load_row(invstd_ptr, 0, offs_c, C, c_ok)[None, :]
     else:  # the shift K: the mean of the channel's first (up to) 16 pixels, the same in every program
         first = tl.arange(0, 16)
         shift = tl.load(_tile_ptrs(x_ptr, first, cc, H, W, sxn, sxc, sxh, sxw),
@@ -81,8 +82,8 @@ def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, invstd_ptr, part_ptr,
         if GRAD:
             dy = tl.load(_tile_ptrs(dy_ptr, offs_p, cc, H, W, sdn, sdc, sdh, sdw), mask=mask, other=0.0)
             dy = dy.to(tl.float32)
-            a += tl.sum(dy, axis=0)
-            b += tl.sum(dy * tl.where(mask, (x - mean_s) * invstd, 0.0), axis=0)
+            ga += tl.sum(dy.to(tl.float64), axis=0)
+            gb += tl.sum(dy.to(tl.float64) * tl.where(mask, x - mean_s, 0.0).to(tl.float64), axis=0)
         else:  # this tile's mean and M2, merged into the running (a = mean, b = M2) of the cnt pixels before
             cnt_t = tl.minimum(p_end - p0, BLOCK_P).to(tl.float32)
             mean_t = tl.sum(x, axis=0) / cnt_t
@@ -91,6 +92,9 @@ def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, invstd_ptr, part_ptr,
             delta = mean_t - a
             a += delta * (cnt_t / (cnt + cnt_t))
             b += tl.sum(d * d, axis=0) + delta * delta * (cnt * cnt_t / (cnt + cnt_t))
+    if GRAD:
+        a = ga.to(tl.float32)
+        b = gb.to(tl.float32)
     S = tl.num_programs(1)
     tl.store(part_ptr + split * C + offs_c, a, mask=c_ok)
     tl.store(part_ptr + (S + split) * C + offs_c, b, mask=c_ok)
@@ -134,6 +138,7 @@ def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invs
     cst = zero
     if GRAD:
         invstd = _load_row(invstd_ptr, 0, offs_c, C, c_ok)
+        b = b * invstd  # sum(dy * xhat)
         tl.store(dwb_ptr + offs_c, b.to(dwb_ptr.dtype.element_ty), mask=c_ok)
         tl.store(dwb_ptr + C + offs_c, a.to(dwb_ptr.dtype.element_ty), mask=c_ok)
         scale = w * invstd
@@ -219,17 +224,19 @@ def _apply(u, v, coef, out):
     u, (N, C, H, W), su = _as4d(u)
     o, _, so = _as4d(out)
     assert o is out, "outputs are contiguous or channels_last: their spatial dims merge without a copy"
-    v, _, sv = (u, None, su) if v is None else _as4d(v)
+    has_v = v is not None
+    v, _, sv = _as4d(v) if has_v else (u, None, su)
     P = N * H * W
     block_p, block_c = _tiles(P, C, su[1] == 1 and C > 1)
     launch(_bn_apply_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), u, v, out, coef, C, H, W, P,
-           *su, *sv, *so, HAS_V=v is not u, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+           *su, *sv, *so, HAS_V=has_v, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
 
 
-def _reduce(x, dy, center, invstd):
+def _reduce(x, dy, center):
     """The per-split partials [2, S, C] of the training statistics (dy None) or of the backward sums."""
     x, (N, C, H, W), sx = _as4d(x)
-    dy, _, sd = (x, None, sx) if dy is None else _as4d(dy)
+    grad = dy is not None
+    dy, _, sd = _as4d(dy) if grad else (x, None, sx)
     P = N * H * W
     block_p, block_c = _tiles(P, C, sx[1] == 1 and C > 1)
     c_tiles = triton.cdiv(C, block_c)
@@ -237,8 +244,8 @@ def _reduce(x, dy, center, invstd):
     per_split = triton.cdiv(triton.cdiv(P, splits), block_p) * block_p
     splits = triton.cdiv(P, per_split)
     part = torch.empty((2, splits, C), device=x.device, dtype=torch.float32)
-    launch(_bn_reduce_kernel, (c_tiles, splits), x, dy, center, invstd, part, C, H, W, P, per_split, *sx, *sd,
-           GRAD=dy is not x, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+    launch(_bn_reduce_kernel, (c_tiles, splits), x, dy, center, part, C, H, W, P, per_split, *sx, *sd,
+           GRAD=grad, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
     return part, per_split
 
 
@@ -261,7 +268,7 @@ def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: floa
     invstd = torch.empty(C, device=x.device, dtype=torch.float32)
     if x.numel() == 0:
         return y, center, invstd
-    part, per_split = _reduce(x, None, center, invstd) if training else (None, 1)
+    part, per_split = _reduce(x, None, center) if training else (None, 1)
     coef = _finalize(part, x.numel() // C, per_split, C, w, b, running_mean, running_var, center, invstd, None, eps,
                      momentum, False, training)
     _apply(x, None, coef, y)
@@ -275,7 +282,7 @@ def _bwd_impl(dy, x, w, center, invstd, training: bool, wb_dtype: Optional[torch
     if x.numel() == 0:
         return dx, dwb.zero_()
     # inference without weight / bias gradients: dx = dy * w * invstd, no reduction
-    part, per_split = _reduce(x, dy, center, invstd) if training or wb_dtype is not None else (None, 1)
+    part, per_split = _reduce(x, dy, center) if training or wb_dtype is not None else (None, 1)
     coef = _finalize(part, x.numel() // C, per_split, C, w, None, None, None, center, invstd, dwb, 0.0, 0.0, True,
                      training)
     _apply(dy, x if training else None, coef, dx)
