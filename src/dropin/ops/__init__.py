@@ -1,9 +1,16 @@
 """Functional ops: one file per op, each with its PyTorch reference beside the kernels."""
+from .activations import activation, gelu, relu, silu
 from .attention import attention
+from .batch_norm import batch_norm
 from .conv2d import conv2d, fold_batchnorm
+from .layer_norm import layer_norm
 from .matmul import bmm, linear, matmul
+from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from .rms_norm import rms_norm
 from .rope import rope
+from .softmax import log_softmax, softmax
 from .swiglu import swiglu_mlp
 
-__all__ = ["matmul", "bmm", "linear", "conv2d", "fold_batchnorm", "attention", "rms_norm", "rope", "swiglu_mlp"]
+__all__ = ["matmul", "bmm", "linear", "conv2d", "fold_batchnorm", "attention", "rms_norm", "rope", "swiglu_mlp",
+           "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "layer_norm", "batch_norm", "softmax", "log_softmax",
+           "activation", "relu", "gelu", "silu"]

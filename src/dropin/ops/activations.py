@@ -1,4 +1,5 @@
-"""Activation functions shared by the fused epilogues (linear, conv, swiglu): Triton helpers and references.
+"""Activation functions shared by the fused epilogues (linear, conv, swiglu): Triton helpers and references;
+and the standalone elementwise op (`activation`, `relu`, `gelu`, `silu`), forward and backward, one kernel.
 
 Names: "relu", "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "silu". Inside kernels the
 activation is a `tl.constexpr` string; "none" is the identity.
@@ -7,6 +8,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from .. import _runtime
+from ._common import check_float, launch, merge_dims, switch
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
@@ -72,3 +76,146 @@ def activation_grad(z, ACT: tl.constexpr):
     else:
         d = tl.full(z.shape, 1.0, tl.float32)
     return d
+
+
+# --- The standalone elementwise op: act(x) and its backward, one kernel for every activation -------------
+
+@triton.jit
+def _act_kernel(x_ptr, dy_ptr, out_ptr,
+                numel, S1, S2, S3,
+                sx0, sx1, sx2, sx3, sd0, sd1, sd2, sd3, so0, so1, so2, so3,
+                ACT: tl.constexpr, GRAD: tl.constexpr, FLAT: tl.constexpr, BLOCK: tl.constexpr):
+    """out = act(x), or (GRAD) out = dy * act'(x), fp32 math. FLAT: all three share one dense layout and
+    element i sits at offset i in each; else element i of the logical [S0, S1, S2, S3] is read and written
+    through each tensor's own strides. Grid (blocks of BLOCK elements,)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < numel
+    if FLAT:
+        ox = i
+        od = i
+        oo = i
+    else:
+        i3 = i % S3
+        t = i // S3
+        i2 = t % S2
+        t = t // S2
+        i1 = t % S1
+        i0 = t // S1
+        ox = i0 * sx0 + i1 * sx1 + i2 * sx2 + i3 * sx3
+        od = i0 * sd0 + i1 * sd1 + i2 * sd2 + i3 * sd3
+        oo = i0 * so0 + i1 * so1 + i2 * so2 + i3 * so3
+    x = tl.load(x_ptr + ox, mask=ok, other=0.0).to(tl.float32)
+    if GRAD:
+        out = tl.load(dy_ptr + od, mask=ok, other=0.0).to(tl.float32) * activation_grad(x, ACT)
+    else:
+        out = apply_activation(x, ACT)
+    tl.store(out_ptr + oo, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """True when t's elements fill one block of memory without gaps or overlaps, in any dim order."""
+    dims = sorted(zip(t.stride(), t.shape), reverse=True)
+    merged = merge_dims([s for _, s in dims], [st for st, _ in dims])
+    return not merged or len(merged) == 1 and merged[0][1] == 1
+
+
+def _joint_dims(shape, strides: list) -> list:
+    """The dims of several same-shaped views merged where every view allows it: [(size, (strides...))]."""
+    out = []
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        st = tuple(s[d] for s in strides)
+        if out and all(prev == size * cur for prev, cur in zip(out[-1][1], st)):
+            out[-1] = (out[-1][0] * size, st)
+        else:
+            out.append((size, st))
+    return out
+
+
+def _act_impl(x, dy, act: str):
+    """act(x) (dy None) or dy * act'(x), in the layout torch gives: that of x, or for the gradient of dy
+    (relu: of x), where that is dense."""
+    out = torch.empty_like(x if dy is None or act == "relu" else dy)
+    if x.numel() == 0:
+        return out
+    tensors = [x, x if dy is None else dy, out]
+    flat = all(t.stride() == x.stride() for t in tensors) and _dense(x)
+    dims = [] if flat else _joint_dims(x.shape, [t.stride() for t in tensors])
+    if len(dims) > 4:  # more than 4 dims that do not merge (rare views of >= 5-D tensors): read copies in
+        tensors[:2] = [torch.empty_like(out).copy_(t) for t in tensors[:2]]  # out's dense layout, then flat
+        flat, dims = True, []
+    dims = [(1, (0, 0, 0))] * (4 - len(dims)) + dims
+    strides = [st[k] for k in range(3) for _, st in dims]
+    block = 2048
+    launch(_act_kernel, (triton.cdiv(x.numel(), block),), *tensors, x.numel(), *(s for s, _ in dims[1:]),
+           *strides, ACT=act, GRAD=dy is not None, FLAT=flat, BLOCK=block, num_warps=8)
+    return out
+
+
+@torch.library.custom_op("dropin::activation", mutates_args=())
+def _act_op(x: torch.Tensor, act: str) -> torch.Tensor:
+    return _act_impl(x, None, act)
+
+
+@_act_op.register_fake
+def _(x, act):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("dropin::activation_backward", mutates_args=())
+def _act_bwd_op(dy: torch.Tensor, x: torch.Tensor, act: str) -> torch.Tensor:
+    return _act_impl(x, dy, act)
+
+
+@_act_bwd_op.register_fake
+def _(dy, x, act):
+    return torch.empty_like(x if act == "relu" else dy)
+
+
+_act = switch(_act_op, lambda x, act: _act_impl(x, None, act))
+_act_bwd = switch(_act_bwd_op, lambda dy, x, act: _act_impl(x, dy, act))
+
+
+class _ActivationFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, act):
+        ctx.save_for_backward(x)
+        ctx.act = act
+        return _act(x, act)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return _act_bwd(dy, x, ctx.act), None
+
+
+def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
+    """`activation(input)` elementwise, for activation "relu", "gelu" (exact, erf), "gelu_tanh" or "silu",
+    as torch's F.relu / F.gelu / F.gelu(approximate="tanh") / F.silu; fp32 math, backward included.
+    input of any shape and strides, float32 / float16 / bfloat16, read through its strides; the output is
+    `torch.empty_like(input)` (a dense input's own layout: channels_last stays channels_last), as torch's."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"argument 'activation' must be one of {ACTIVATIONS}, got {activation!r}")
+    _runtime.check_kernel_device(activation, input=input)
+    check_float(activation, input=input)
+    if torch.is_grad_enabled() and input.requires_grad:
+        return _ActivationFunction.apply(input, activation)
+    return _act(input, activation)
+
+
+def relu(input: torch.Tensor) -> torch.Tensor:
+    """`F.relu(input)` (NaN stays NaN; the gradient at 0 is 0); see `activation`."""
+    return activation(input, "relu")
+
+
+def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """`F.gelu(input, approximate)`: approximate "none" (erf) or "tanh"; see `activation`."""
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError(f"gelu: argument 'approximate' must be 'none' or 'tanh', got {approximate!r}")
+    return activation(input, "gelu" if approximate == "none" else "gelu_tanh")
+
+
+def silu(input: torch.Tensor) -> torch.Tensor:
+    """`F.silu(input)` = input * sigmoid(input); see `activation`."""
+    return activation(input, "silu")

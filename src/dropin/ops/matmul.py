@@ -19,6 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
+from ._common import switch
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -531,11 +532,6 @@ def _act_grad_op(grad_y: torch.Tensor, z: Optional[torch.Tensor], activation: st
 def _(grad_y, z, activation, bias_grad):
     grad_z = torch.empty_like(grad_y) if activation != "none" else grad_y.new_empty(0)
     return grad_z, grad_y.new_empty(grad_y.shape[-1] if bias_grad else 0)
-
-
-def switch(op, impl):
-    """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
-    return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)
 
 
 _mm = switch(_mm_op, _mm_impl)

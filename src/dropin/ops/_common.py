@@ -1,0 +1,74 @@
+"""Helpers shared by the ops: the eager / compile switch, and for the memory-bound ops (pooling, norms,
+softmax, activations) dtype checks, strided views, the launch heuristic for row-wise kernels, cached launches."""
+import torch
+import triton
+
+from .. import _runtime
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def switch(op, impl):
+    """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
+    return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)
+
+
+def check_float(op: str, **tensors) -> None:
+    """RuntimeError (torch's type for unsupported dtypes) naming the first tensor that is not fp16/bf16/fp32."""
+    for name, t in tensors.items():
+        if t is not None and t.dtype not in FLOAT_DTYPES:
+            raise RuntimeError(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
+
+
+def merge_dims(sizes, strides) -> list:
+    """A strided view's dims as (size, stride) pairs, outermost first, size-1 dims dropped and neighbours
+    merged where one stride steps over the other (as `view` could merge them)."""
+    out = []
+    for size, stride in zip(sizes, strides):
+        if size == 1:
+            continue
+        if out and out[-1][1] == size * stride:
+            out[-1] = (out[-1][0] * size, stride)
+        else:
+            out.append((size, stride))
+    return out
+
+
+def row_view(t: torch.Tensor, n_last: int):
+    """t as M0 x M1 rows of N elements, [(M0, s0), (M1, s1), (N, sn)], read through t's strides; None when
+    the last n_last dims do not merge into one strided dim or the leading ones into two."""
+    k = t.dim() - n_last
+    row = merge_dims(t.shape[k:], t.stride()[k:]) or [(1, 1)]
+    lead = merge_dims(t.shape[:k], t.stride()[:k])
+    if len(row) > 1 or len(lead) > 2:
+        return None
+    return [(1, 0)] * (2 - len(lead)) + lead + row
+
+
+MAX_ROW = 65536
+
+
+def row_config(n: int) -> dict:
+    """Launch settings for a kernel holding BLOCK_M whole rows of n elements in registers: about 2048+
+    elements per program, 8 per thread (up to 8192-element rows; longer rows hold more per thread and spill
+    in the backward kernels), contiguous along the row for vectorized loads."""
+    block_n = triton.next_power_of_2(max(n, 1))
+    block_m = max(1, 2048 // block_n)
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=min(32, block_m * block_n // 256))
+
+
+_launchers: dict = {}
+
+
+def launch(kernel, grid, *args, **meta) -> None:
+    """`kernel[grid](*args, **meta)` through a cached `_runtime.Launcher` (the lean launch path after the
+    first call), keyed by everything Triton specializes on: dtypes, 16-byte alignment, scalar values; and by
+    the device (args[0]'s), whose stream the direct launch uses."""
+    key = (kernel, grid, args[0].device, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a
+                                               for a in args), tuple(meta.items()))
+    launcher = _launchers.get(key)
+    if launcher is None:
+        if len(_launchers) > 4096:
+            _launchers.clear()
+        launcher = _launchers[key] = _runtime.Launcher(kernel, grid, meta)
+    launcher(*args)

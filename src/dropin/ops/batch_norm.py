@@ -1,0 +1,381 @@
+"""Batch normalization (torch.nn.functional.batch_norm semantics), inference and training; fwd and bwd.
+
+input [N, C, *spatial] is read through its strides as (N, C, H, W) pixels x channels (NCHW, channels_last
+or any view whose spatial dims merge into two; others are copied once), in tiles of BLOCK_P pixels x
+BLOCK_C channels. Three kernels, each used forward and backward:
+- `_bn_reduce_kernel`: per channel, over a split of the N*H*W pixels: training statistics (mean and sum of
+  squared deviations of each tile, merged tile by tile with Chan's formula: one read, no cancellation), or
+  for the backward the sums of dy and dy * xhat. Grid (channel tiles, splits), fp32 partials.
+- `_bn_finalize_kernel`: merges the splits per channel; saves the centre and invstd; updates running_mean
+  and running_var in place as torch does (momentum, unbiased variance); writes per-channel coefficients.
+- `_bn_apply_kernel`: out = ((u - Uh) - Ul) * A + Cc [+ ((v - Vh) - Vl) * B], per channel: y from x
+  forward, dx from dy (and x, in training) backward. Weight and bias gradients come from the finalize step.
+The statistics are taken of x - K, K near each channel's mean (that of its first 16 pixels), the mean kept as
+hi + lo, two fp32 numbers: x - mean stays exact to fp32 even where |mean| >> std (fp32 rounding of the mean
+alone would cost |mean| * 2^-24 there).
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from ._common import check_float, launch, merge_dims, switch
+from .conv2d import _channels_last, _pixel
+from .pooling import _tiles
+
+# --- 1. Reference ----------------------------------------------------------------------------------------
+
+batch_norm_ref = F.batch_norm
+
+
+# --- 2. Kernels ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _tile_ptrs(ptr, offs_p, cc, H, W, sn, sc, sh, sw):
+    n, h, w = _pixel(offs_p, H, W)
+    return ptr + (n * sn + h * sh + w * sw)[:, None] + cc * sc
+
+
+@triton.jit
+def _load_row(ptr, row, offs_c, C, c_ok):
+    return tl.load(ptr + row * C + offs_c, mask=c_ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, part_ptr,
+                      C, H, W, P, PER_SPLIT,
+                      sxn, sxc, sxh, sxw, sdn, sdc, sdh, sdw,
+                      GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Split s = program_id(1) covers pixels [s * PER_SPLIT, min(P, (s + 1) * PER_SPLIT)) of channel tile
+    program_id(0); part[0 / 1, s, c] (fp32) gets: mean and M2 of x - K (GRAD False; split 0 stores the shift
+    K in center[0]), or sum(dy) and sum(dy * (x - mean)) (GRAD True; the mean as center[0] + center[1];
+    exact products, fp64 sums)."""
+    split = tl.program_id(1)
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    cc = offs_c.to(tl.int64)[None, :]
+    p_first = split.to(tl.int64) * PER_SPLIT
+    p_end = tl.minimum(P, p_first + PER_SPLIT)
+    a = tl.zeros((BLOCK_C,), tl.float32)
+    b = tl.zeros((BLOCK_C,), tl.float32)
+    if GRAD:  # sums in fp64: a tile's sum over pixels has no tree to keep its fp32 error small everywhere
+        ga = tl.zeros((BLOCK_C,), tl.float64)
+        gb = tl.zeros((BLOCK_C,), tl.float64)
+        shift = _load_row(center_ptr, 0, offs_c, C, c_ok)[None, :]  # the mean's hi, then its lo
+        mean_s = _load_row(center_ptr, 1, offs_c, C, c_ok)[None, :]
+    else:  # the shift K: the mean of the channel's first (up to) 16 pixels, the same in every program
+        first = tl.arange(0, 16)
+        shift = tl.load(_tile_ptrs(x_ptr, first, cc, H, W, sxn, sxc, sxh, sxw),
+                        mask=(first < P)[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+        shift = tl.sum(shift, axis=0) / tl.minimum(P, 16)
+        if split == 0:
+            tl.store(center_ptr + offs_c, shift, mask=c_ok)
+        shift = shift[None, :]
+    for p0 in range(p_first, p_end, BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        mask = (offs_p < p_end)[:, None] & c_ok[None, :]
+        x = tl.load(_tile_ptrs(x_ptr, offs_p, cc, H, W, sxn, sxc, sxh, sxw), mask=mask, other=0.0).to(tl.float32)
+        x = tl.where(mask, x - shift, 0.0)
+        if GRAD:
+            dy = tl.load(_tile_ptrs(dy_ptr, offs_p, cc, H, W, sdn, sdc, sdh, sdw), mask=mask, other=0.0)
+            dy = dy.to(tl.float32)
+            ga += tl.sum(dy.to(tl.float64), axis=0)
+            gb += tl.sum(dy.to(tl.float64) * tl.where(mask, x - mean_s, 0.0).to(tl.float64), axis=0)
+        else:  # this tile's mean and M2, merged into the running (a = mean, b = M2) of the cnt pixels before
+            cnt_t = tl.minimum(p_end - p0, BLOCK_P).to(tl.float32)
+            mean_t = tl.sum(x, axis=0) / cnt_t
+            d = tl.where(mask, x - mean_t[None, :], 0.0)
+            cnt = (p0 - p_first).to(tl.float32)
+            delta = mean_t - a
+            a += delta * (cnt_t / (cnt + cnt_t))
+            b += tl.sum(d * d, axis=0) + delta * delta * (cnt * cnt_t / (cnt + cnt_t))
+    if GRAD:
+        a = ga.to(tl.float32)
+        b = gb.to(tl.float32)
+    S = tl.num_programs(1)
+    tl.store(part_ptr + split * C + offs_c, a, mask=c_ok)
+    tl.store(part_ptr + (S + split) * C + offs_c, b, mask=c_ok)
+
+
+@triton.jit
+def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invstd_ptr, coef_ptr, dwb_ptr,
+                        C, P, PER_SPLIT, S, eps, momentum,
+                        GRAD: tl.constexpr, TRAINING: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                        UPDATE: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Per channel, grid (channel tiles,). Forward (GRAD False): the mean as center[0] + center[1] and invstd
+    from the S partials (TRAINING, updating running_mean / running_var when UPDATE) or from the running
+    statistics; coefficients of y = ((x - hi) - lo) * w * invstd + b. Backward
+    (GRAD True): dwb[0] = sum(dy * xhat), dwb[1] = sum(dy), and the coefficients of
+    dx = (dy - mean(dy)) * w * invstd - (x - mean) * w * invstd^2 * mean(dy * xhat) (training), or
+    dx = dy * w * invstd (inference). coef[k, c], k: Uh, Ul, A, Vh, Vl, B, Cc (see _bn_apply_kernel)."""
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    zero = tl.zeros((BLOCK_C,), tl.float32)
+    a = zero
+    b = zero
+    if GRAD or TRAINING:
+        for s in range(0, S):
+            pa = _load_row(part_ptr, s, offs_c, C, c_ok)
+            pb = _load_row(part_ptr, S + s, offs_c, C, c_ok)
+            if GRAD:
+                a += pa
+                b += pb
+            else:  # Chan's merge of split s (cnt_s pixels) into the cnt before it (fp32 counts: no overflow)
+                cnt = zero + s * 1.0 * PER_SPLIT
+                cnt_s = tl.minimum(P - cnt, PER_SPLIT * 1.0)
+                delta = pa - a
+                a += delta * (cnt_s / (cnt + cnt_s))
+                b += pb + delta * delta * (cnt * cnt_s / (cnt + cnt_s))
+    w = _load_row(w_ptr, 0, offs_c, C, c_ok) if HAS_W else zero + 1.0
+    uh = zero
+    ul = zero
+    vh = zero
+    vl = zero
+    bv = zero
+    cst = zero
+    if GRAD:
+        invstd = _load_row(invstd_ptr, 0, offs_c, C, c_ok)
+        b = b * invstd  # sum(dy * xhat)
+        tl.store(dwb_ptr + offs_c, b.to(dwb_ptr.dtype.element_ty), mask=c_ok)
+        tl.store(dwb_ptr + C + offs_c, a.to(dwb_ptr.dtype.element_ty), mask=c_ok)
+        scale = w * invstd
+        if TRAINING:
+            uh = tl.div_rn(a, zero + P)
+            vh = _load_row(center_ptr, 0, offs_c, C, c_ok)
+            vl = _load_row(center_ptr, 1, offs_c, C, c_ok)
+            bv = -scale * invstd * tl.div_rn(b, zero + P)
+    else:
+        if TRAINING:  # the mean K + a as hi + lo (TwoSum, exact)
+            shift = _load_row(center_ptr, 0, offs_c, C, c_ok)
+            uh = shift + a
+            t = uh - shift
+            ul = (shift - (uh - t)) + (a - t)
+            var = tl.div_rn(b, zero + P)
+            if UPDATE:
+                rm = _load_row(rm_ptr, 0, offs_c, C, c_ok)
+                rv = _load_row(rv_ptr, 0, offs_c, C, c_ok)
+                tl.store(rm_ptr + offs_c, ((1.0 - momentum) * rm + momentum * (uh + ul)).to(rm_ptr.dtype.element_ty),
+                         mask=c_ok)
+                tl.store(rv_ptr + offs_c, ((1.0 - momentum) * rv + momentum * tl.div_rn(b, zero + (P - 1))).to(
+                    rv_ptr.dtype.element_ty), mask=c_ok)
+        else:
+            uh = _load_row(rm_ptr, 0, offs_c, C, c_ok)
+            var = _load_row(rv_ptr, 0, offs_c, C, c_ok)
+        invstd = tl.div_rn(zero + 1.0, tl.sqrt_rn(var + eps))
+        tl.store(center_ptr + offs_c, uh, mask=c_ok)
+        tl.store(center_ptr + C + offs_c, ul, mask=c_ok)
+        tl.store(invstd_ptr + offs_c, invstd, mask=c_ok)
+        scale = w * invstd
+        if HAS_B:
+            cst = _load_row(b_ptr, 0, offs_c, C, c_ok)
+    tl.store(coef_ptr + offs_c, uh, mask=c_ok)
+    tl.store(coef_ptr + C + offs_c, ul, mask=c_ok)
+    tl.store(coef_ptr + 2 * C + offs_c, scale, mask=c_ok)
+    tl.store(coef_ptr + 3 * C + offs_c, vh, mask=c_ok)
+    tl.store(coef_ptr + 4 * C + offs_c, vl, mask=c_ok)
+    tl.store(coef_ptr + 5 * C + offs_c, bv, mask=c_ok)
+    tl.store(coef_ptr + 6 * C + offs_c, cst, mask=c_ok)
+
+
+@triton.jit
+def _bn_apply_kernel(u_ptr, v_ptr, out_ptr, coef_ptr,
+                     C, H, W, P,
+                     sun, suc, suh, suw, svn, svc, svh, svw, son, soc, soh, sow,
+                     HAS_V: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """out = ((u - Uh) - Ul) * A + Cc (+ ((v - Vh) - Vl) * B with HAS_V), per-channel coefficients from
+    coef[7, C]; grid (pixel tiles over N*H*W, channel tiles)."""
+    offs_p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    mask = (offs_p < P)[:, None] & c_ok[None, :]
+    cc = offs_c.to(tl.int64)[None, :]
+    u = tl.load(_tile_ptrs(u_ptr, offs_p, cc, H, W, sun, suc, suh, suw), mask=mask, other=0.0).to(tl.float32)
+    out = ((u - _load_row(coef_ptr, 0, offs_c, C, c_ok)[None, :]) - _load_row(coef_ptr, 1, offs_c, C, c_ok)[None, :])
+    out = out * _load_row(coef_ptr, 2, offs_c, C, c_ok)[None, :] + _load_row(coef_ptr, 6, offs_c, C, c_ok)[None, :]
+    if HAS_V:
+        v = tl.load(_tile_ptrs(v_ptr, offs_p, cc, H, W, svn, svc, svh, svw), mask=mask, other=0.0).to(tl.float32)
+        v = (v - _load_row(coef_ptr, 3, offs_c, C, c_ok)[None, :]) - _load_row(coef_ptr, 4, offs_c, C, c_ok)[None, :]
+        out += v * _load_row(coef_ptr, 5, offs_c, C, c_ok)[None, :]
+    tl.store(_tile_ptrs(out_ptr, offs_p, cc, H, W, son, soc, soh, sow), out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# --- 3. Launchers ----------------------------------------------------------------------------------------
+
+def _as4d(t: torch.Tensor):
+    """(t, (N, C, H, W), strides): t's spatial dims as two (H, W), through its strides; a contiguous copy
+    only where they do not merge into two strided dims (e.g. some slices of 5-D inputs)."""
+    spatial = merge_dims(t.shape[2:], t.stride()[2:])
+    if len(spatial) > 2:
+        t = t.contiguous()
+        spatial = merge_dims(t.shape[2:], t.stride()[2:])
+    (H, sh), (W, sw) = [(1, 0)] * (2 - len(spatial)) + spatial
+    return t, (t.shape[0], t.shape[1], H, W), (t.stride(0), t.stride(1), sh, sw)
+
+
+def _empty_like(x: torch.Tensor) -> torch.Tensor:
+    fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+    return torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+
+
+def _apply(u, v, coef, out):
+    u, (N, C, H, W), su = _as4d(u)
+    o, _, so = _as4d(out)
+    assert o is out, "outputs are contiguous or channels_last: their spatial dims merge without a copy"
+    has_v = v is not None
+    v, _, sv = _as4d(v) if has_v else (u, None, su)
+    P = N * H * W
+    block_p, block_c = _tiles(P, C, su[1] == 1 and C > 1)
+    launch(_bn_apply_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), u, v, out, coef, C, H, W, P,
+           *su, *sv, *so, HAS_V=has_v, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+
+
+def _reduce(x, dy, center):
+    """The per-split partials [2, S, C] of the training statistics (dy None) or of the backward sums."""
+    x, (N, C, H, W), sx = _as4d(x)
+    grad = dy is not None
+    dy, _, sd = _as4d(dy) if grad else (x, None, sx)
+    P = N * H * W
+    block_p, block_c = _tiles(P, C, sx[1] == 1 and C > 1)
+    c_tiles = triton.cdiv(C, block_c)
+    splits = max(1, min(triton.cdiv(4 * _runtime.num_sms(x.device.index or 0), c_tiles), triton.cdiv(P, block_p)))
+    per_split = triton.cdiv(triton.cdiv(P, splits), block_p) * block_p
+    splits = triton.cdiv(P, per_split)
+    part = torch.empty((2, splits, C), device=x.device, dtype=torch.float32)
+    launch(_bn_reduce_kernel, (c_tiles, splits), x, dy, center, part, C, H, W, P, per_split, *sx, *sd,
+           GRAD=grad, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+    return part, per_split
+
+
+def _finalize(part, P, per_split, C, w, b, rm, rv, center, invstd, dwb, eps, momentum, grad, training):
+    """The coefficients [7, C] for _bn_apply_kernel; part None: no partials to merge (inference)."""
+    coef = torch.empty((7, C), device=invstd.device, dtype=torch.float32)
+    block_c = min(triton.next_power_of_2(C), 256)
+    dummy = lambda t: coef if t is None else t  # noqa: E731  (never read: its HAS_ / mode flag is off)
+    launch(_bn_finalize_kernel, (triton.cdiv(C, block_c),), dummy(part), dummy(w), dummy(b), dummy(rm), dummy(rv),
+           center, invstd, coef, dummy(dwb), C, P, per_split, 0 if part is None else part.shape[1], eps, momentum,
+           GRAD=grad, TRAINING=training, HAS_W=w is not None, HAS_B=b is not None,
+           UPDATE=training and rm is not None, BLOCK_C=block_c, num_warps=4)
+    return coef
+
+
+def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: float, eps: float):
+    C = x.shape[1]
+    y = _empty_like(x)
+    center = torch.empty((2, C), device=x.device, dtype=torch.float32)
+    invstd = torch.empty(C, device=x.device, dtype=torch.float32)
+    if x.numel() == 0:
+        return y, center, invstd
+    part, per_split = _reduce(x, None, center) if training else (None, 1)
+    coef = _finalize(part, x.numel() // C, per_split, C, w, b, running_mean, running_var, center, invstd, None, eps,
+                     momentum, False, training)
+    _apply(x, None, coef, y)
+    return y, center, invstd
+
+
+def _bwd_impl(dy, x, w, center, invstd, training: bool, wb_dtype: Optional[torch.dtype]):
+    C = x.shape[1]
+    dx = _empty_like(x)
+    dwb = torch.empty((2, C), device=x.device, dtype=wb_dtype or torch.float32)
+    if x.numel() == 0:
+        return dx, dwb.zero_()
+    # inference without weight / bias gradients: dx = dy * w * invstd, no reduction
+    part, per_split = _reduce(x, dy, center) if training or wb_dtype is not None else (None, 1)
+    coef = _finalize(part, x.numel() // C, per_split, C, w, None, None, None, center, invstd, dwb, 0.0, 0.0, True,
+                     training)
+    _apply(dy, x if training else None, coef, dx)
+    return dx, dwb
+
+
+# --- 4. Registration as custom ops -----------------------------------------------------------------------
+
+@torch.library.custom_op("dropin::batch_norm", mutates_args=("running_mean", "running_var"))
+def _fwd_op(x: torch.Tensor, w: Optional[torch.Tensor], b: Optional[torch.Tensor],
+            running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor], training: bool,
+            momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fwd_impl(x, w, b, running_mean, running_var, training, momentum, eps)
+
+
+@_fwd_op.register_fake
+def _(x, w, b, running_mean, running_var, training, momentum, eps):
+    C = x.shape[1]
+    return _empty_like(x), x.new_empty((2, C), dtype=torch.float32), x.new_empty(C, dtype=torch.float32)
+
+
+@torch.library.custom_op("dropin::batch_norm_backward", mutates_args=())
+def _bwd_op(dy: torch.Tensor, x: torch.Tensor, w: Optional[torch.Tensor], center: torch.Tensor,
+            invstd: torch.Tensor, training: bool, wb_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _bwd_impl(dy, x, w, center, invstd, training, wb_dtype)
+
+
+@_bwd_op.register_fake
+def _(dy, x, w, center, invstd, training, wb_dtype):
+    return _empty_like(x), x.new_empty((2, x.shape[1]), dtype=wb_dtype or torch.float32)
+
+
+_fwd = switch(_fwd_op, _fwd_impl)
+_bwd = switch(_bwd_op, _bwd_impl)
+
+
+# --- 5. Autograd -----------------------------------------------------------------------------------------
+
+class _BatchNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, running_mean, running_var, training, momentum, eps):
+        y, center, invstd = _fwd(x, w, b, running_mean, running_var, training, momentum, eps)
+        ctx.save_for_backward(x, w, center, invstd)
+        ctx.training = training
+        ctx.b_dtype = None if b is None else b.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, center, invstd = ctx.saved_tensors
+        need_w, need_b = ctx.needs_input_grad[1:3]
+        wb_dtype = (w.dtype if w is not None else ctx.b_dtype) if need_w or need_b else None
+        dx, dwb = _bwd(dy, x, w, center, invstd, ctx.training, wb_dtype)
+        return (dx, dwb[0] if need_w else None, dwb[1].to(ctx.b_dtype) if need_b else None) + (None,) * 5
+
+
+# --- 6. Public function ----------------------------------------------------------------------------------
+
+def batch_norm(input: torch.Tensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
+               weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> torch.Tensor:
+    """`F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)`.
+
+    input [N, C, *spatial] (2-D, 3-D, 4-D, ...; NCHW, channels_last or any strides; the output keeps
+    channels_last), float32 / float16 / bfloat16; running_mean / running_var / weight / bias [C] (any of those
+    dtypes; the running statistics contiguous: they are updated in place). Inference (training=False)
+    normalizes with the running statistics. Training normalizes with the batch's mean and biased variance
+    (fp32, one pass with Chan's merges) and, where running statistics are given, updates them as torch does:
+    running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance."""
+    op = "batch_norm"
+    params = dict(running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
+    _runtime.check_kernel_device(op, input=input, **params)
+    check_float(op, input=input, **params)
+    if input.dim() < 2:
+        raise RuntimeError(f"{op}: expected 'input' with at least 2 dims [N, C, ...], but got input of size "
+                           f"{list(input.shape)}")
+    C = input.shape[1]
+    for name, t in params.items():
+        if t is not None and t.numel() != C:
+            raise RuntimeError(f"{op}: '{name}' should contain {C} elements (input's channels), not {t.numel()}")
+    if (running_mean is None) != (running_var is None):
+        raise RuntimeError(f"{op}: pass both 'running_mean' and 'running_var' or neither")
+    if running_mean is not None and not (running_mean.is_contiguous() and running_var.is_contiguous()):
+        raise RuntimeError(f"{op}: 'running_mean' and 'running_var' must be contiguous (they are updated in place)")
+    if not training and running_mean is None:
+        raise RuntimeError(f"{op}: 'running_mean' and 'running_var' must be defined in evaluation mode")
+    if not isinstance(momentum, (int, float)) or isinstance(momentum, bool):
+        raise TypeError(f"{op}: argument 'momentum' must be float, not {type(momentum).__name__}")
+    if training and input.numel() // max(C, 1) == 1:
+        raise ValueError(f"{op}: expected more than 1 value per channel when training, got 'input' of size "
+                         f"{list(input.shape)}")
+    w, b = (None if t is None else t.reshape(-1).contiguous() for t in (weight, bias))  # [C]: a copy only if strided
+    args = (bool(training), float(momentum), float(eps))
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
+        return _BatchNormFunction.apply(input, w, b, running_mean, running_var, *args)
+    return _fwd(input, w, b, running_mean, running_var, *args)[0]

@@ -1,0 +1,253 @@
+"""Layer normalization over the last dims (torch.nn.functional.layer_norm semantics); forward and backward.
+
+Rows of N = prod(normalized_shape) elements, BLOCK_M whole rows per program held in registers (N up to
+65536), fp32 statistics (mean, then the centred variance from registers: no E[x^2] - E[x]^2 cancellation):
+- `_ln_fwd_kernel`: y = (x - mean) * rstd * weight + bias; keeps mean and rstd (fp32) for the backward.
+- `_ln_bwd_kernel`: dx per row; weight / bias gradients as per-program partial column sums (a persistent
+  grid striding over row blocks), summed by `_colsum_kernel`: deterministic, no atomics.
+The input is read through its strides as M0 x M1 rows of one strided dim (any view that allows it: slices,
+transposed batch dims); the output and dx are contiguous, as torch's are.
+"""
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from ._common import MAX_ROW, check_float, launch, row_config, row_view, switch
+
+# --- 1. Reference ----------------------------------------------------------------------------------------
+
+layer_norm_ref = F.layer_norm
+
+
+# --- 2. Kernels ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _tile(rows, cols, M1, s0, s1, sn):
+    """Offsets of elements cols of rows r = i0 * M1 + i1 (int64) of a strided M0 x M1 batch of rows."""
+    return ((rows // M1) * s0 + (rows % M1) * s1)[:, None] + cols.to(tl.int64)[None, :] * sn
+
+
+@triton.jit
+def _ln_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+                   M, M1, N, sx0, sx1, sxn, eps,
+                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y[r, :] = (x[r, :] - mean) * rstd * w + b for BLOCK_M rows; y contiguous; grid (row blocks,)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    r_ok = rows < M
+    c_ok = cols < N
+    mask = r_ok[:, None] & c_ok[None, :]
+    x = tl.load(x_ptr + _tile(rows, cols, M1, sx0, sx1, sxn), mask=mask, other=0.0).to(tl.float32)
+    n = tl.zeros((BLOCK_M,), tl.float32) + N
+    mean = tl.div_rn(tl.sum(x, axis=1), n)  # per-row scalars correctly rounded (plain / and sqrt approximate)
+    d = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = tl.div_rn(n * 0.0 + 1.0, tl.sqrt_rn(tl.div_rn(tl.sum(d * d, axis=1), n) + eps))
+    y = d * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(b_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * N + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=r_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=r_ok)
+
+
+@triton.jit
+def _ln_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, part_ptr,
+                   M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn,
+                   HAS_W: tl.constexpr, PARTIALS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx = rstd * (w*dy - mean(w*dy) - xhat * mean(w*dy * xhat)) per row, dx contiguous; with PARTIALS,
+    this program's column sums of dy * xhat and dy into part[pid, 0, :] and part[pid, 1, :] (fp32).
+    Grid (G,): program pid takes row blocks pid, pid + G, ..."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    c_ok = cols < N
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    dw = tl.zeros((BLOCK_N,), tl.float32)
+    db = tl.zeros((BLOCK_N,), tl.float32)
+    for rb in range(pid, tl.cdiv(M, BLOCK_M), G):
+        rows = (rb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        r_ok = rows < M
+        mask = r_ok[:, None] & c_ok[None, :]
+        x = tl.load(x_ptr + _tile(rows, cols, M1x, sx0, sx1, sxn), mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + _tile(rows, cols, M1d, sd0, sd1, sdn), mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=r_ok, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=r_ok, other=0.0)
+        xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+        wdy = dy * w if HAS_W else dy
+        n = tl.zeros((BLOCK_M,), tl.float32) + N
+        c1 = tl.div_rn(tl.sum(xhat * wdy, axis=1), n)
+        c2 = tl.div_rn(tl.sum(wdy, axis=1), n)
+        dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + rows[:, None] * N + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if PARTIALS:
+            dw += tl.sum(dy * xhat, axis=0)
+            db += tl.sum(dy, axis=0)
+    if PARTIALS:
+        tl.store(part_ptr + pid * 2 * N + cols, dw, mask=c_ok)
+        tl.store(part_ptr + pid * 2 * N + N + cols, db, mask=c_ok)
+
+
+@triton.jit
+def _colsum_kernel(part_ptr, out_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[j] = sum_g part[g, j] (part fp32 [G, N] contiguous); grid (column tiles,)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ok = cols < N
+    acc = tl.zeros((BLOCK_G, BLOCK_N), tl.float32)
+    for g0 in range(0, G, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        acc += tl.load(part_ptr + g[:, None] * N + cols[None, :], mask=(g < G)[:, None] & c_ok[None, :], other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=c_ok)
+
+
+# --- 3. Launchers ----------------------------------------------------------------------------------------
+
+def _rows(x: torch.Tensor, n_last: int):
+    """(x, [(M0, s0), (M1, s1), (N, sn)]): x itself where its strides allow a row view, else a contiguous
+    copy (a copy only for views whose batch dims do not merge into two strided dims)."""
+    view = row_view(x, n_last)
+    if view is None:
+        x = x.contiguous()
+        view = row_view(x, n_last)
+    return x, view
+
+
+def _fwd_impl(x, n_last: int, w, b, eps: float):
+    x, ((_, s0), (M1, s1), (N, sn)) = _rows(x, n_last)
+    M = x.numel() // max(N, 1)
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    mean = torch.empty(M, device=x.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    if x.numel() == 0:
+        return y, mean, rstd
+    cfg = row_config(N)
+    launch(_ln_fwd_kernel, (triton.cdiv(M, cfg["BLOCK_M"]),), x, y if w is None else w, y if b is None else b,
+           y, mean, rstd, M, M1, N, s0, s1, sn, eps, HAS_W=w is not None, HAS_B=b is not None, **cfg)
+    return y, mean, rstd
+
+
+def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype]):
+    """(dx, [dweight; dbias]): the second [2, N] in wb_dtype, or empty where wb_dtype is None."""
+    need_wb = wb_dtype is not None
+    x, ((_, sx0), (M1x, sx1), (N, sxn)) = _rows(x, n_last)
+    dy, ((_, sd0), (M1d, sd1), (_, sdn)) = _rows(dy, n_last)
+    M = mean.numel()
+    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    dwb = torch.zeros((2, N), device=x.device, dtype=wb_dtype) if need_wb else dx.new_empty(0)
+    if x.numel() == 0:
+        return dx, dwb
+    cfg = row_config(N)
+    G = min(triton.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
+    part = torch.empty((G, 2, N) if need_wb else (0,), device=x.device, dtype=torch.float32)
+    launch(_ln_bwd_kernel, (G,), x, dx if w is None else w, dy, dx, mean, rstd, part if need_wb else mean,
+           M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn, HAS_W=w is not None, PARTIALS=need_wb, **cfg)
+    if need_wb:
+        block_n = min(triton.next_power_of_2(N), 256)
+        launch(_colsum_kernel, (triton.cdiv(2 * N, block_n),), part, dwb, G, 2 * N, BLOCK_G=8, BLOCK_N=block_n,
+               num_warps=4)
+    return dx, dwb
+
+
+# --- 4. Registration as custom ops -----------------------------------------------------------------------
+
+def _fake_stats(x, n_last):
+    M = x.numel() // max(math.prod(x.shape[x.dim() - n_last:]), 1)
+    return x.new_empty(M, dtype=torch.float32)
+
+
+@torch.library.custom_op("dropin::layer_norm", mutates_args=())
+def _fwd_op(x: torch.Tensor, n_last: int, w: Optional[torch.Tensor], b: Optional[torch.Tensor],
+            eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fwd_impl(x, n_last, w, b, eps)
+
+
+@_fwd_op.register_fake
+def _(x, n_last, w, b, eps):
+    return torch.empty(x.shape, device=x.device, dtype=x.dtype), _fake_stats(x, n_last), _fake_stats(x, n_last)
+
+
+@torch.library.custom_op("dropin::layer_norm_backward", mutates_args=())
+def _bwd_op(dy: torch.Tensor, x: torch.Tensor, n_last: int, w: Optional[torch.Tensor], mean: torch.Tensor,
+            rstd: torch.Tensor, wb_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _bwd_impl(dy, x, n_last, w, mean, rstd, wb_dtype)
+
+
+@_bwd_op.register_fake
+def _(dy, x, n_last, w, mean, rstd, wb_dtype):
+    N = math.prod(x.shape[x.dim() - n_last:])
+    dwb = x.new_empty((2, N), dtype=wb_dtype) if wb_dtype is not None else x.new_empty(0)
+    return torch.empty(x.shape, device=x.device, dtype=x.dtype), dwb
+
+
+_fwd = switch(_fwd_op, _fwd_impl)
+_bwd = switch(_bwd_op, _bwd_impl)
+
+
+# --- 5. Autograd -----------------------------------------------------------------------------------------
+
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, n_last, w, b, eps):
+        y, mean, rstd = _fwd(x, n_last, w, b, eps)
+        ctx.save_for_backward(x, w, mean, rstd)
+        ctx.n_last = n_last
+        ctx.b_dtype = None if b is None else b.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, mean, rstd = ctx.saved_tensors
+        need_w, need_b = ctx.needs_input_grad[2:4]
+        wb_dtype = (w.dtype if w is not None else ctx.b_dtype) if need_w or need_b else None
+        dx, dwb = _bwd(dy, x, ctx.n_last, w, mean, rstd, wb_dtype)
+        return (dx, None, dwb[0] if need_w else None, dwb[1].to(ctx.b_dtype) if need_b else None, None)
+
+
+# --- 6. Public function ----------------------------------------------------------------------------------
+
+def _flat_param(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """weight / bias as one unit-stride dim (a copy only for a non-contiguous parameter, N elements)."""
+    return None if t is None else t.reshape(-1).contiguous()
+
+
+def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
+               bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+    """`F.layer_norm(input, normalized_shape, weight, bias, eps)`: normalizes over the last
+    len(normalized_shape) dims (prod(normalized_shape) <= 65536) with fp32 mean and variance (biased, as
+    torch), then * weight + bias (each None or of normalized_shape).
+
+    input of any shape ending in normalized_shape, float32 / float16 / bfloat16, read through its strides;
+    weight / bias any of those dtypes. The output (and the input's gradient) is contiguous, in input's dtype."""
+    op = "layer_norm"
+    _runtime.check_kernel_device(op, input=input, weight=weight, bias=bias)
+    check_float(op, input=input, weight=weight, bias=bias)
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else normalized_shape
+    if not (isinstance(shape, (list, tuple, torch.Size)) and len(shape) > 0 and all(
+            isinstance(s, int) and not isinstance(s, bool) for s in shape)):
+        raise RuntimeError(f"{op}: expected 'normalized_shape' to be an int or a non-empty list of ints, "
+                           f"but got {normalized_shape!r}")
+    shape = list(shape)
+    n_last = len(shape)
+    if input.dim() < n_last or list(input.shape[input.dim() - n_last:]) != shape:
+        raise RuntimeError(f"{op}: given normalized_shape={shape}, expected 'input' with shape [*, "
+                           f"{', '.join(map(str, shape))}], but got input of size {list(input.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and list(t.shape) != shape:
+            raise RuntimeError(f"{op}: expected '{name}' of the same shape as normalized_shape={shape}, but got "
+                               f"{name} of size {list(t.shape)}")
+    if math.prod(shape) > MAX_ROW:
+        raise RuntimeError(f"{op}: dropin normalizes rows of at most {MAX_ROW} elements, but 'normalized_shape' "
+                           f"{shape} has {math.prod(shape)}")
+    w, b = _flat_param(weight), _flat_param(bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
+        y = _LayerNormFunction.apply(input, n_last, w, b, float(eps))
+    else:
+        y = _fwd(input, n_last, w, b, float(eps))[0]
+    return y

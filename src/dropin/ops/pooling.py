@@ -1,0 +1,423 @@
+"""2-D pooling with torch.nn.functional semantics: max_pool2d, avg_pool2d, adaptive_avg_pool2d; fwd and bwd.
+
+All three share two kernels, read and written through strides (NCHW, channels_last or any view, no copies),
+on tiles of BLOCK_P output pixels x BLOCK_C channels (channels_last input: channels along the fast axis):
+- `_pool_fwd_kernel`: each output takes its window's max (first max in window order; NaN propagates as in
+  torch: a NaN wins, the last one in window order) or mean, fp32 math. Max pooling keeps the argmax as a
+  flat int32 index ih * W + iw (torch's index convention) for the backward.
+- `_pool_bwd_kernel`: a gather, deterministic without atomics: each input pixel visits the outputs whose
+  windows hold it and adds their gradients (max: where the saved argmax is this pixel; mean: / divisor).
+- `_global_avg_kernel`: output size 1 (ResNet's / CvT's global pool) as a plain reduction over H*W.
+Adaptive windows are torch's: [floor(o*I/O), ceil((o+1)*I/O)).
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from ._common import check_float, launch, switch
+from .conv2d import _channels_last, _pixel
+
+# --- 1. References ---------------------------------------------------------------------------------------
+
+max_pool2d_ref = F.max_pool2d
+avg_pool2d_ref = F.avg_pool2d
+adaptive_avg_pool2d_ref = F.adaptive_avg_pool2d
+
+
+# --- 2. Kernels ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _plane(offs, H, W):
+    """(n, h, w) of flat pixel indices: n int64, h and w int32 (offsets within one sample's planes are int32:
+    fewer registers for the address math of every tap; each sample holds fewer than 2^31 elements)."""
+    n, h, w = _pixel(offs, H, W)
+    return n, h.to(tl.int32), w.to(tl.int32)
+
+
+@triton.jit
+def _window(o, I, O, S: tl.constexpr, PAD: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,
+            ADAPTIVE: tl.constexpr):
+    """Output index o's window along one axis: [first, end) in input coordinates (not clipped to [0, I))."""
+    if ADAPTIVE:
+        first = o * I // O
+        end = ((o + 1) * I + O - 1) // O
+    else:
+        first = o * S - PAD
+        end = first + (K - 1) * DIL + 1
+    return first, end
+
+
+@triton.jit
+def _avg_count(first, end, I, PAD: tl.constexpr, COUNT_PAD: tl.constexpr):
+    """The window's share of the divisor along one axis, as torch's avg_pool2d counts it."""
+    if COUNT_PAD:
+        count = tl.minimum(end, I + PAD) - first
+    else:
+        count = tl.minimum(end, I) - tl.maximum(first, 0)
+    return count
+
+
+@triton.jit
+def _divisor(oh, ow, H, W, OH, OW, KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+             PH: tl.constexpr, PW: tl.constexpr, ADAPTIVE: tl.constexpr, COUNT_PAD: tl.constexpr,
+             DIVISOR: tl.constexpr):
+    if DIVISOR != 0:
+        d = tl.full(oh.shape, DIVISOR, tl.float32)
+    else:
+        h0, h1 = _window(oh, H, OH, SH, PH, KH, 1, ADAPTIVE)
+        w0, w1 = _window(ow, W, OW, SW, PW, KW, 1, ADAPTIVE)
+        d = (_avg_count(h0, h1, H, PH, COUNT_PAD) * _avg_count(w0, w1, W, PW, COUNT_PAD)).to(tl.float32)
+    return d
+
+
+@triton.jit
+def _pool_fwd_kernel(x_ptr, y_ptr, idx_ptr,
+                     C, H, W, OH, OW, P,
+                     sxn, sxc, sxh, sxw, syn, syc, syh, syw,
+                     KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
+                     PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, MODE: tl.constexpr,
+                     COUNT_PAD: tl.constexpr, DIVISOR: tl.constexpr, STORE_IDX: tl.constexpr,
+                     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """y[n, c, oh, ow] = max or mean of x[n, c, window(oh, ow)]; MODE "max", "avg" or "adaptive" (mean over
+    adaptive windows, KH x KW their largest size); grid (pixel tiles over N*OH*OW, channel tiles).
+    idx (STORE_IDX) has y's strides."""
+    offs_p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    p_ok = offs_p < P
+    c_ok = offs_c < C
+    n, oh, ow = _plane(offs_p, OH, OW)
+    cc = offs_c.to(tl.int64)[None, :]
+    h0, h1 = _window(oh, H, OH, SH, PH, KH, DH, MODE == "adaptive")
+    w0, w1 = _window(ow, W, OW, SW, PW, KW, DW, MODE == "adaptive")
+    x_base = x_ptr + (n * sxn)[:, None] + cc * sxc
+    if MODE == "max":
+        acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
+        arg = tl.zeros((BLOCK_P, BLOCK_C), tl.int32)
+        seen = tl.zeros((BLOCK_P, BLOCK_C), tl.int1)
+    else:
+        acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
+    for kh in range(KH):
+        ih = h0 + kh * DH
+        h_ok = p_ok & (ih >= 0) & (ih < H) & (ih < h1)
+        for kw in range(KW):
+            iw = w0 + kw * DW
+            ok = (h_ok & (iw >= 0) & (iw < W) & (iw < w1))[:, None] & c_ok[None, :]
+            v = tl.load(x_base + (ih * sxh + iw * sxw)[:, None], mask=ok, other=0.0).to(tl.float32)
+            if MODE == "max":
+                # torch: the first valid tap, then any larger value or NaN
+                take = ok & (~seen | (v > acc) | (v != v))
+                acc = tl.where(take, v, acc)
+                arg = tl.where(take, (ih * W + iw)[:, None], arg)
+                seen = seen | ok
+            else:
+                acc += v
+    if MODE != "max":
+        d = _divisor(oh, ow, H, W, OH, OW, KH, KW, SH, SW, PH, PW, MODE == "adaptive", COUNT_PAD, DIVISOR)
+        acc = tl.div_rn(acc, tl.broadcast_to(d[:, None], acc.shape))  # correctly rounded (plain / is not)
+    offs_y = (n * syn + (oh * syh + ow * syw))[:, None] + cc * syc
+    mask = p_ok[:, None] & c_ok[None, :]
+    tl.store(y_ptr + offs_y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if STORE_IDX:
+        tl.store(idx_ptr + offs_y, arg, mask=mask)
+
+
+@triton.jit
+def _outputs(i, t, I, O, S: tl.constexpr, PAD: tl.constexpr, DIL: tl.constexpr, ADAPTIVE: tl.constexpr):
+    """Candidate t (of a static count) among the outputs whose windows hold input index i along one axis:
+    (o, valid)."""
+    if ADAPTIVE:
+        o = i * O // I + t
+        ok = o < ((i + 1) * O + I - 1) // I
+    else:  # tap t of output o covers i: o * S - PAD + t * DIL == i
+        shifted = i + PAD - t * DIL
+        o = tl.maximum(shifted, 0) // S
+        ok = (shifted >= 0) & (shifted % S == 0) & (o < O)
+    return o, ok
+
+
+@triton.jit
+def _pool_bwd_kernel(dy_ptr, idx_ptr, dx_ptr,
+                     C, H, W, OH, OW, P,
+                     sdn, sdc, sdh, sdw, sin, sic, sih, siw, sxn, sxc, sxh, sxw,
+                     KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
+                     PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, MODE: tl.constexpr,
+                     COUNT_PAD: tl.constexpr, DIVISOR: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
+                     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dx[n, c, ih, iw] = sum of dy[n, c, oh, ow] over the outputs whose window holds (ih, iw) (max: whose
+    argmax idx is it; mean: divided by the window's divisor); TH x TW candidate outputs per pixel (the
+    taps for max / avg, the most overlapping adaptive windows); grid (pixel tiles over N*H*W, channel tiles)."""
+    offs_p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    p_ok = offs_p < P
+    c_ok = offs_c < C
+    n, ih, iw = _plane(offs_p, H, W)
+    cc = offs_c.to(tl.int64)[None, :]
+    dy_base = dy_ptr + (n * sdn)[:, None] + cc * sdc
+    idx_base = idx_ptr + (n * sin)[:, None] + cc * sic
+    here = (ih * W + iw)[:, None]
+    acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
+    for th in range(TH):
+        oh, h_ok = _outputs(ih, th, H, OH, SH, PH, DH, MODE == "adaptive")
+        h_ok = h_ok & p_ok
+        for tw in range(TW):
+            ow, w_ok = _outputs(iw, tw, W, OW, SW, PW, DW, MODE == "adaptive")
+            ok = (h_ok & w_ok)[:, None] & c_ok[None, :]
+            g = tl.load(dy_base + (oh * sdh + ow * sdw)[:, None], mask=ok, other=0.0).to(tl.float32)
+            if MODE == "max":
+                hit = tl.load(idx_base + (oh * sih + ow * siw)[:, None], mask=ok, other=-1) == here
+                acc += tl.where(hit, g, 0.0)
+            else:
+                d = _divisor(oh, ow, H, W, OH, OW, KH, KW, SH, SW, PH, PW, MODE == "adaptive", COUNT_PAD, DIVISOR)
+                d = tl.where(h_ok & w_ok, d, 1.0)[:, None]  # d may be 0 off the valid candidates
+                acc += tl.div_rn(g, tl.broadcast_to(d, g.shape))
+    offs_x = (n * sxn + (ih * sxh + iw * sxw))[:, None] + cc * sxc
+    tl.store(dx_ptr + offs_x, acc.to(dx_ptr.dtype.element_ty), mask=p_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _global_avg_kernel(x_ptr, y_ptr,
+                       C, HW, W,
+                       sxn, sxc, sxh, sxw, syn, syc,
+                       BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr):
+    """y[n, c] = mean of x[n, c, :, :] (fp32 sum); grid (N, channel tiles)."""
+    n = tl.program_id(0).to(tl.int64)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    x_base = x_ptr + n * sxn + offs_c.to(tl.int64)[None, :] * sxc
+    acc = tl.zeros((BLOCK_HW, BLOCK_C), tl.float32)
+    for s0 in range(0, HW, BLOCK_HW):
+        s = s0 + tl.arange(0, BLOCK_HW)
+        offs = (s // W) * sxh + (s % W) * sxw
+        acc += tl.load(x_base + offs[:, None], mask=(s < HW)[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+    y = tl.div_rn(tl.sum(acc, axis=0), tl.zeros((BLOCK_C,), tl.float32) + HW)
+    tl.store(y_ptr + n * syn + offs_c * syc, y.to(y_ptr.dtype.element_ty), mask=c_ok)
+
+
+# --- 3. Launchers ----------------------------------------------------------------------------------------
+
+def _tiles(P: int, C: int, channels_last: bool) -> tuple:
+    """(BLOCK_P, BLOCK_C): about 1024 elements, the unit-stride axis (channels or pixels) the long one."""
+    if channels_last:
+        block_c = min(triton.next_power_of_2(C), 128)
+        return max(2, min(1024 // block_c, triton.next_power_of_2(P))), block_c
+    block_p = min(triton.next_power_of_2(P), 256)
+    return block_p, max(1, min(1024 // block_p, triton.next_power_of_2(C)))
+
+
+def _adaptive_span(I: int, O: int) -> tuple:
+    """Bounds along one axis: (largest adaptive window, most windows holding one input index)."""
+    if I % O == 0:
+        return I // O, 1
+    return -(-I // O) + 1, -(-O // I) + 1
+
+
+def _meta(mode, kernel, stride, padding, dilation, count_pad, divisor):
+    return dict(KH=kernel[0], KW=kernel[1], SH=stride[0], SW=stride[1], PH=padding[0], PW=padding[1],
+                DH=dilation[0], DW=dilation[1], MODE=mode, COUNT_PAD=count_pad, DIVISOR=divisor)
+
+
+def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad: bool, divisor: int,
+              store_idx: bool):
+    N, C, H, W = x.shape
+    OH, OW = out_hw
+    cl = _channels_last(x)
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    y = torch.empty((N, C, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt)
+    idx = torch.empty(y.shape, device=x.device, dtype=torch.int32, memory_format=fmt) if store_idx else \
+        y.new_empty(0, dtype=torch.int32)
+    if y.numel() == 0:
+        return y, idx
+    if mode == "adaptive" and (OH, OW) == (1, 1):
+        # merge H and W into one strided axis where the layout allows (NCHW: the plane is one unit-stride run)
+        sxh, sxw = (0, x.stride(3)) if x.stride(2) == W * x.stride(3) else x.stride()[2:]
+        ww = H * W if sxh == 0 else W
+        block_c = min(triton.next_power_of_2(C), 64) if cl else min(triton.next_power_of_2(C), 4)
+        block_hw = max(2, min(triton.next_power_of_2(H * W), 2048 // block_c))
+        launch(_global_avg_kernel, (N, triton.cdiv(C, block_c)), x, y, C, H * W, ww, x.stride(0), x.stride(1),
+               sxh, sxw, y.stride(0), y.stride(1), BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=4)
+        return y, idx
+    P = N * OH * OW
+    block_p, block_c = _tiles(P, C, cl)
+    launch(_pool_fwd_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), x, y, idx if store_idx else y,
+           C, H, W, OH, OW, P, *x.stride(), *y.stride(),
+           **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), STORE_IDX=store_idx,
+           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+    return y, idx
+
+
+def _bwd_impl(dy, idx, x_shape, channels_last: bool, mode: str, kernel, stride, padding, dilation,
+              count_pad: bool, divisor: int):
+    N, C, H, W = x_shape
+    OH, OW = dy.shape[2:]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    dx = torch.empty(x_shape, device=dy.device, dtype=dy.dtype, memory_format=fmt)
+    if dx.numel() == 0:
+        return dx
+    if dy.numel() == 0:
+        return dx.zero_()
+    if mode == "adaptive":
+        th, tw = _adaptive_span(H, OH)[1], _adaptive_span(W, OW)[1]
+    else:
+        th, tw = kernel
+    P = N * H * W
+    block_p, block_c = _tiles(P, C, channels_last)
+    i = idx if mode == "max" else dy
+    launch(_pool_bwd_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), dy, i, dx,
+           C, H, W, OH, OW, P, *dy.stride(), *i.stride(), *dx.stride(),
+           **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), TH=th, TW=tw,
+           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+    return dx
+
+
+# --- 4. Registration as custom ops -----------------------------------------------------------------------
+
+@torch.library.custom_op("dropin::pool2d", mutates_args=())
+def _fwd_op(x: torch.Tensor, mode: str, kernel: list[int], stride: list[int], padding: list[int],
+            dilation: list[int], out_hw: list[int], count_pad: bool, divisor: int,
+            store_idx: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(x, mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor, store_idx)
+
+
+@_fwd_op.register_fake
+def _(x, mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor, store_idx):
+    fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+    y = torch.empty((*x.shape[:2], *out_hw), device=x.device, dtype=x.dtype, memory_format=fmt)
+    return y, torch.empty_like(y, dtype=torch.int32) if store_idx else y.new_empty(0, dtype=torch.int32)
+
+
+@torch.library.custom_op("dropin::pool2d_backward", mutates_args=())
+def _bwd_op(dy: torch.Tensor, idx: torch.Tensor, x_shape: list[int], channels_last: bool, mode: str,
+            kernel: list[int], stride: list[int], padding: list[int], dilation: list[int], count_pad: bool,
+            divisor: int) -> torch.Tensor:
+    return _bwd_impl(dy, idx, x_shape, channels_last, mode, kernel, stride, padding, dilation, count_pad, divisor)
+
+
+@_bwd_op.register_fake
+def _(dy, idx, x_shape, channels_last, mode, kernel, stride, padding, dilation, count_pad, divisor):
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(x_shape, device=dy.device, dtype=dy.dtype, memory_format=fmt)
+
+
+_fwd = switch(_fwd_op, _fwd_impl)
+_bwd = switch(_bwd_op, _bwd_impl)
+
+
+# --- 5. Autograd -----------------------------------------------------------------------------------------
+
+class _Pool2dFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, *args):
+        mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor = args
+        y, idx = _fwd(x, *args, mode == "max")
+        ctx.save_for_backward(idx)
+        ctx.args = (list(x.shape), _channels_last(x), mode, kernel, stride, padding, dilation, count_pad, divisor)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (idx,) = ctx.saved_tensors
+        return (_bwd(dy, idx, *ctx.args),) + (None,) * 8
+
+
+# --- 6. Public functions ---------------------------------------------------------------------------------
+
+def _pair(op: str, value, name: str) -> list:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value, value]
+    if isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [value[0], value[-1]]
+    raise RuntimeError(f"{op}: '{name}' must either be a single int, or a tuple of two ints, but got {value!r}")
+
+
+def _out_size(i: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch's pooling_output_shape: a window may start in the right padding only with ceil_mode, never past it."""
+    o = (i + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (o - 1) * s >= i + p:
+        o -= 1
+    return o
+
+
+def _check_input(op: str, input) -> None:
+    _runtime.check_kernel_device(op, input=input)
+    check_float(op, input=input)
+    if input.dim() not in (3, 4) or 0 in input.shape[-3:]:
+        raise RuntimeError(f"{op}: expected 3-D or 4-D 'input' with non-zero channel and spatial sizes, but got "
+                           f"input of size {list(input.shape)}")
+
+
+def _pool(op, mode, input, kernel_size, stride, padding, dilation, ceil_mode, count_pad=True, divisor=0):
+    _check_input(op, input)
+    kernel = _pair(op, kernel_size, "kernel_size")
+    stride = kernel if stride is None or (isinstance(stride, (list, tuple)) and not stride) else \
+        _pair(op, stride, "stride")
+    padding, dilation = _pair(op, padding, "padding"), _pair(op, dilation, "dilation")
+    for name, v in (("kernel_size", kernel), ("stride", stride), ("dilation", dilation)):
+        if min(v) <= 0:
+            raise RuntimeError(f"{op}: '{name}' should be greater than zero, but got {name}={v}")
+    if min(padding) < 0 or any(p > k // 2 for p, k in zip(padding, kernel)):  # torch's rule (its CPU path)
+        raise RuntimeError(f"{op}: 'padding' should be non-negative and at most half of the kernel size, but got "
+                           f"padding={padding} and kernel_size={kernel}")
+    x = input.unsqueeze(0) if input.dim() == 3 else input
+    out_hw = [_out_size(i, k, s, p, d, ceil_mode) for i, k, s, p, d in zip(x.shape[2:], kernel, stride, padding,
+                                                                           dilation)]
+    if min(out_hw) <= 0:
+        raise RuntimeError(f"{op}: given 'input' of size {list(input.shape)}, the calculated output size "
+                           f"{out_hw} is too small")
+    return _apply(input, x, mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor)
+
+
+def _apply(input, x, *args):
+    if torch.is_grad_enabled() and input.requires_grad:
+        y = _Pool2dFunction.apply(x, *args)
+    else:
+        y = _fwd(x, *args, False)[0]
+    return y.squeeze(0) if input.dim() == 3 else y
+
+
+def max_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, dilation=1,
+               ceil_mode: bool = False) -> torch.Tensor:
+    """`F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode)`.
+
+    input [N, C, H, W] or unbatched [C, H, W], float32 / float16 / bfloat16, any strides; the output is
+    channels_last where the input is. kernel_size / stride (default kernel_size) / padding / dilation an int
+    or a pair, padding at most half the kernel. Padding never wins; ties go to the first max in window order
+    and NaN propagates, as in torch; the gradient flows to the argmax (return_indices is not offered). A window
+    wholly in the padding (only possible with dilation) gives -inf and no gradient (torch's CPU kernel routes
+    that gradient to an element outside the window)."""
+    return _pool("max_pool2d", "max", input, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def avg_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: Optional[int] = None) -> torch.Tensor:
+    """`F.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)`.
+
+    input [N, C, H, W] or [C, H, W], float32 / float16 / bfloat16, any strides (channels_last stays
+    channels_last); fp32 sums. Divisor as torch's: divisor_override, else the window clipped to the padded
+    input (count_include_pad) or to the input."""
+    if divisor_override is not None and (not isinstance(divisor_override, int) or divisor_override == 0):
+        raise RuntimeError(f"avg_pool2d: 'divisor_override' must be a non-zero int, got {divisor_override!r}")
+    return _pool("avg_pool2d", "avg", input, kernel_size, stride, padding, 1, ceil_mode, bool(count_include_pad),
+                 divisor_override or 0)
+
+
+def adaptive_avg_pool2d(input: torch.Tensor, output_size) -> torch.Tensor:
+    """`F.adaptive_avg_pool2d(input, output_size)`: output_size an int or a pair (None keeps that input size);
+    windows [floor(o * I / O), ceil((o + 1) * I / O)). Output size 1 (a global pool) is one reduction per
+    (n, channels). input [N, C, H, W] or [C, H, W], float32 / float16 / bfloat16, any strides."""
+    op = "adaptive_avg_pool2d"
+    _check_input(op, input)
+    size = [output_size, output_size] if output_size is None or isinstance(output_size, int) else output_size
+    if not (isinstance(size, (list, tuple)) and len(size) == 2 and all(
+            s is None or isinstance(s, int) and not isinstance(s, bool) for s in size)):
+        raise RuntimeError(f"{op}: 'output_size' must be an int or a pair of ints (or None), got {output_size!r}")
+    out_hw = [i if s is None else s for s, i in zip(size, input.shape[-2:])]
+    if min(out_hw) < 0:
+        raise RuntimeError(f"{op}: elements of 'output_size' must be greater than or equal to 0, got {out_hw}")
+    x = input.unsqueeze(0) if input.dim() == 3 else input
+    kernel = [_adaptive_span(i, o)[0] if o > 0 else 1 for i, o in zip(x.shape[2:], out_hw)]
+    return _apply(input, x, "adaptive", kernel, [1, 1], [0, 0], [1, 1], out_hw, True, 0)

@@ -1,0 +1,171 @@
+"""softmax and log_softmax along any dim (torch.softmax / torch.log_softmax semantics); forward and backward.
+
+One kernel pair for both: BLOCK_M whole rows of N <= 65536 elements per program, held in registers, fp32
+math (the row max, exp(x - max), their sum), so the input is read once and the output written once:
+- `_softmax_fwd_kernel`: y = exp(x - max) / sum, or (LOG) x - max - log(sum).
+- `_softmax_bwd_kernel`: dx = y * (dy - sum(dy * y)) (that sum in fp64), or (LOG) dy - exp(y) * sum(dy).
+Rows are read through strides: the softmax dim is the row (any stride), the other dims M0 x M1 rows (any
+view whose other dims merge into two; others are copied once). The output is contiguous, as torch's is.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from ._common import MAX_ROW, check_float, launch, row_config, row_view, switch
+from .layer_norm import _rows, _tile
+
+# --- 1. Reference ----------------------------------------------------------------------------------------
+
+softmax_ref = torch.softmax
+log_softmax_ref = torch.log_softmax
+
+
+# --- 2. Kernels ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _softmax_fwd_kernel(x_ptr, y_ptr,
+                        M, N, M1x, sx0, sx1, sxn, M1y, sy0, sy1, syn,
+                        LOG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y = softmax(x) (or log_softmax) over rows of N for BLOCK_M rows; grid (row blocks,)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    r_ok = rows < M
+    mask = r_ok[:, None] & (cols < N)[None, :]
+    x = tl.load(x_ptr + _tile(rows, cols, M1x, sx0, sx1, sxn), mask=mask, other=float("-inf")).to(tl.float32)
+    z = x - tl.where(r_ok, tl.max(x, axis=1), 0.0)[:, None]  # rows past M: -inf - 0, not -inf - -inf
+    e = tl.exp(z)
+    s = tl.where(r_ok, tl.sum(e, axis=1), 1.0)
+    if LOG:
+        y = z - tl.log(s)[:, None]
+    else:
+        y = tl.div_rn(e, s[:, None])
+    tl.store(y_ptr + _tile(rows, cols, M1y, sy0, sy1, syn), y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr,
+                        M, N, M1d, sd0, sd1, sdn, M1y, sy0, sy1, syn,
+                        LOG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx from dy and the forward's output y (dx and y contiguous, read through the same strides);
+    grid (row blocks,)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    dy = tl.load(dy_ptr + _tile(rows, cols, M1d, sd0, sd1, sdn), mask=mask, other=0.0).to(tl.float32)
+    offs_y = _tile(rows, cols, M1y, sy0, sy1, syn)
+    y = tl.load(y_ptr + offs_y, mask=mask, other=0.0).to(tl.float32)
+    if LOG:
+        dx = dy - tl.exp(y) * tl.sum(dy, axis=1)[:, None]
+    else:
+        # sum(dy * y) in fp64 (exact products; the GPU has the fp64 rate to spare in a memory-bound kernel),
+        # kept as fp32 hi + lo: where dy is near the sum (the dominant entries), dy - sum cancels, and one
+        # fp32 rounding of the sum would show
+        c = tl.sum(dy.to(tl.float64) * y.to(tl.float64), axis=1)
+        hi = c.to(tl.float32)
+        lo = (c - hi.to(tl.float64)).to(tl.float32)
+        dx = y * ((dy - hi[:, None]) - lo[:, None])
+    tl.store(dx_ptr + offs_y, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# --- 3. Launchers ----------------------------------------------------------------------------------------
+
+def _launch(kernel, a, y, out, dim: int, log: bool):
+    """kernel over rows along dim: reads a and y (y None: reads only a; else y has out's strides), writes out."""
+    a, ((_, sa0), (M1a, sa1), (N, san)) = _rows(a.movedim(dim, -1), 1)
+    (_, so0), (M1o, so1), (_, son) = row_view(out.movedim(dim, -1), 1)
+    M = a.numel() // max(N, 1)
+    cfg = row_config(N)
+    tensors = (a, out) if y is None else (a, y, out)
+    launch(kernel, (triton.cdiv(M, cfg["BLOCK_M"]),), *tensors, M, N, M1a, sa0, sa1, san, M1o, so0, so1, son,
+           LOG=log, **cfg)
+
+
+def _fwd_impl(x, dim: int, log: bool):
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    if x.numel() > 0:
+        _launch(_softmax_fwd_kernel, x, None, y, dim, log)
+    return y
+
+
+def _bwd_impl(dy, y, dim: int, log: bool):
+    dx = torch.empty(y.shape, device=y.device, dtype=y.dtype)
+    if y.numel() > 0:
+        _launch(_softmax_bwd_kernel, dy, y, dx, dim, log)
+    return dx
+
+
+# --- 4. Registration as custom ops -----------------------------------------------------------------------
+
+@torch.library.custom_op("dropin::softmax", mutates_args=())
+def _fwd_op(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    return _fwd_impl(x, dim, log)
+
+
+@_fwd_op.register_fake
+def _(x, dim, log):
+    return torch.empty(x.shape, device=x.device, dtype=x.dtype)
+
+
+@torch.library.custom_op("dropin::softmax_backward", mutates_args=())
+def _bwd_op(dy: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    return _bwd_impl(dy, y, dim, log)
+
+
+@_bwd_op.register_fake
+def _(dy, y, dim, log):
+    return torch.empty(y.shape, device=y.device, dtype=y.dtype)
+
+
+_fwd = switch(_fwd_op, _fwd_impl)
+_bwd = switch(_bwd_op, _bwd_impl)
+
+
+# --- 5. Autograd -----------------------------------------------------------------------------------------
+
+class _SoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, log):
+        y = _fwd(x, dim, log)
+        ctx.save_for_backward(y)
+        ctx.args = (dim, log)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return _bwd(dy, y, *ctx.args), None, None
+
+
+# --- 6. Public functions ---------------------------------------------------------------------------------
+
+def _softmax(op: str, input: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    _runtime.check_kernel_device(op, input=input)
+    check_float(op, input=input)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"{op}: argument 'dim' must be int, not {type(dim).__name__}")
+    ndim = max(input.dim(), 1)
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"{op}: 'dim' out of range (expected to be in range of [{-ndim}, {ndim - 1}], "
+                         f"but got {dim})")
+    x = input.reshape(1) if input.dim() == 0 else input
+    dim %= ndim
+    if x.shape[dim] > MAX_ROW:
+        raise RuntimeError(f"{op}: dropin takes rows of at most {MAX_ROW} elements, but 'dim' {dim} of input "
+                           f"{list(input.shape)} has {x.shape[dim]}")
+    if torch.is_grad_enabled() and input.requires_grad:
+        y = _SoftmaxFunction.apply(x, dim, log)
+    else:
+        y = _fwd(x, dim, log)
+    return y.reshape(()) if input.dim() == 0 else y
+
+
+def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """`torch.softmax(input, dim)`: exp(x - max) / sum along dim, fp32 math; rows of up to 65536 elements.
+    input of any shape and strides, float32 / float16 / bfloat16; the output is contiguous."""
+    return _softmax("softmax", input, dim, False)
+
+
+def log_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """`torch.log_softmax(input, dim)`: x - max - log(sum(exp(x - max))) along dim; as `softmax` otherwise."""
+    return _softmax("log_softmax", input, dim, True)

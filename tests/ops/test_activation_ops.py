@@ -1,0 +1,90 @@
+"""dropin.ops.activation / relu / gelu / silu (the standalone elementwise op) against torch: forward and
+backward vs float64 and the 2x rule (tests/_check_ops.py), dense layouts kept, strided views, NaN / inf, errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dropin.ops as ops
+from _check_ops import check
+from _tol import DEVICE, gpu
+
+# sigmoid(-large) under the interpreter: numpy's exp overflows to inf (the result, 0, is right); silu(-inf)
+# multiplies -inf by 0 (NaN, as torch's)
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")]
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.bfloat16, id="bf16")]
+ACTS = {"relu": (ops.relu, F.relu), "gelu": (ops.gelu, F.gelu), "silu": (ops.silu, F.silu),
+        "gelu_tanh": (lambda x: ops.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh"))}
+
+
+@pytest.mark.parametrize("name", list(ACTS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dtypes(dtype, name):
+    check(*ACTS[name], {"x": torch.randn(3, 7, 33, dtype=dtype, device=DEVICE) * 3})
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "transposed", "sliced", "expanded", "6d-strided", "scalar"])
+@pytest.mark.parametrize("name", ["relu", "gelu"])
+def test_layouts(name, layout):
+    """Dense layouts are kept (one flat pass); views are read through their strides."""
+    x = {"channels_last": lambda: torch.randn(2, 5, 4, 3).to(memory_format=torch.channels_last),
+         "transposed": lambda: torch.randn(6, 9).t(),
+         "sliced": lambda: torch.randn(4, 10, 6)[:, 1::3, ::2],
+         "expanded": lambda: torch.randn(5, 1).expand(5, 7),
+         "6d-strided": lambda: torch.randn(2, 3, 2, 3, 2, 6)[..., ::2].transpose(1, 4),
+         "scalar": lambda: torch.randn(())}[layout]().to(DEVICE)
+    check(*ACTS[name], {"x": x})
+    if layout in ("channels_last", "transposed"):
+        assert ACTS[name][0](x).stride() == x.stride()
+
+
+def test_special_values_and_generic_entry():
+    """NaN propagates, tails saturate; +-inf as torch for relu and silu (torch's CPU gelu gives NaN at +inf,
+    dropin the limit, inf)."""
+    x = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-30, -40.0, 40.0], device=DEVICE)
+    for name, (fn, ref) in ACTS.items():
+        xs = x[3:] if name.startswith("gelu") else x
+        torch.testing.assert_close(fn(xs), ref(xs), equal_nan=True)
+        torch.testing.assert_close(ops.activation(xs, name), ref(xs), equal_nan=True)
+    # relu's gradient at 0 is 0, as torch's
+    x = torch.zeros(4, device=DEVICE, requires_grad=True)
+    (g,) = torch.autograd.grad(ops.relu(x).sum(), x)
+    assert torch.equal(g, torch.zeros(4, device=DEVICE))
+
+
+def test_no_grad_and_empty():
+    x = torch.randn(5, device=DEVICE, requires_grad=True)
+    with torch.no_grad():
+        assert not ops.silu(x).requires_grad
+    assert ops.relu(torch.randn(0, 3, device=DEVICE)).shape == (0, 3)
+
+
+def test_torch_compile_fullgraph():
+    torch._dynamo.reset()
+    chain = lambda relu, gelu, silu: lambda x: silu(gelu(relu(x) - 0.5) * 2)  # noqa: E731
+    check(torch.compile(chain(ops.relu, ops.gelu, ops.silu), fullgraph=True), chain(F.relu, F.gelu, F.silu),
+          {"x": torch.randn(4, 6, 5, device=DEVICE)})
+
+
+@gpu
+@pytest.mark.parametrize("name", list(ACTS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_gpu(dtype, name):
+    check(*ACTS[name], {"x": torch.randn(64, 256, 56, 56, dtype=dtype, device=DEVICE).to(
+        memory_format=torch.channels_last)})
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="'activation'"):
+        ops.activation(torch.randn(3, device=DEVICE), "tanh")
+    with pytest.raises(RuntimeError, match="'approximate'"):
+        ops.gelu(torch.randn(3, device=DEVICE), approximate="erf")
+    with pytest.raises(RuntimeError):
+        F.gelu(torch.randn(3), approximate="erf")
+    with pytest.raises(RuntimeError, match="'input'"):
+        ops.relu(torch.randn(3, dtype=torch.float64, device=DEVICE))
+    with pytest.raises(RuntimeError, match="'input'"):
+        ops.silu(torch.ones(3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(TypeError, match="'input'"):
+        ops.relu([1.0])

@@ -1,0 +1,180 @@
+"""dropin.ops.batch_norm against F.batch_norm, inference and training: forward, the gradients of input, weight
+and bias vs float64 and the 2x rule (tests/_check_ops.py), the in-place running-statistics update, 2-D / 3-D /
+4-D / 5-D inputs, NCHW / channels_last / strided views, every error path."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dropin.ops as ops
+from _check_ops import check
+from _tol import DEVICE, assert_close, gpu
+
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.bfloat16, id="bf16")]
+
+
+def _x(shape, dtype=torch.float32, layout="nchw", mean=0.5, std=2.0):
+    if layout == "strided":
+        n, c, h, w = shape
+        x = torch.randn(n, c, h, 2 * w, device=DEVICE)[..., ::2].flip(1)
+    else:
+        x = torch.randn(shape, device=DEVICE)
+        if layout == "channels_last":
+            x = x.to(memory_format=torch.channels_last)
+    return (x * std + mean).to(dtype)
+
+
+def _params(C, dtype=torch.float32):
+    return {"w": torch.randn(C, device=DEVICE, dtype=dtype), "b": torch.randn(C, device=DEVICE, dtype=dtype)}
+
+
+def _stats(C, dtype=torch.float32):
+    return torch.randn(C, device=DEVICE).to(dtype), torch.rand(C, device=DEVICE).add(0.5).to(dtype)
+
+
+def _bn(fn, stats, training, momentum=0.1, eps=1e-5, log=None):
+    """fn with fresh copies of the running statistics (in the caller's dtype or float64, like x) per call;
+    the updated copies are appended to log."""
+    def f(x, w=None, b=None):
+        rm, rv = (None, None) if stats is None else (s.to(torch.float64 if x.dtype == torch.float64 else s.dtype)
+                                                     .clone() for s in stats)
+        y = fn(x, rm, rv, w, b, training, momentum, eps)
+        if log is not None:
+            log.append((rm, rv))
+        return y
+    return f
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_4d(training, dtype, layout):
+    C = 7
+    log = []
+    stats = _stats(C)
+    inputs = {"x": _x((3, C, 5, 9), dtype, layout), **_params(C)}
+    check(_bn(ops.batch_norm, stats, training, log=log), _bn(F.batch_norm, stats, training, log=log), inputs)
+    if training:  # dropin's updated statistics vs float64 torch's (the third call), and torch's own (the second)
+        for (got, want_t, want) in zip(log[0], log[1], log[2]):
+            assert_close(got, want, torch.float32, "fwd", torch_out=want_t, what="running statistics")
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(log[0], stats)), "inference changed the running statistics"
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (4, 6, 33), (2, 3, 4, 5, 6), (33, 1)], ids=["2d", "3d", "5d", "C1"])
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_other_ranks(shape, training):
+    stats = _stats(shape[1])
+    check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training),
+          {"x": _x(shape), **_params(shape[1])})
+
+
+@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
+def test_training_without_running_stats_and_affine(affine):
+    inputs = {"x": _x((4, 5, 3, 3))}
+    if affine != "none":
+        inputs[affine[0]] = torch.randn(5, device=DEVICE)
+    op = (lambda x, p=None: ops.batch_norm(x, None, None, p if affine == "weight" else None,
+                                           p if affine == "bias" else None, True))
+    ref = (lambda x, p=None: F.batch_norm(x, None, None, p if affine == "weight" else None,
+                                          p if affine == "bias" else None, True))
+    check(op, ref, inputs)
+
+
+def test_large_mean_and_many_splits():
+    """mean 1000, std 1: the one-pass statistics must not cancel; 4 x 64 x 37 pixels split over programs."""
+    log = []
+    stats = _stats(3)
+    inputs = {"x": _x((64, 3, 37, 4), mean=1000.0, std=1.0), **_params(3)}
+    check(_bn(ops.batch_norm, stats, True, momentum=0.3, log=log), _bn(F.batch_norm, stats, True, momentum=0.3,
+                                                                       log=log), inputs)
+    for (got, want_t, want) in zip(log[0], log[1], log[2]):
+        assert_close(got, want, torch.float32, "fwd", torch_out=want_t, what="running statistics")
+
+
+def test_half_running_stats_and_mixed_params():
+    """fp16 input with fp32 weight / bias / running statistics (as torch allows)."""
+    stats = _stats(6)
+    check(_bn(ops.batch_norm, stats, True), _bn(F.batch_norm, stats, True),
+          {"x": _x((4, 6, 5, 5), torch.float16, "channels_last"), **_params(6)})
+
+
+def test_partial_gradients_and_no_grad():
+    stats = _stats(4)
+    inputs = {"x": _x((3, 4, 5, 5)), **_params(4)}
+    for training in (False, True):
+        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training), inputs, grad_of=["w"])
+        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training), inputs, grad_of=["x"])
+    with torch.no_grad():
+        y = ops.batch_norm(inputs["x"].requires_grad_(), *stats, inputs["w"], inputs["b"])
+    assert not y.requires_grad
+
+
+def test_empty_batch():
+    y = ops.batch_norm(torch.randn(0, 3, 4, 4, device=DEVICE), *_stats(3))
+    assert y.shape == (0, 3, 4, 4)
+
+
+def test_torch_compile_fullgraph():
+    """Training then inference under torch.compile(fullgraph=True): forward, gradients, and the running
+    statistics updated in place by the compiled graph, against float64 torch."""
+    torch._dynamo.reset()
+    stats = _stats(5)
+    stats_64 = tuple(s.double() for s in stats)
+
+    def chain(bn, rm, rv):
+        return lambda x, w, b: bn(bn(x, rm, rv, w, b, True).relu(), rm, rv, w, b, False)
+
+    leaves = {"x": _x((3, 5, 4, 6)), **_params(5)}
+    ins = [t.clone().requires_grad_() for t in leaves.values()]
+    ins_64 = [t.double().requires_grad_() for t in leaves.values()]
+    out = torch.compile(chain(ops.batch_norm, *stats), fullgraph=True)(*ins)
+    ref = chain(F.batch_norm, *stats_64)(*ins_64)
+    assert_close(out, ref, torch.float32, "fwd", what="compiled forward")
+    grad = torch.randn_like(ref)
+    for g, g_64 in zip(torch.autograd.grad(out, ins, grad.float()), torch.autograd.grad(ref, ins_64, grad)):
+        assert_close(g, g_64, torch.float32, "bwd", what="compiled gradient")
+    for got, want in zip(stats, stats_64):
+        assert_close(got, want, torch.float32, "fwd", what="running statistics after compile")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_resnet_shapes_gpu(training, layout, dtype):
+    for shape in [(64, 64, 112, 112), (64, 2048, 7, 7), (8, 256, 56, 56)]:
+        stats = _stats(shape[1])
+        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training),
+              {"x": _x(shape, dtype, layout), **_params(shape[1])})
+
+
+# ----------------------------------------------------------------------------------------- errors
+def _t(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, device=DEVICE)
+
+
+ERRORS = [  # (id, args, kwargs, error, name in the message, torch also raises)
+    ("input-1d", (_t(3), _t(3), _t(3)), {}, RuntimeError, "input", True),
+    ("running-mean-size", (_t(2, 3, 4), _t(4), _t(3)), {}, RuntimeError, "running_mean", True),
+    ("running-var-size", (_t(2, 3, 4), _t(3), _t(2)), {}, RuntimeError, "running_var", True),
+    ("weight-size", (_t(2, 3, 4), _t(3), _t(3), _t(2)), {}, RuntimeError, "weight", True),
+    ("bias-size", (_t(2, 3, 4), _t(3), _t(3), None, _t(5)), {}, RuntimeError, "bias", True),
+    ("eval-without-stats", (_t(2, 3, 4), None, None), {}, RuntimeError, "running_mean", True),
+    ("one-value-per-channel", (_t(1, 3), _t(3), _t(3)), dict(training=True), ValueError, "input", True),
+    ("momentum-none", (_t(2, 3, 4), _t(3), _t(3)), dict(training=True, momentum=None), TypeError, "momentum", True),
+    ("int-input", (torch.ones(2, 3, 4, dtype=torch.int64), _t(3), _t(3)), {}, RuntimeError, "input", True),
+    ("float64", (_t(2, 3, 4, dtype=torch.float64), _t(3), _t(3)), {}, RuntimeError, "input", False),
+    ("one-stat-missing", (_t(2, 3, 4), _t(3), None), dict(training=True), RuntimeError, "running_var", False),
+    ("strided-stats", (_t(2, 3, 4), _t(6)[::2], _t(3)), {}, RuntimeError, "running_mean", False),
+    ("not-a-tensor", (_t(2, 3, 4), [0.0] * 3, _t(3)), {}, TypeError, "running_mean", True),
+]
+
+
+@pytest.mark.parametrize("args,kwargs,error,name,torch_raises", [pytest.param(*e[1:], id=e[0]) for e in ERRORS])
+def test_errors(args, kwargs, error, name, torch_raises):
+    with pytest.raises(error, match=f"'{name}'"):
+        ops.batch_norm(*args, **kwargs)
+    if torch_raises:
+        with pytest.raises(error):
+            F.batch_norm(*args, **kwargs)

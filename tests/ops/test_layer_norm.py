@@ -1,0 +1,123 @@
+"""dropin.ops.layer_norm against F.layer_norm: forward and the gradients of input, weight and bias vs float64
+and the 2x rule (tests/_check_ops.py); odd row lengths, several normalized dims, strided views, every error path."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dropin.ops as ops
+from _check_ops import check
+from _tol import DEVICE, assert_close, gpu
+
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.bfloat16, id="bf16")]
+
+
+def _leaves(shape, n_last, dtype=torch.float32, weight=True, bias=True):
+    norm = shape[len(shape) - n_last:]
+    out = {"x": torch.randn(shape, dtype=dtype, device=DEVICE) * 2 + 0.5}
+    if weight:
+        out["w"] = torch.randn(norm, dtype=dtype, device=DEVICE)
+    if bias:
+        out["b"] = torch.randn(norm, dtype=dtype, device=DEVICE)
+    return out
+
+
+def _ln(fn, norm, eps=1e-5):
+    return lambda x, w=None, b=None: fn(x, norm, w, b, eps)
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 64, 1000, 5003])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_lengths(n, dtype):
+    """Short rows (many per program) to long ones (one per program), none a power of 2 but 64. With n = 1
+    x - mean and the gradients of x and w are exactly 0 (float64 torch gives rounding noise), so only b is compared."""
+    leaves = _leaves((3, n) if n > 1000 else (3, 3, n), 1, dtype)
+    check(_ln(ops.layer_norm, [n]), _ln(F.layer_norm, [n]), leaves, grad_of=["b"] if n == 1 else None)
+
+
+@pytest.mark.parametrize("weight,bias", [(True, False), (False, True), (False, False)])
+def test_optional_affine(weight, bias):
+    check(_ln(ops.layer_norm, [24]), _ln(F.layer_norm, [24]), _leaves((5, 24), 1, weight=weight, bias=bias))
+
+
+def test_several_normalized_dims_and_eps():
+    check(_ln(ops.layer_norm, (5, 6), eps=1e-2), _ln(F.layer_norm, (5, 6), eps=1e-2), _leaves((3, 5, 6), 2))
+
+
+@pytest.mark.parametrize("view", ["sliced-rows", "transposed-batch", "strided-row", "copy-needed", "channels_last"])
+def test_strided_inputs(view):
+    """Views read through their strides (M0 x M1 rows of one strided dim), and one that needs a copy."""
+    base = torch.randn(4, 6, 10, 18, device=DEVICE)
+    x, norm = {
+        "sliced-rows": (base[:, ::2, 3], [18]),  # rows stepping 2, a batch dim on top
+        "transposed-batch": (base[:, :, 0].transpose(0, 1), [18]),
+        "strided-row": (base[..., ::3], [6]),  # 3 batch dims, two merge
+        "copy-needed": (base.transpose(2, 3), [18, 10]),  # the normalized dims do not merge
+        "channels_last": (base.to(memory_format=torch.channels_last), [18]),
+    }[view]
+    check(_ln(ops.layer_norm, norm), _ln(F.layer_norm, norm),
+          {"x": x, "w": torch.randn(norm, device=DEVICE), "b": torch.randn(norm, device=DEVICE)})
+
+
+def test_mixed_precision_params():
+    """fp16 input with fp32 weight and bias (as torch allows): fp16 output, fp32 parameter gradients."""
+    leaves = {"x": torch.randn(6, 40, device=DEVICE, dtype=torch.float16), "w": torch.randn(40, device=DEVICE),
+              "b": torch.randn(40, device=DEVICE)}
+    check(_ln(ops.layer_norm, [40]), _ln(F.layer_norm, [40]), leaves)
+
+
+def test_partial_gradients_and_no_grad():
+    leaves = _leaves((4, 30), 1)
+    check(_ln(ops.layer_norm, [30]), _ln(F.layer_norm, [30]), leaves, grad_of=["w"])
+    check(_ln(ops.layer_norm, [30]), _ln(F.layer_norm, [30]), leaves, grad_of=["x"])
+    with torch.no_grad():
+        y = ops.layer_norm(leaves["x"].requires_grad_(), [30], leaves["w"], leaves["b"])
+    assert not y.requires_grad
+
+
+def test_empty_and_large_batch_loop():
+    assert ops.layer_norm(torch.randn(0, 8, device=DEVICE), [8]).shape == (0, 8)
+    # more row blocks (22 of 32 rows) than backward programs (16 under the interpreter): each program loops
+    # over several and sums its partials
+    check(_ln(ops.layer_norm, [64]), _ln(F.layer_norm, [64]), _leaves((700, 64), 1))
+
+
+def test_torch_compile_fullgraph():
+    torch._dynamo.reset()
+    chain = lambda ln: lambda x, w, b: ln(ln(x, [20], w, b) * 2, [20], w, None)  # noqa: E731
+    check(torch.compile(chain(ops.layer_norm), fullgraph=True), chain(F.layer_norm), _leaves((3, 4, 20), 1))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 1024, 4096), (64, 3136, 64), (8, 65536), (4096, 768)])
+def test_large_gpu(shape, dtype):
+    n = shape[-1]
+    check(_ln(ops.layer_norm, [n]), _ln(F.layer_norm, [n]), _leaves(shape, 1, dtype))
+
+
+# ----------------------------------------------------------------------------------------- errors
+def _t(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, device=DEVICE)
+
+
+ERRORS = [  # (id, args, error, name in the message, torch also raises)
+    ("shape-mismatch", (_t(3, 8), [7]), RuntimeError, "input", True),
+    ("input-too-few-dims", (_t(8), [2, 8]), RuntimeError, "input", True),
+    ("normalized-empty", (_t(3, 8), []), RuntimeError, "normalized_shape", True),
+    ("weight-shape", (_t(3, 8), [8], _t(7)), RuntimeError, "weight", True),
+    ("bias-shape", (_t(3, 8), [8], None, _t(2, 4)), RuntimeError, "bias", True),
+    ("int-input", (torch.ones(3, 8, dtype=torch.int64), [8]), RuntimeError, "input", True),
+    ("float64", (_t(3, 8, dtype=torch.float64), [8]), RuntimeError, "input", False),
+    ("row-too-long", (_t(1, 65537), [65537]), RuntimeError, "normalized_shape", False),
+    ("not-a-tensor", ([[1.0]], [1]), TypeError, "input", True),
+]
+
+
+@pytest.mark.parametrize("args,error,name,torch_raises", [pytest.param(*e[1:], id=e[0]) for e in ERRORS])
+def test_errors(args, error, name, torch_raises):
+    with pytest.raises(error, match=f"'{name}'"):
+        ops.layer_norm(*args)
+    if torch_raises:
+        with pytest.raises(error):
+            F.layer_norm(*args)

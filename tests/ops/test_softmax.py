@@ -1,0 +1,90 @@
+"""dropin.ops.softmax / log_softmax against torch: forward and backward vs float64 and the 2x rule
+(tests/_check_ops.py), rows of 1 to 65536 elements, every dim, strided views and layouts, -inf, errors."""
+import pytest
+import torch
+
+import dropin.ops as ops
+from _check_ops import check
+from _tol import DEVICE, gpu
+
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.bfloat16, id="bf16")]
+OPS = [pytest.param((ops.softmax, torch.softmax), id="softmax"),
+       pytest.param((ops.log_softmax, torch.log_softmax), id="log_softmax")]
+
+
+def _along(fn, dim):
+    return lambda x: fn(x, dim)
+
+
+@pytest.mark.parametrize("fns", OPS)
+@pytest.mark.parametrize("n", [1, 7, 33, 128, 1000, 4099])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_lengths(dtype, n, fns):
+    x = torch.randn(3 if n > 1000 else 2, 3, n, dtype=dtype, device=DEVICE) * 3
+    check(_along(fns[0], -1), _along(fns[1], -1), {"x": x})
+
+
+@pytest.mark.parametrize("fns", OPS)
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided", "transposed"])
+def test_dims_and_layouts(layout, dim, fns):
+    """Any dim over NCHW, channels_last, a sliced view and a transposed one (the latter may need a copy)."""
+    base = torch.randn(3, 5, 6, 14, device=DEVICE)
+    x = {"contiguous": base, "channels_last": base.to(memory_format=torch.channels_last),
+         "strided": base[:, 1:, ::2, ::3], "transposed": base.transpose(1, 3)}[layout]
+    check(_along(fns[0], dim), _along(fns[1], dim), {"x": x})
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the all -inf row: NaN, as in torch
+def test_infinities_and_scalar():
+    """-inf entries get probability 0; a row of only -inf gives NaN, as in torch; 0-d input."""
+    x = torch.randn(4, 9, device=DEVICE)
+    x[0, :4] = float("-inf")
+    x[1] = float("-inf")
+    x[2, 3] = 80.0  # large logits: no overflow
+    for fn, ref in ((ops.softmax, torch.softmax), (ops.log_softmax, torch.log_softmax)):
+        torch.testing.assert_close(fn(x, -1), ref(x, -1), equal_nan=True)
+        assert fn(torch.tensor(2.0, device=DEVICE), 0).shape == ()
+        check(_along(fn, 0), _along(ref, 0), {"x": torch.randn((), device=DEVICE)})
+
+
+def test_long_rows_and_empty():
+    check(_along(ops.softmax, 1), _along(torch.softmax, 1), {"x": torch.randn(2, 65536, device=DEVICE)})
+    assert ops.softmax(torch.randn(0, 5, device=DEVICE), -1).shape == (0, 5)
+
+
+def test_torch_compile_fullgraph():
+    torch._dynamo.reset()
+    chain = lambda sm, lsm: lambda x: lsm(sm(x, -1) * 4, 1)  # noqa: E731
+    check(torch.compile(chain(ops.softmax, ops.log_softmax), fullgraph=True), chain(torch.softmax, torch.log_softmax),
+          {"x": torch.randn(3, 6, 10, device=DEVICE)})
+
+
+@gpu
+@pytest.mark.parametrize("fns", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 32, 1024, 1024), (8192, 32000), (64, 65536), (4096, 1)])
+def test_large_gpu(shape, dtype, fns):
+    check(_along(fns[0], -1), _along(fns[1], -1), {"x": torch.randn(shape, dtype=dtype, device=DEVICE)})
+
+
+ERRORS = [  # (id, args, error, name in the message, torch also raises)
+    ("dim-out-of-range", (torch.randn(3, 4), 2), IndexError, "dim", True),
+    ("dim-negative-out-of-range", (torch.randn(3, 4), -3), IndexError, "dim", True),
+    ("dim-float", (torch.randn(3, 4), 1.0), TypeError, "dim", True),
+    ("int-input", (torch.ones(3, 4, dtype=torch.int64), 1), RuntimeError, "input", True),
+    ("float64", (torch.randn(3, 4, dtype=torch.float64), 1), RuntimeError, "input", False),
+    ("row-too-long", (torch.randn(1, 65537), 1), RuntimeError, "dim", False),
+    ("not-a-tensor", ([1.0, 2.0], 0), TypeError, "input", True),
+]
+
+
+@pytest.mark.parametrize("args,error,name,torch_raises", [pytest.param(*e[1:], id=e[0]) for e in ERRORS])
+def test_errors(args, error, name, torch_raises):
+    for fn, ref in ((ops.softmax, torch.softmax), (ops.log_softmax, torch.log_softmax)):
+        with pytest.raises(error, match=f"'{name}'"):
+            fn(*args)
+        if torch_raises:
+            with pytest.raises(error):
+                ref(*args)
