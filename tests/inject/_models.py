@@ -79,3 +79,17 @@ def injected_pair(make, train=False, **inject_kw):
     original = copy.deepcopy(model)
     report = dropin.inject_(model, **inject_kw)
     return model, original, report
+
+
+def check_hf_backward(injected: nn.Module, original: nn.Module, inputs: dict, key: str, params: list) -> None:
+    """Output `key` of a HF model called with `inputs` (keyword arguments), and the gradients of the named
+    parameters for a random upstream gradient, against the original's in float64."""
+    reference = copy.deepcopy(original).double()
+    inputs_64 = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
+    out, ref = injected(**inputs)[key], reference(**inputs_64)[key]
+    grad = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, [injected.get_parameter(p) for p in params], grad.to(out.dtype))
+    grads_64 = torch.autograd.grad(ref, [reference.get_parameter(p) for p in params], grad)
+    assert_close(out, ref, out.dtype, "fwd")
+    for name, g, g_64 in zip(params, grads, grads_64):
+        assert_close(g, g_64, out.dtype, "bwd", what=f"gradient of {name}")

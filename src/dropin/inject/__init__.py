@@ -1,3 +1,3 @@
 """inject_ / revert_: put dropin modules into a torch model in place. One handler file per model family."""
-from . import generic, torchvision  # noqa: F401  (register their handlers)
+from . import cvt, generic, llama, torchvision  # noqa: F401  (register their handlers)
 from .api import InjectConfig, InjectError, InjectReport, VerificationError, inject_, revert_

@@ -235,6 +235,7 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     and handles what a new config now allows; revert_ undoes all of it.
     """
     config = InjectConfig() if config is None else config
+    registry.load_deferred()  # handlers for the classes of optional libraries imported by now (transformers)
     unknown = set(config.ops or ()) - registry.ops()
     if unknown:
         raise ValueError(f"InjectConfig.ops: unknown op(s) {sorted(unknown)}; known: {sorted(registry.ops())}")

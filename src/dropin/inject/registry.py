@@ -5,6 +5,7 @@ for exact types with `@register(Type, ..., op="conv2d")` in the file of its mode
 op the handler uses (InjectConfig.ops can switch it off); op=None marks a handler that only explains why a type
 stays torch. Exact types: a subclass may have a forward of its own, so it is not taken for its base.
 """
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -94,3 +95,22 @@ def passive(*types, when: Callable = lambda module: True):
 def is_passive(module: torch.nn.Module) -> bool:
     when = PASSIVE.get(type(module))
     return when is not None and when(module)
+
+
+DEFERRED: dict = {}  # module name -> [functions that register handlers for that module's classes]
+
+
+def when_imported(module_name: str):
+    """Defers a handler file's registrations for an optional library until inject_ runs after `module_name` was
+    imported (a model of its classes has imported it): `import dropin` does not import transformers (seconds)."""
+    def decorate(fn: Callable):
+        DEFERRED.setdefault(module_name, []).append(fn)
+        return fn
+    return decorate
+
+
+def load_deferred() -> None:
+    """Runs the deferred registrations whose module has been imported (each once)."""
+    for name in [n for n in DEFERRED if n in sys.modules]:
+        for fn in DEFERRED.pop(name):
+            fn()

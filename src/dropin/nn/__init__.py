@@ -1,9 +1,11 @@
 """nn.Module drop-ins built on dropin.ops; each can adopt a HF module's parameters without copying them."""
+from .attention import LlamaAttention
 from .conv import Conv2d, ConvBNAct
 from .linear import Linear
-from .module import DropinModule, Folded
+from .module import Adopted, DropinModule, Folded
 from .resnet import ResidualBlock
 from .rms_norm import RMSNorm
 from .swiglu import SwiGLUMLP
 
-__all__ = ["Conv2d", "ConvBNAct", "DropinModule", "Folded", "Linear", "ResidualBlock", "RMSNorm", "SwiGLUMLP"]
+__all__ = ["Adopted", "Conv2d", "ConvBNAct", "DropinModule", "Folded", "Linear", "LlamaAttention",
+           "ResidualBlock", "RMSNorm", "SwiGLUMLP"]

@@ -52,3 +52,19 @@ class Folded(DropinModule):
 
     def extra_repr(self) -> str:
         return f"{type(self.original).__name__} fused into '{self.into}'"
+
+
+class Adopted(DropinModule):
+    """A drop-in for `original` that runs `impl`: a dropin nn module built on the original's own tensors by one of
+    its from_* constructors (SwiGLUMLP.from_llama, RMSNorm.from_llama). The original's children stay children here
+    (not `impl`'s), so state_dict keys are the original's."""
+
+    def __init__(self, original: torch.nn.Module, impl: torch.nn.Module, kernel: str):
+        super().__init__(original)
+        object.__setattr__(self, "impl", impl)  # a plain attribute: its tensors are registered as the original's
+        for name, child in original.named_children():
+            self.add_module(name, child)
+        self.kernel = kernel
+
+    def forward(self, *args, **kwargs):
+        return self.impl(*args, **kwargs)

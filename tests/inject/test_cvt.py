@@ -1,0 +1,76 @@
+"""inject_ on HF CvT (tiny config, 2 stages): depthwise conv projection + BatchNorm folded, Linear + GELU fused."""
+import copy
+
+import pytest
+import torch
+
+import dropin
+import dropin.nn as dnn
+from _tol import DEVICE, assert_close
+
+from _models import assert_same_state, check_hf_backward, randomize_batchnorms, snapshot
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_cvt() -> torch.nn.Module:
+    """Stage 1: 8 channels at 8x8, stage 2: 16 channels at 4x4 with the cls token, 3 layers in all."""
+    two = lambda a, b: [a, b]  # noqa: E731
+    config = transformers.CvtConfig(
+        patch_sizes=two(7, 3), patch_stride=two(4, 2), patch_padding=two(2, 1), embed_dim=two(8, 16),
+        num_heads=two(1, 2), depth=two(1, 2), mlp_ratio=two(4.0, 4.0), attention_drop_rate=two(0.0, 0.0),
+        drop_rate=two(0.0, 0.0), drop_path_rate=two(0.0, 0.0), qkv_bias=two(True, True), cls_token=two(False, True),
+        qkv_projection_method=two("dw_bn", "dw_bn"), kernel_qkv=two(3, 3), padding_kv=two(1, 1),
+        stride_kv=two(2, 2), padding_q=two(1, 1), stride_q=two(1, 1), num_labels=5)
+    return randomize_batchnorms(transformers.CvtForImageClassification(config)).to(DEVICE).eval()
+
+
+def pixels(batch=2):
+    return torch.randn(batch, 3, 32, 32, device=DEVICE)
+
+
+def test_cvt_fused_verified_and_hf_forward_unchanged():
+    model = tiny_cvt()
+    original, x = copy.deepcopy(model), pixels()
+    report = dropin.inject_(model, example_inputs=x)
+    kernels = [r.kernel for r in report.replaced]
+    assert kernels.count("conv2d+bn") == 9 and kernels.count("linear+gelu") == 3  # q, k, v per layer; MLPs
+    assert kernels.count("conv2d") == 2 and kernels.count("linear") == 3 * 5 + 1  # embeddings; q/k/v/out/MLP out
+    where = "cvt.encoder.stages.0.layers.0.attention.attention.convolution_projection_query.convolution_projection."
+    fold = report.replaced[1]
+    assert (fold.name, fold.fused) == (where + "convolution", (where + "normalization",))
+    assert {e.type for e in report.left} == {"LayerNorm"} and report.verification.startswith("verified")
+    with torch.no_grad():
+        logits, ref = model(pixel_values=x).logits, copy.deepcopy(original).double()(pixel_values=x.double()).logits
+    assert_close(logits, ref, torch.float32, "fwd")
+
+
+def test_cvt_state_dict_and_revert():
+    model = tiny_cvt()
+    state, x = snapshot(model), pixels()
+    with torch.no_grad():
+        before = model(pixel_values=x).logits
+    dropin.inject_(model, verify=False)
+    assert_same_state(model, state)
+    dropin.revert_(model)
+    assert not any(isinstance(m, dnn.DropinModule) for m in model.modules())
+    assert_same_state(model, state)
+    with torch.no_grad():
+        assert torch.equal(model(pixel_values=x).logits, before)
+
+
+def test_cvt_training_backward_matches_torch():
+    """Training mode: the BatchNorms use batch statistics (not folded: torch, with the reason); gradients flow
+    through the dropin depthwise convs and fused linears."""
+    model = tiny_cvt().train()
+    original = copy.deepcopy(model)
+    report = dropin.inject_(model, example_inputs=pixels())
+    left = {e.type: e.reason for e in report.left}
+    assert set(left) == {"LayerNorm", "BatchNorm2d"} and "training mode" in left["BatchNorm2d"]
+    layer = "cvt.encoder.stages.1.layers.1."
+    check_hf_backward(model, original, {"pixel_values": pixels()}, "logits", [
+        "cvt.encoder.stages.0.embedding.convolution_embeddings.projection.weight",
+        layer + "attention.attention.convolution_projection_key.convolution_projection.convolution.weight",
+        layer + "attention.attention.convolution_projection_key.convolution_projection.normalization.weight",
+        layer + "attention.attention.projection_query.weight", layer + "intermediate.dense.weight",
+        layer + "intermediate.dense.bias", layer + "output.dense.weight", "classifier.weight"])
