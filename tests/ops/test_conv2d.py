@@ -409,14 +409,15 @@ def test_large_gpu(shape, dtype):
     check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, w_shape, dtype=dtype, channels_last=True))
 
 
-def _seen_candidates(monkeypatch) -> dict:
-    """pass name -> the kernels of its candidates, in order, for each plan made from now on."""
+def _seen_candidates(monkeypatch, first=False) -> dict:
+    """pass name -> the kernels of its candidates, in order, for each plan made from now on; with `first`,
+    each plan takes its first candidate (the untuned default) on the GPU too."""
     seen = {}
     real_pick = cv._autotune.pick
 
     def pick(name, key, configs, prepare):
         seen[key[0]] = [c["KERNEL"] for c in configs]
-        return real_pick(name, key, configs, prepare)
+        return configs[0] if first else real_pick(name, key, configs, prepare)
 
     monkeypatch.setattr(cv._autotune, "pick", pick)
     cv._plans.clear()
@@ -450,12 +451,12 @@ DEPTHWISE = {  # id: (x shape, multiplier, kernel, stride, padding, dilation, ch
 
 @pytest.mark.parametrize("case", list(DEPTHWISE))
 def test_depthwise_direct(case, monkeypatch):
-    """The direct depthwise kernels (the untuned default of every pass) against torch: channel multipliers,
-    strides, dilations, odd sizes, NCHW and channels_last, each dtype."""
+    """The direct depthwise kernels (the untuned default of every pass, forced) against torch: channel
+    multipliers, strides, dilations, odd sizes, NCHW and channels_last, each dtype."""
     x_shape, mult, kernel, stride, padding, dilation, channels_last, dtype = DEPTHWISE[case]
     c = x_shape[1]
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
-    seen = _seen_candidates(monkeypatch)
+    seen = _seen_candidates(monkeypatch, first=True)
     try:
         check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, (c * mult, 1, *kernel), dtype=dtype,
                                                           channels_last=channels_last))
