@@ -412,13 +412,15 @@ _DW_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
 ]
 _DW_DGRAD_CONFIGS = _DW_CONFIGS
-# Taller tiles for the weight gradient: fewer fp32 partials (KH*KW*BLOCK_N per tile) to write and sum.
+# Taller tiles for the weight gradient: fewer fp32 partials (KH*KW*BLOCK_N per tile) to write and sum, and
+# more pixels per thread summed before the shuffles of each tap's tree sum. On sm_90 the last two (64 elements
+# a thread) halve the shuffles per pixel at 16 bits without spills; in fp32 they spill.
 _DW_WGRAD_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=32, num_warps=4),
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4),
-    dict(BLOCK_M=256, BLOCK_N=16, num_warps=4),
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
-    dict(BLOCK_M=256, BLOCK_N=32, num_warps=8),
+    dict(BLOCK_M=256, BLOCK_N=32, num_warps=4),
+    dict(BLOCK_M=256, BLOCK_N=64, num_warps=8),
 ]
 _WGRAD_CONFIGS = [
     _autotune.config(32, 64, 64, 4, 3, SPLIT_K=1),
