@@ -265,9 +265,10 @@ def test_empty_batch():
 def _configs():
     for name, cfgs in (("fwd", cv._FWD_CONFIGS), ("dgrad", cv._DGRAD_CONFIGS), ("wgrad", cv._WGRAD_CONFIGS)):
         for i, c in enumerate(cfgs):
-            yield pytest.param(name, dict(c, KERNEL="gemm") if name == "fwd" else c, id=f"{name}-{i}")
-    for i, c in enumerate(cv._DW_CONFIGS):
-        yield pytest.param("fwd", dict(c, KERNEL="direct"), id=f"fwd-direct-{i}")
+            yield pytest.param(name, dict(c, KERNEL="gemm"), id=f"{name}-{i}")
+    for name, cfgs in (("fwd", cv._DW_CONFIGS), ("dgrad", cv._DW_DGRAD_CONFIGS), ("wgrad", cv._DW_WGRAD_CONFIGS)):
+        for i, c in enumerate(cfgs):
+            yield pytest.param(name, dict(c, KERNEL="direct"), id=f"{name}-direct-{i}")
 
 
 @pytest.mark.parametrize("which,cfg", list(_configs()))
@@ -408,22 +409,57 @@ def test_large_gpu(shape, dtype):
     check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, w_shape, dtype=dtype, channels_last=True))
 
 
-def test_depthwise_plan_offers_direct_kernel(monkeypatch):
-    """One input channel per group: the direct kernel leads the candidates (the untuned default), the implicit
-    GEMM follows; with several input channels per group only the implicit GEMM is offered."""
+def _seen_candidates(monkeypatch, first=False) -> dict:
+    """pass name -> the kernels of its candidates, in order, for each plan made from now on; with `first`,
+    each plan takes its first candidate (the untuned default) on the GPU too."""
     seen = {}
     real_pick = cv._autotune.pick
 
     def pick(name, key, configs, prepare):
-        seen[key[0]] = [c["KERNEL"] for c in configs] if key[0] == "fwd" else None
-        return real_pick(name, key, configs, prepare)
+        seen[key[0]] = [c["KERNEL"] for c in configs]
+        return configs[0] if first else real_pick(name, key, configs, prepare)
 
     monkeypatch.setattr(cv._autotune, "pick", pick)
     cv._plans.clear()
+    return seen
+
+
+def test_depthwise_plan_offers_direct_kernel(monkeypatch):
+    """One input channel per group: in every pass (forward, input and weight gradient) the direct kernel leads
+    the candidates (the untuned default), the implicit GEMM follows; with several input channels per group
+    only the implicit GEMM is offered."""
+    seen = _seen_candidates(monkeypatch)
     try:
-        dropin.conv2d(_t(1, 4, 6, 6), _t(4, 1, 3, 3), groups=4)
-        assert seen["fwd"][0] == "direct" and "gemm" in seen["fwd"]
-        dropin.conv2d(_t(1, 4, 6, 6), _t(4, 2, 3, 3), groups=2)
-        assert set(seen["fwd"]) == {"gemm"}
+        for w_shape, groups, kernels in (((4, 1, 3, 3), 4, ["direct", "gemm"]), ((4, 2, 3, 3), 2, ["gemm"])):
+            x, w = _t(1, 4, 6, 6).requires_grad_(), _t(*w_shape).requires_grad_()
+            dropin.conv2d(x, w, groups=groups).sum().backward()
+            assert {k: sorted(set(v), key=v.index) for k, v in seen.items()} == \
+                {"fwd": kernels, "dgrad": kernels, "wgrad": kernels}
+    finally:
+        cv._plans.clear()
+
+
+DEPTHWISE = {  # id: (x shape, multiplier, kernel, stride, padding, dilation, channels_last, dtype)
+    "m1-s1-cl-fp32": ((2, 24, 9, 7), 1, (3, 3), 1, 1, 1, True, torch.float32),
+    "m2-s2-nchw-fp16": ((2, 12, 11, 9), 2, (3, 3), 2, 1, 1, False, torch.float16),
+    "m1-s2-d2-cl-fp16": ((1, 20, 13, 10), 1, (3, 3), 2, 2, 2, True, torch.float16),
+    "m2-s21-d12-k35-cl-fp32": ((2, 10, 9, 11), 2, (3, 5), (2, 1), (1, 2), (1, 2), True, torch.float32),
+    "m1-s1-nchw-bf16": ((2, 16, 7, 9), 1, (3, 3), 1, 1, 1, False, torch.bfloat16),
+    "m3-s1-cl-fp32": ((2, 3, 12, 10), 3, (3, 3), 1, 1, 1, True, torch.float32),
+}  # long fp32 weight-gradient sums (20000 pixels) through the direct kernel: test_seed003_single_channel_3x3
+
+
+@pytest.mark.parametrize("case", list(DEPTHWISE))
+def test_depthwise_direct(case, monkeypatch):
+    """The direct depthwise kernels (the untuned default of every pass, forced) against torch: channel
+    multipliers, strides, dilations, odd sizes, NCHW and channels_last, each dtype."""
+    x_shape, mult, kernel, stride, padding, dilation, channels_last, dtype = DEPTHWISE[case]
+    c = x_shape[1]
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
+    seen = _seen_candidates(monkeypatch, first=True)
+    try:
+        check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, (c * mult, 1, *kernel), dtype=dtype,
+                                                          channels_last=channels_last))
+        assert {k: v[0] for k, v in seen.items()} == {"fwd": "direct", "dgrad": "direct", "wgrad": "direct"}
     finally:
         cv._plans.clear()

@@ -10,6 +10,10 @@ accumulated in fp32 with tl.dot, with masks for padding and edges; grid over (ti
 - weight gradient `_conv_wgrad_kernel`: output channels x (Cin/groups*KH*KW), reduced over N*OH*OW, with
   an optional split of that reduction (fp32 partials summed afterwards) for small weights on large images.
 - `_conv_act_grad_kernel`: grad of the activation and the bias gradient (per-tile column sums).
+One input channel per group (depthwise, any channel multiplier) also has direct kernels, the tuner's first
+candidates in each pass (the implicit GEMM stays a candidate): [pixels, channels] tiles with the taps
+unrolled and fp32 FMAs (`_conv_dw_fwd_kernel`, `_conv_dw_dgrad_kernel`), and for the weight gradient
+per-tile tree sums of dz * x for each tap (`_conv_dw_wgrad_kernel`) summed over the tiles afterwards.
 float32 follows torch's rule for convolutions: tf32 when `torch.backends.cudnn.allow_tf32` (torch's default:
 True) is set, otherwise fp32 FMAs (true fp32).
 """
@@ -153,9 +157,35 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
 
 
 @triton.jit
+def _tap(pos, k, size, STRIDE: tl.constexpr, PAD: tl.constexpr, DIL: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Along one axis, where tap k of position pos reads and whether that is inside [0, size): the forward
+    reads pos*STRIDE - PAD + k*DIL; TRANSPOSED (the input gradient) the output position (pos + PAD - k*DIL)
+    / STRIDE, where that divides."""
+    if TRANSPOSED:
+        t = pos + PAD - k * DIL
+        src = tl.maximum(t, 0) // STRIDE
+        return src, (t >= 0) & (t % STRIDE == 0) & (src < size)
+    src = pos * STRIDE - PAD + k * DIL
+    return src, (src >= 0) & (src < size)
+
+
+@triton.jit
+def _dw_gather(base, ph, pw, kh, kw, m_ok, n_ok, H, W, sh, sw,
+               STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+               DIL_H: tl.constexpr, DIL_W: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Tap (kh, kw) of a depthwise tile in fp32, [pixels, channels]: base (pointers with the image and channel
+    offsets in) read at the pixel that tap reads for pixel (ph, pw) (see _tap) of an H x W image with strides
+    sh, sw; zero outside it."""
+    h, h_ok = _tap(ph, kh, H, STRIDE_H, PAD_H, DIL_H, TRANSPOSED)
+    w, w_ok = _tap(pw, kw, W, STRIDE_W, PAD_W, DIL_W, TRANSPOSED)
+    ok = m_ok & h_ok & w_ok
+    return tl.load(base + (h * sh + w * sw)[:, None], mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                         H, W, COUT, COUT_G, OH, OW, P,
-                        sxn, sxc, sxh, sxw, swo, swc, swh, sww, syn, syc, syh, syw, srn, src, srh, srw,
+                        sxn, sxc, sxh, sxw, swo, swh, sww, syn, syc, syh, syw, srn, src, srh, srw,
                         STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
                         DIL_H: tl.constexpr, DIL_W: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
@@ -173,16 +203,71 @@ def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     w_base = w_ptr + co.to(tl.int64) * swo
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kh in tl.static_range(KH):
-        ih = oh * STRIDE_H - PAD_H + kh * DIL_H
-        h_ok = m_ok & (ih >= 0) & (ih < H)
         for kw in tl.static_range(KW):
-            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-            row_ok = h_ok & (iw >= 0) & (iw < W)
-            xv = tl.load(x_base + (ih * sxh + iw * sxw)[:, None], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
-            wv = tl.load(w_base + kh * swh + kw * sww, mask=n_ok, other=0.0)
-            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+            xv = _dw_gather(x_base, oh, ow, kh, kw, m_ok, n_ok, H, W, sxh, sxw,
+                            STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W, False)
+            acc += xv * tl.load(w_base + kh * swh + kw * sww, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
               co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
+
+
+@triton.jit
+def _conv_dw_dgrad_kernel(dz_ptr, w_ptr, dx_ptr,
+                          C, H, W, COUT_G, OH, OW, P,
+                          sdn, sdc, sdh, sdw, swo, swh, sww, sxn, sxc, sxh, sxw,
+                          STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr,
+                          PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+                          KH: tl.constexpr, KW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Direct input gradient for one input channel per group: dx[n, c, ih, iw] = sum_{j, kh, kw}
+    dz[n, c*COUT_G + j, oh, ow] * w[c*COUT_G + j, 0, kh, kw] over the taps whose (oh, ow) reads (ih, iw)
+    (_tap, TRANSPOSED); grid (input pixel tiles, channel tiles over all C channels), P = N*H*W. Each dz
+    element is gathered by the KH*KW input pixels that it reaches, from cache after the first."""
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < P
+    n_ok = c < C
+    n, ih, iw = _pixel(offs_m, H, W)
+    co = c.to(tl.int64) * COUT_G
+    dz_base = dz_ptr + (n * sdn)[:, None] + (co * sdc)[None, :]
+    w_base = w_ptr + co * swo
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in range(COUT_G):
+        for kh in tl.static_range(KH):
+            for kw in tl.static_range(KW):
+                dzv = _dw_gather(dz_base + j * sdc, ih, iw, kh, kw, m_ok, n_ok, OH, OW, sdh, sdw,
+                                 STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W, True)
+                wv = tl.load(w_base + j * swo + kh * swh + kw * sww, mask=n_ok, other=0.0)
+                acc += dzv * wv.to(tl.float32)[None, :]
+    offs_x = (n * sxn + ih * sxh + iw * sxw)[:, None] + c.to(tl.int64)[None, :] * sxc
+    tl.store(dx_ptr + offs_x, acc.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _conv_dw_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
+                          H, W, COUT, COUT_G, OH, OW, P,
+                          sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw,
+                          STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr,
+                          PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+                          KH: tl.constexpr, KW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Direct weight gradient for one input channel per group, this tile's share: part[tile, kh*KW + kw, co] =
+    sum over the tile's output pixels of dz[n, co, oh, ow] * x[n, co // COUT_G, ih, iw] in fp32, a tree sum
+    (tl.sum; the caller sums the tiles); grid (output pixel tiles, channel tiles over all COUT channels). The
+    dz tile is read once and kept for all KH*KW taps."""
+    pid_m = tl.program_id(0)
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    co = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < P
+    n_ok = co < COUT
+    n, oh, ow = _pixel(offs_m, OH, OW)
+    dz = tl.load(dz_ptr + (n * sdn + oh * sdh + ow * sdw)[:, None] + co.to(tl.int64)[None, :] * sdc,
+                 mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    x_base = x_ptr + (n * sxn)[:, None] + (co // COUT_G).to(tl.int64)[None, :] * sxc
+    part = part_ptr + pid_m.to(tl.int64) * (KH * KW) * COUT + co
+    for kh in tl.static_range(KH):
+        for kw in tl.static_range(KW):
+            xv = _dw_gather(x_base, oh, ow, kh, kw, m_ok, n_ok, H, W, sxh, sxw,
+                            STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W, False)
+            tl.store(part + (kh * KW + kw) * COUT, tl.sum(dz * xv, axis=0), mask=n_ok)
 
 
 @triton.jit
@@ -317,7 +402,7 @@ _FWD_CONFIGS = [
     _autotune.config(128, 256, 64, 8, 3),
 ]
 _DGRAD_CONFIGS = _FWD_CONFIGS
-# The direct kernel for one input channel per group (depthwise): BLOCK_M pixels x BLOCK_N channels.
+# The direct kernels for one input channel per group (depthwise): BLOCK_M pixels x BLOCK_N channels.
 _DW_CONFIGS = [
     dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
     dict(BLOCK_M=32, BLOCK_N=64, num_warps=4),
@@ -325,6 +410,17 @@ _DW_CONFIGS = [
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4),
     dict(BLOCK_M=16, BLOCK_N=128, num_warps=4),
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
+]
+_DW_DGRAD_CONFIGS = _DW_CONFIGS
+# Taller tiles for the weight gradient: fewer fp32 partials (KH*KW*BLOCK_N per tile) to write and sum, and
+# more pixels per thread summed before the shuffles of each tap's tree sum. On sm_90 the last two (64 elements
+# a thread) halve the shuffles per pixel at 16 bits without spills; in fp32 they spill.
+_DW_WGRAD_CONFIGS = [
+    dict(BLOCK_M=128, BLOCK_N=32, num_warps=4),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
+    dict(BLOCK_M=256, BLOCK_N=32, num_warps=4),
+    dict(BLOCK_M=256, BLOCK_N=64, num_warps=8),
 ]
 _WGRAD_CONFIGS = [
     _autotune.config(32, 64, 64, 4, 3, SPLIT_K=1),
@@ -392,9 +488,20 @@ def _geom(x, w, stride, padding, dilation, groups):
     return N, C_G, H, W, COUT // groups, OH, OW, KH, KW
 
 
-def _conv_meta(stride, padding, dilation, precision):
+def _geometry_meta(stride, padding, dilation):
     return dict(STRIDE_H=stride[0], STRIDE_W=stride[1], PAD_H=padding[0], PAD_W=padding[2],
-                DIL_H=dilation[0], DIL_W=dilation[1], PRECISION=precision)
+                DIL_H=dilation[0], DIL_W=dilation[1])
+
+
+def _conv_meta(stride, padding, dilation, precision):
+    return dict(_geometry_meta(stride, padding, dilation), PRECISION=precision)
+
+
+def _candidates(direct, gemm, depthwise: bool):
+    """The configs tagged with their kernel: the direct depthwise kernel's first (where depthwise: one input
+    channel per group), then the implicit GEMM's, still a candidate."""
+    gemm = [dict(c, KERNEL="gemm") for c in gemm]
+    return [dict(c, KERNEL="direct") for c in direct] + gemm if depthwise else gemm
 
 
 def _align(*ts):
@@ -432,27 +539,25 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
         P = N * OH * OW
         scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *x.stride(), *w.stride(), *y.stride(), *r.stride())
         flat_k = C_G < 16  # see _conv_fwd_kernel
-        meta0 = dict(_conv_meta(stride, padding, dilation, precision), HAS_BIAS=bias is not None,
-                     HAS_RES=residual is not None, ACT=activation, STORE_Z=save_preact)
+        epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
+                        STORE_Z=save_preact)
 
         def launcher(cfg):
             cfg = dict(cfg)
             if cfg.pop("KERNEL") == "direct":
-                meta = dict(meta0, **cfg)
-                del meta["PRECISION"]
-                meta.update(KH=KH, KW=KW)
-                dw_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, P, *scalars[9:])
+                dw_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, P, *x.stride(), w.stride(0), *w.stride()[2:],
+                              *y.stride(), *r.stride())
                 grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
+                meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **epilogue, **cfg)
                 launch = _runtime.Launcher(_conv_dw_fwd_kernel, grid, meta)
                 return lambda *tensors: launch(*tensors, *dw_scalars)
             grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
-            launch = _runtime.Launcher(_conv_fwd_kernel, grid, dict(meta0, FLAT_K=flat_k, **cfg))
+            meta = dict(_conv_meta(stride, padding, dilation, precision), FLAT_K=flat_k, **epilogue, **cfg)
+            launch = _runtime.Launcher(_conv_fwd_kernel, grid, meta)
             return lambda *tensors: launch(*tensors, *scalars)
 
-        configs = [dict(c, KERNEL="gemm") for c in _configs(_FWD_CONFIGS, P, COUT_G, C_G * (KH * KW if flat_k else 1),
-                                                             x.element_size(), precision)]
-        if C_G == 1:  # one input channel per group: the direct kernel first, the implicit GEMM as a candidate
-            configs = [dict(c, KERNEL="direct") for c in _DW_CONFIGS] + configs
+        gemm = _configs(_FWD_CONFIGS, P, COUT_G, C_G * (KH * KW if flat_k else 1), x.element_size(), precision)
+        configs = _candidates(_DW_CONFIGS, gemm, C_G == 1)
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, flat_k, residual is not None,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
         tensors = (x, w, y, y if bias is None else bias, z if save_preact else y, r)
@@ -475,16 +580,25 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
     plan = _plans.get(key)
     if plan is None:
         P = N * H * W
-        scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *w.stride(), *dx.stride())
-        meta0 = _conv_meta(stride, padding, dilation, precision)
 
         def launcher(cfg):
-            grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(C_G, cfg["BLOCK_N"]), groups)
-            launch = _runtime.Launcher(_conv_dgrad_kernel, grid, dict(meta0, **cfg))
+            cfg = dict(cfg)
+            if cfg.pop("KERNEL") == "direct":
+                scalars = (groups, H, W, COUT_G, OH, OW, P, *dz.stride(), w.stride(0), *w.stride()[2:],
+                           *dx.stride())
+                grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(groups, cfg["BLOCK_N"]))
+                meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg)
+                launch = _runtime.Launcher(_conv_dw_dgrad_kernel, grid, meta)
+            else:
+                scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *w.stride(), *dx.stride())
+                grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(C_G, cfg["BLOCK_N"]), groups)
+                launch = _runtime.Launcher(_conv_dgrad_kernel, grid,
+                                           dict(_conv_meta(stride, padding, dilation, precision), **cfg))
             return lambda dz, w, dx: launch(dz, w, dx, *scalars)
 
-        configs = _configs(_DGRAD_CONFIGS, P, C_G, COUT_G, x.element_size(), precision)
-        tkey = ("dgrad", x.dtype, precision, _channels_last(x), KH, KW, stride,
+        gemm = _configs(_DGRAD_CONFIGS, P, C_G, COUT_G, x.element_size(), precision)
+        configs = _candidates(_DW_DGRAD_CONFIGS, gemm, C_G == 1)
+        tkey = ("dgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
         plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, (dz, w, dx))
     plan(dz, w, dx)
@@ -511,6 +625,18 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
 
         def launcher(cfg):
             cfg = dict(cfg)
+            if cfg.pop("KERNEL") == "direct":  # fp32 partial sums per pixel tile, then one sum over the tiles
+                grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
+                launch = _runtime.Launcher(_conv_dw_wgrad_kernel, grid,
+                                           dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg))
+                dw_scalars = (H, W, groups * COUT_G, COUT_G, OH, OW, P, *dz.stride(), *x.stride())
+                part_shape = (grid[0], KH * KW, groups * COUT_G)
+
+                def run_direct(dz, x, dw):
+                    part = torch.empty(part_shape, device=dz.device, dtype=torch.float32)
+                    launch(dz, x, part, *dw_scalars)
+                    dw.copy_(part.sum(0).t().reshape(dw.shape))
+                return run_direct
             splits = max(1, min(cfg.pop("SPLIT_K"), triton.cdiv(P, cfg["BLOCK_K"])))
             grid = (triton.cdiv(COUT_G, cfg["BLOCK_M"]) * triton.cdiv(cols, cfg["BLOCK_N"]), groups, splits)
             launch = _runtime.Launcher(_conv_wgrad_kernel, grid, dict(meta0, **cfg))
@@ -526,8 +652,9 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 dw.copy_(partial.sum(0))
             return run_split
 
-        configs = _configs(_WGRAD_CONFIGS, COUT_G, cols, P, x.element_size(), precision)
-        tkey = ("wgrad", x.dtype, precision, _channels_last(x), KH, KW, stride,
+        gemm = _configs(_WGRAD_CONFIGS, COUT_G, cols, P, x.element_size(), precision)
+        configs = _candidates(_DW_WGRAD_CONFIGS, gemm, C_G == 1)
+        tkey = ("wgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
         plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, (dz, x, dw))
     plan(dz, x, dw)
