@@ -10,7 +10,8 @@ import dropin.nn as dnn
 from dropin.inject import InjectConfig, InjectError, VerificationError, registry
 from _tol import DEVICE, gpu
 
-from _models import assert_same_state, check_backward, check_forward, cnn, injected_pair, mlp, snapshot
+from _models import (assert_same_state, check_backward, check_forward, cnn, injected_pair, mlp,
+                     randomize_batchnorms, snapshot)
 
 
 def kinds(model):
@@ -32,10 +33,9 @@ def test_cnn_eval_conv_bn_relu_fused():
     x = torch.randn(2, 3, 8, 8, device=DEVICE)
     model, original, report = injected_pair(cnn, example_inputs=x)
     assert [(r.name, r.kernel, r.fused) for r in report.replaced] == [
-        ("0", "conv2d+bn+relu", ("1", "2")), ("3", "conv2d+bn+relu", ("4", "5")), ("8", "linear+gelu", ("9",)),
-        ("10", "linear", ())]
-    assert [(e.name, e.type) for e in report.left] == [("6", "MaxPool2d")]  # Flatten computes nothing: not listed
-    assert "no dropin handler for MaxPool2d" in report.left[0].reason
+        ("0", "conv2d+bn+relu", ("1", "2")), ("3", "conv2d+bn+relu", ("4", "5")), ("6", "max_pool2d", ()),
+        ("8", "linear+gelu", ("9",)), ("10", "linear", ())]
+    assert report.left == []  # Flatten computes nothing: not listed
     text = str(report)
     assert "MaxPool2d" in text and "conv2d+bn+relu" in text and "verified" in text
     check_forward(model, original, x)
@@ -45,10 +45,9 @@ def test_cnn_eval_conv_bn_relu_fused():
 def test_training_mode_bn_not_folded_and_backward_matches_torch():
     x = torch.randn(2, 3, 8, 8, device=DEVICE)
     model, original, report = injected_pair(cnn, train=True, example_inputs=x)
-    assert [r.kernel for r in report.replaced] == ["conv2d", "conv2d", "linear+gelu", "linear"]
-    left = {e.name: e.reason for e in report.left}
-    assert set(left) == {"1", "2", "4", "5", "6"}
-    assert "training mode" in left["1"] and "batch_norm" in left["1"] and "no standalone dropin relu" in left["2"]
+    assert [r.kernel for r in report.replaced] == ["conv2d", "batch_norm", "relu", "conv2d", "batch_norm", "relu",
+                                                  "max_pool2d", "linear+gelu", "linear"]
+    assert report.left == []  # BatchNorm with batch statistics: its own kernel, not folded
     assert torch.equal(model[1].running_mean, original[1].running_mean), "verification changed BN statistics"
     check_backward(model, original, x)
     assert torch.allclose(model[1].running_mean, original[1].running_mean)  # both updated alike
@@ -136,9 +135,9 @@ def test_verification_catches_a_wrong_kernel_and_reverts(monkeypatch):
 
 
 def test_strict_raises_on_modules_left_to_torch():
-    model = cnn().eval()
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh()).to(DEVICE)
     children = list(model.children())
-    with pytest.raises(InjectError, match="MaxPool2d"):
+    with pytest.raises(InjectError, match="Tanh"):
         dropin.inject_(model, strict=True, verify=False)
     assert all(a is b for a, b in zip(model.children(), children))
     assert dropin.inject_(mlp(), strict=True, verify=False).left == []
@@ -163,9 +162,12 @@ def test_config_ops_fusions_dtypes():
     assert "op 'conv2d' is switched off" in {e.name: e.reason for e in report.left}["0"]
     model = mlp()
     report = dropin.inject_(model, InjectConfig(fusions=False), verify=False)
-    assert [r.kernel for r in report.replaced] == ["linear"] * 4 and isinstance(model[1], nn.ReLU)
+    assert [r.kernel for r in report.replaced] == ["linear", "relu", "linear", "gelu_tanh", "linear", "silu",
+                                                  "linear"]  # no fusion: the activations run standalone
+    assert isinstance(model[1], dnn.Op)
     report = dropin.inject_(mlp().half(), InjectConfig(dtypes=(torch.float32,)), verify=False)
-    assert not report.replaced and "torch.float16" in report.left[0].reason
+    assert "torch.float16" in report.left[0].reason and {e.type for e in report.left} == {"Linear"}
+    assert [r.kernel for r in report.replaced] == ["relu", "gelu_tanh", "silu"]  # no tensors: no dtype to filter
     with pytest.raises(ValueError, match="'pooling'"):
         dropin.inject_(mlp(), InjectConfig(ops={"linear", "pooling"}))
 
@@ -176,13 +178,31 @@ def test_verification_inputs():
     assert dropin.inject_(mlp(), InjectConfig(input_shape=(2, 16))).verification.startswith("verified")
 
 
+def test_functional_layers():
+    """Layers that are one functional op, standalone: pooling, LayerNorm, a BatchNorm not after a conv (training
+    mode too: the running statistics update as torch's), activations; forward and backward against torch."""
+    def model():
+        return randomize_batchnorms(nn.Sequential(
+            nn.BatchNorm2d(3), nn.MaxPool2d(3, 2, 1, ceil_mode=True), nn.SiLU(), nn.AvgPool2d(2, count_include_pad=False),
+            nn.GELU(approximate="tanh"), nn.AdaptiveAvgPool2d((2, 1)), nn.Flatten(), nn.LayerNorm(6), nn.ReLU(),
+        )).to(DEVICE)
+    x = torch.randn(2, 3, 9, 7, device=DEVICE)
+    for train in (False, True):
+        injected, original, report = injected_pair(model, train=train, example_inputs=x)
+        assert [r.kernel for r in report.replaced] == ["batch_norm", "max_pool2d", "silu", "avg_pool2d", "gelu_tanh",
+                                                      "adaptive_avg_pool2d", "layer_norm", "relu"]
+        assert report.left == []
+        check_backward(injected, original, x)
+        assert torch.allclose(injected[0].running_var, original[0].running_var)
+        assert injected[0].num_batches_tracked == original[0].num_batches_tracked == (1 if train else 0)
+
+
 def test_unsupported_modules_and_root_are_reported():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), nn.Dropout(0.5),
                           nn.BatchNorm2d(4), nn.Identity(), nn.Tanh(), nn.Conv1d(4, 4, 1)).to(DEVICE).eval()
     left = {e.name: e.reason for e in dropin.inject_(model, verify=False).left}
-    assert set(left) == {"0", "2", "4", "5"}  # eval Dropout and Identity compute nothing
+    assert set(left) == {"0", "4", "5"}  # eval Dropout and Identity compute nothing; BatchNorm: its own kernel
     assert "padding_mode 'reflect'" in left["0"] and "no dropin handler for Tanh" in left["4"]
-    assert "not folded into a conv" in left["2"]
     model.train()
     assert "1" in {e.name for e in dropin.inject_(model, verify=False).left}  # training Dropout computes
     report = dropin.inject_(nn.Linear(4, 4).to(DEVICE), verify=False)

@@ -1,14 +1,15 @@
-"""Handlers for torch.nn layers: Linear (+ activation), Conv2d (+ BatchNorm2d) (+ activation).
+"""Handlers for torch.nn layers: Linear (+ activation), Conv2d (+ BatchNorm2d) (+ activation), and the layers
+that are one functional op: BatchNorm2d (not folded: training mode, or not after a conv), the activations,
+max / average / adaptive average pooling, LayerNorm.
 
-Fusions take the siblings that follow in an nn.Sequential (see Site.following). The BatchNorm and standalone
-activation handlers only say why those modules stay torch (no dropin batch_norm or standalone activation op
-yet; their handlers replace these when the ops land).
+Fusions take the siblings that follow in an nn.Sequential (see Site.following).
 """
 from typing import Optional
 
 from torch import nn
 
 from .. import nn as dnn
+from .. import ops
 from .registry import passive, register
 
 passive(nn.Identity, nn.Flatten, nn.Unflatten)
@@ -16,7 +17,6 @@ passive(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
         when=lambda m: not m.training or m.p == 0)
 
 _ACTIVATIONS = {nn.ReLU: "relu", nn.SiLU: "silu"}
-_FUSED_ONLY = ("fused only right after a Linear or Conv2d in an nn.Sequential, with fusions on")
 
 
 def activation_name(module: nn.Module) -> Optional[str]:
@@ -77,12 +77,53 @@ def conv2d(module: nn.Conv2d, site):
     return dnn.Conv2d(module, act, absorbs)
 
 
-@register(nn.BatchNorm2d, op=None)
+def _batch_norm(m, x):
+    """nn.BatchNorm2d's forward (running-statistics update, momentum None = cumulative average) on dropin's op."""
+    bn = m.original
+    if x.dim() != 4:
+        raise ValueError(f"expected 4D input (got {x.dim()}D input)")
+    momentum = bn.momentum or 0.0
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        momentum = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+    training = bn.training or bn.running_mean is None and bn.running_var is None
+    stats = not bn.training or bn.track_running_stats
+    return ops.batch_norm(x, bn.running_mean if stats else None, bn.running_var if stats else None, m.weight, m.bias,
+                          training, momentum, bn.eps)
+
+
+@register(nn.BatchNorm2d, op="batch_norm")
 def batch_norm2d(module: nn.BatchNorm2d, site):
-    why = fold_reason(module) or "not folded into a conv (only right after a dropin Conv2d in an nn.Sequential)"
-    return f"{why}; no standalone dropin batch_norm kernel yet"
+    return dnn.Op(module, "batch_norm", _batch_norm)
 
 
-@register(nn.ReLU, nn.GELU, nn.SiLU, op=None)
+@register(nn.ReLU, nn.GELU, nn.SiLU, op="activation")
 def activation(module: nn.Module, site):
-    return f"no standalone dropin {activation_name(module)} kernel yet ({_FUSED_ONLY})"
+    name = activation_name(module)
+    return dnn.Op(module, name, lambda m, x: ops.activation(x, name))
+
+
+@register(nn.MaxPool2d, op="max_pool2d")
+def max_pool2d(module: nn.MaxPool2d, site):
+    if module.return_indices:
+        return "return_indices=True: dropin max_pool2d returns no indices"
+    return dnn.Op(module, "max_pool2d", lambda m, x: ops.max_pool2d(
+        x, m.original.kernel_size, m.original.stride, m.original.padding, m.original.dilation, m.original.ceil_mode))
+
+
+@register(nn.AvgPool2d, op="avg_pool2d")
+def avg_pool2d(module: nn.AvgPool2d, site):
+    return dnn.Op(module, "avg_pool2d", lambda m, x: ops.avg_pool2d(
+        x, m.original.kernel_size, m.original.stride, m.original.padding, m.original.ceil_mode,
+        m.original.count_include_pad, m.original.divisor_override))
+
+
+@register(nn.AdaptiveAvgPool2d, op="adaptive_avg_pool2d")
+def adaptive_avg_pool2d(module: nn.AdaptiveAvgPool2d, site):
+    return dnn.Op(module, "adaptive_avg_pool2d", lambda m, x: ops.adaptive_avg_pool2d(x, m.original.output_size))
+
+
+@register(nn.LayerNorm, op="layer_norm")
+def layer_norm(module: nn.LayerNorm, site):
+    return dnn.Op(module, "layer_norm", lambda m, x: ops.layer_norm(
+        x, m.original.normalized_shape, m.weight, m.bias, m.original.eps))

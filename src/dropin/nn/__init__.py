@@ -1,6 +1,7 @@
 """nn.Module drop-ins built on dropin.ops; each can adopt a HF module's parameters without copying them."""
 from .attention import LlamaAttention
 from .conv import Conv2d, ConvBNAct
+from .functional import Op
 from .linear import Linear
 from .module import Adopted, DropinModule, Folded
 from .resnet import ResidualBlock
