@@ -558,8 +558,9 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
 
         gemm = _configs(_FWD_CONFIGS, P, COUT_G, C_G * (KH * KW if flat_k else 1), x.element_size(), precision)
         configs = _candidates(_DW_CONFIGS, gemm, C_G == 1)
+        # one channel per group is told apart from 2-15 (same bucket): only there is the direct kernel a candidate
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, flat_k, residual is not None,
-                *map(_autotune.bucket, (P, COUT_G, C_G, groups)))
+                *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *(("direct",) if C_G == 1 else ()))
         tensors = (x, w, y, y if bias is None else bias, z if save_preact else y, r)
         plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, tensors)
     plan(x, w, y, y if bias is None else bias, z if save_preact else y, r)
