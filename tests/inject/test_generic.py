@@ -183,7 +183,8 @@ def test_functional_layers():
     mode too: the running statistics update as torch's), activations; forward and backward against torch."""
     def model():
         return randomize_batchnorms(nn.Sequential(
-            nn.BatchNorm2d(3), nn.MaxPool2d(3, 2, 1, ceil_mode=True), nn.SiLU(), nn.AvgPool2d(2, count_include_pad=False),
+            nn.BatchNorm2d(3), nn.MaxPool2d(3, 2, 1, ceil_mode=True), nn.SiLU(),
+            nn.AvgPool2d(2, count_include_pad=False),
             nn.GELU(approximate="tanh"), nn.AdaptiveAvgPool2d((2, 1)), nn.Flatten(), nn.LayerNorm(6), nn.ReLU(),
         )).to(DEVICE)
     x = torch.randn(2, 3, 9, 7, device=DEVICE)

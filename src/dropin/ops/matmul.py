@@ -151,8 +151,8 @@ def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Products with M == 1 (BLOCK_M = 1) or few columns (N <= 16, e.g. seed 004's 784 -> 10 layer) on the
     CUDA cores in fp32: a tensor-core tile would be mostly padding, and its latency chain dominates; here A
-    streams through once in coalesced [BLOCK_M, BLOCK_K] rows and each K chunk is reduced as a tree
-    (a two-level sum, as _dot_acc). C contiguous [batch, M, N]; grid (tiles, batch)."""
+    streams through once in coalesced [BLOCK_M, BLOCK_K] rows, and each K chunk's sum is added to the
+    accumulator on its own (a two-level sum, as _dot_acc). C contiguous [batch, M, N]; grid (tiles, batch)."""
     batch = tl.program_id(1).to(tl.int64)
     num_n = tl.cdiv(N, BLOCK_N)
     offs_m = (tl.program_id(0) // num_n).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -317,9 +317,9 @@ _PTR_CONFIGS = {
         _cfg(32, 64, 128, 4, 3), _cfg(16, 64, 256, 4, 3), _cfg(16, 32, 256, 4, 4), _cfg(16, 16, 256, 4, 2),
         _cfg(16, 64, 128, 4, 4, SPLIT_K=4), _cfg(16, 32, 256, 4, 3, SPLIT_K=4), _cfg(16, 64, 128, 4, 4, SPLIT_K=8)],
     4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 128, 16, 8, 4), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4),
-        _cfg(64, 64, 32, 4, 4), _cfg(64, 64, 64, 4, 3), _cfg(32, 128, 32, 4, 4), _cfg(256, 16, 64, 8, 3), _cfg(128, 16, 64, 4, 4), _cfg(128, 16, 32, 4, 4),
-        _cfg(64, 16, 32, 4, 4), _cfg(64, 16, 128, 4, 4), _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2),
-        _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
+        _cfg(64, 64, 32, 4, 4), _cfg(64, 64, 64, 4, 3), _cfg(32, 128, 32, 4, 4), _cfg(256, 16, 64, 8, 3),
+        _cfg(128, 16, 64, 4, 4), _cfg(128, 16, 32, 4, 4), _cfg(64, 16, 32, 4, 4), _cfg(64, 16, 128, 4, 4),
+        _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2), _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
 # The CUDA-core kernel (any dtype): M == 1 (vector-matrix), and at most 16 columns (candidates beside `ptr`).
 _FMA_CONFIGS = {
