@@ -5,27 +5,15 @@ TF32 switched off for every provider), the ResNet-50 convs (batch 64, fp16/bf16,
 embedding and depthwise convs, conv + BatchNorm (+ identity) + ReLU fused vs the eager sequence, and
 forward + backward of four of them. Quick cases (interpreter, or --quick): tiny shapes.
 """
-import contextlib
 import functools
 
 import torch
 import torch.nn.functional as F
 
 from dropin import ops
-from dropin.ops.conv2d import conv2d_ref
+from dropin.ops.conv2d import conv2d_ref, fold_batchnorm
 
-from .harness import TORCH_DTYPES, Case, compiled, randn, with_backward
-
-
-@contextlib.contextmanager
-def _cudnn_tf32(enabled: bool):
-    """Sets torch.backends.cudnn.allow_tf32 (the switch torch's and dropin's fp32 convs follow) in the block."""
-    old = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32 = old
+from .harness import TORCH_DTYPES, Case, allow_tf32, compiled, randn, with_backward
 
 
 def _torch_conv(x, w, stride, padding, dilation, groups):
@@ -65,7 +53,7 @@ def conv_case(name, batch, cin, cout, hw, kernel, dtype, stride=1, padding=0, di
         flops=passes * 2 * batch * oh * ow * cout * (cin // groups) * kh * kw,
         bytes=passes * TORCH_DTYPES[dtype].itemsize * (batch * cin * h * w + cout * cin // groups * kh * kw
                                                       + batch * cout * oh * ow),
-        context=lambda: _cudnn_tf32(dtype == "tf32"))
+        context=lambda: allow_tf32(dtype == "tf32", torch.backends.cudnn))
 
 
 def _eager_conv_bn(x, w, mean, var, gamma, beta, identity, w_folded, b_folded, stride, padding):
@@ -85,7 +73,6 @@ def conv_bn_case(batch, cin, cout, hw, k, dtype, stride=1, padding=0, add=False)
     fmt = torch.channels_last
 
     def make_inputs():
-        from dropin.ops.conv2d import fold_batchnorm
         x = randn(batch, cin, hw, hw, dtype=dtype).to(memory_format=fmt)
         w = (randn(cout, cin, k, k, dtype=dtype) / (cin * k * k) ** 0.5).to(memory_format=fmt)
         bn = torch.nn.BatchNorm2d(cout).to(x.device).eval()

@@ -122,14 +122,15 @@ def with_backward(fn: Callable, n_args: int, n_grads: int) -> Callable:
 
 
 @contextlib.contextmanager
-def allow_tf32(enabled: bool):
-    """Sets torch.backends.cuda.matmul.allow_tf32 inside the block, restores it after."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
+def allow_tf32(enabled: bool, backend=torch.backends.cuda.matmul):
+    """Sets `backend.allow_tf32` inside the block, restores it after: torch.backends.cuda.matmul (the switch
+    of matmuls) or torch.backends.cudnn (that of convolutions)."""
+    old = backend.allow_tf32
+    backend.allow_tf32 = enabled
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+        backend.allow_tf32 = old
 
 
 def randn(*shape: int, dtype: str | torch.dtype) -> torch.Tensor:

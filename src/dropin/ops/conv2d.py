@@ -808,7 +808,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     fp32 accumulation; float32 uses tf32 only where torch's convolutions would
     (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is."""
     act = check_activation(activation)
-    _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias)
+    _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias, residual=residual)
     if input.dim() not in (3, 4):
         raise RuntimeError(f"conv2d: expected 3-D (unbatched) or 4-D (batched) 'input', but got input of size "
                            f"{list(input.shape)}")
@@ -818,7 +818,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
         if t is not None and t.dtype not in _DTYPES:
             raise RuntimeError(f"conv2d: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
-    for name, t in (("weight", weight), ("bias", bias)):
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
         if t is not None and t.dtype != input.dtype:
             raise RuntimeError(f"conv2d: expected 'input' and '{name}' to have the same dtype, but got "
                                f"{input.dtype} and {t.dtype}")
@@ -866,10 +866,6 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         if list(r.shape) != out_shape:
             raise RuntimeError(f"conv2d: expected 'residual' of the output's size {out_shape[unbatched:]}, but got "
                                f"{list(residual.shape)}")
-        _runtime.check_kernel_device("conv2d", input=input, residual=residual)
-        if residual.dtype != input.dtype:
-            raise RuntimeError(f"conv2d: expected 'input' and 'residual' to have the same dtype, but got "
-                               f"{input.dtype} and {residual.dtype}")
         residual = r
     rows = x.permute(0, 2, 3, 1)
     if ((KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and rows.is_contiguous()
