@@ -76,10 +76,12 @@ def _dot(a, b, PRECISION: tl.constexpr):
     """a @ b in fp32. PRECISION "tf32" rounds the operands first (see _tf32); "tf32_rounded": they already are
     (`_tf32_operand` copies); "ieee": fp32 FMAs."""
     if PRECISION == "tf32":
-        return tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
-    if PRECISION == "tf32_rounded":
-        return tl.dot(a, b, input_precision="tf32")
-    return tl.dot(a, b, input_precision=PRECISION)
+        c = tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
+    elif PRECISION == "tf32_rounded":
+        c = tl.dot(a, b, input_precision="tf32")
+    else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
+        c = tl.dot(a, b, input_precision=PRECISION)
+    return c
 
 
 @triton.jit
@@ -87,15 +89,12 @@ def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
     """acc + a @ b. True fp32 adds each K tile's product separately: a two-level sum whose rounding error
     grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long K). Written as a
     subtraction of (-a) @ b because Triton's combiner rewrites `acc + dot(a, b)` into `dot(a, b, acc)`, a
-    sequential K sum again; negation is exact and folds into the FMA."""
+    sequential K sum again; negation is exact and folds into the FMA. Every other precision takes that
+    rewrite: one MMA chain accumulating in place."""
     if PRECISION == "ieee" and a.dtype == tl.float32:
-        acc = acc - tl.dot(-a, b, input_precision="ieee")
-    elif PRECISION == "tf32":
-        acc = tl.dot(_tf32(a), _tf32(b), acc, input_precision="tf32")
-    elif PRECISION == "tf32_rounded":
-        acc = tl.dot(a, b, acc, input_precision="tf32")
+        acc = acc - _dot(-a, b, "ieee")
     else:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = acc + _dot(a, b, PRECISION)
     return acc
 
 
