@@ -49,6 +49,15 @@ def _fresh_seed(request):
 
 
 @pytest.fixture
+def true_fp32():
+    """TF32 off for one test, for convolutions (cuDNN's default is on) and matmuls; both switches restored."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.fixture
 def allow_tf32():
     """Sets torch.backends.cuda.matmul.allow_tf32 for one test (call it with True/False); restores it after."""
     saved = torch.backends.cuda.matmul.allow_tf32

@@ -1,12 +1,8 @@
 """The injection tests compare models in true fp32: TF32 off for convolutions and matmuls (torch's cuDNN
 default is on, which the GPU would otherwise apply to both the model and dropin's kernels)."""
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _true_fp32():
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+def _true_fp32(true_fp32):
     yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

@@ -22,12 +22,7 @@ ACTS = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t
         "silu": F.silu}
 
 
-@pytest.fixture(autouse=True)
-def _true_fp32():
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = saved
+pytestmark = pytest.mark.usefixtures("true_fp32")  # conftest: cuDNN's TF32 default off; tests set it themselves
 
 
 def torch_conv(activation=None, **kw):
