@@ -7,7 +7,7 @@ from _tol import DEVICE, assert_close
 
 def check(op, ref_op, inputs: dict, backward=True, grad_of=None, grad_layout=True):
     """op(*inputs.values()) vs ref_op: forward and the gradient of each input in `grad_of` (default: all) for
-    a random upstream gradient; the output and (with grad_layout) the gradients keep torch's memory formats.
+    a random upstream gradient in the layout of torch's output; the output and (with grad_layout) the gradients keep torch's memory formats.
     Inputs are used as given (views included), so strided reads are exercised."""
     dtype = next(iter(inputs.values())).dtype
     grad_of = list(inputs) if grad_of is None else grad_of
@@ -26,6 +26,8 @@ def check(op, ref_op, inputs: dict, backward=True, grad_of=None, grad_layout=Tru
     if not backward:
         return
     grad = torch.randn(ref.shape, device=DEVICE, dtype=dtype)
+    if out_t.dim() == 4 and out_t.is_contiguous(memory_format=torch.channels_last):
+        grad = grad.contiguous(memory_format=torch.channels_last)  # as a model's next layer gives it
     leaves = lambda d: [d[k] for k in grad_of]  # noqa: E731
     grads = torch.autograd.grad(out, leaves(ins), grad)
     grads_t = torch.autograd.grad(out_t, leaves(ins_t), grad)

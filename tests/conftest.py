@@ -46,6 +46,8 @@ def _fresh_seed(request):
     torch.manual_seed(seed)
     request.node.add_report_section("setup", "seed", f"DROPIN_TEST_SEED={seed}")
     yield
+    if _tol.ON_GPU:  # parallel workers share the GPU: none keeps a test's cached blocks for the next
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture

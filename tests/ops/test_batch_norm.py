@@ -76,7 +76,9 @@ def test_training_without_running_stats_and_affine(affine):
         inputs[affine[0]] = torch.randn(5, device=DEVICE)
     op = (lambda x, p=None: ops.batch_norm(x, None, None, p if affine == "weight" else None,
                                            p if affine == "bias" else None, True))
-    ref = (lambda x, p=None: F.batch_norm(x, None, None, p if affine == "weight" else None,
+    # (torch's CUDA backward fails for a bias without a weight: its peer gets a weight of ones there)
+    ref = (lambda x, p=None: F.batch_norm(x, None, None, p if affine == "weight" else
+                                          torch.ones_like(p) if affine == "bias" else None,
                                           p if affine == "bias" else None, True))
     check(op, ref, inputs)
 

@@ -70,12 +70,12 @@ def test_large_gpu(shape, dtype, fns):
 
 
 ERRORS = [  # (id, args, error, name in the message, torch also raises)
-    ("dim-out-of-range", (torch.randn(3, 4), 2), IndexError, "dim", True),
-    ("dim-negative-out-of-range", (torch.randn(3, 4), -3), IndexError, "dim", True),
-    ("dim-float", (torch.randn(3, 4), 1.0), TypeError, "dim", True),
-    ("int-input", (torch.ones(3, 4, dtype=torch.int64), 1), RuntimeError, "input", True),
-    ("float64", (torch.randn(3, 4, dtype=torch.float64), 1), RuntimeError, "input", False),
-    ("row-too-long", (torch.randn(1, 65537), 1), RuntimeError, "dim", False),
+    ("dim-out-of-range", (torch.randn(3, 4, device=DEVICE), 2), IndexError, "dim", True),
+    ("dim-negative-out-of-range", (torch.randn(3, 4, device=DEVICE), -3), IndexError, "dim", True),
+    ("dim-float", (torch.randn(3, 4, device=DEVICE), 1.0), TypeError, "dim", True),
+    ("int-input", (torch.ones(3, 4, dtype=torch.int64, device=DEVICE), 1), RuntimeError, "input", True),
+    ("float64", (torch.randn(3, 4, dtype=torch.float64, device=DEVICE), 1), RuntimeError, "input", False),
+    ("row-too-long", (torch.randn(1, 65537, device=DEVICE), 1), RuntimeError, "dim", False),
     ("not-a-tensor", ([1.0, 2.0], 0), TypeError, "input", True),
 ]
 
