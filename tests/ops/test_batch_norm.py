@@ -36,8 +36,8 @@ def _bn(fn, stats, training, momentum=0.1, eps=1e-5, log=None):
     """fn with fresh copies of the running statistics (in the caller's dtype or float64, like x) per call;
     the updated copies are appended to log."""
     def f(x, w=None, b=None):
-        rm, rv = (None, None) if stats is None else (s.to(torch.float64 if x.dtype == torch.float64 else s.dtype)
-                                                     .clone() for s in stats)
+        rm, rv = (None, None) if stats is None else (s.to(x.device, torch.float64 if x.dtype == torch.float64
+                                                          else s.dtype, copy=True) for s in stats)
         y = fn(x, rm, rv, w, b, training, momentum, eps)
         if log is not None:
             log.append((rm, rv))
@@ -53,10 +53,13 @@ def test_4d(training, dtype, layout):
     log = []
     stats = _stats(C)
     inputs = {"x": _x((3, C, 5, 9), dtype, layout), **_params(C)}
-    check(_bn(ops.batch_norm, stats, training, log=log), _bn(F.batch_norm, stats, training, log=log), inputs)
+    # (inference: torch's CUDA backward returns an NCHW gradient for channels_last input; dropin keeps the
+    # input's layout)
+    check(_bn(ops.batch_norm, stats, training, log=log), _bn(F.batch_norm, stats, training, log=log), inputs,
+          grad_layout=training)
     if training:  # dropin's updated statistics vs float64 torch's (the third call), and torch's own (the second)
         for (got, want_t, want) in zip(log[0], log[1], log[2]):
-            assert_close(got, want, torch.float32, "fwd", torch_out=want_t, what="running statistics")
+            assert_close(got, want.to(got.device), torch.float32, "fwd", torch_out=want_t, what="running statistics")
     else:
         assert all(torch.equal(a, b) for a, b in zip(log[0], stats)), "inference changed the running statistics"
 
@@ -91,7 +94,7 @@ def test_large_mean_and_many_splits():
     check(_bn(ops.batch_norm, stats, True, momentum=0.3, log=log), _bn(F.batch_norm, stats, True, momentum=0.3,
                                                                        log=log), inputs)
     for (got, want_t, want) in zip(log[0], log[1], log[2]):
-        assert_close(got, want, torch.float32, "fwd", torch_out=want_t, what="running statistics")
+        assert_close(got, want.to(got.device), torch.float32, "fwd", torch_out=want_t, what="running statistics")
 
 
 def test_half_running_stats_and_mixed_params():
@@ -148,7 +151,7 @@ def test_resnet_shapes_gpu(training, layout, dtype):
     for shape in [(64, 64, 112, 112), (64, 2048, 7, 7), (8, 256, 56, 56)]:
         stats = _stats(shape[1])
         check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training),
-              {"x": _x(shape, dtype, layout), **_params(shape[1])})
+              {"x": _x(shape, dtype, layout), **_params(shape[1])}, grad_layout=training)  # (as test_4d)
 
 
 # ----------------------------------------------------------------------------------------- errors

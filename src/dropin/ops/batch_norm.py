@@ -116,19 +116,22 @@ def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invs
     zero = tl.zeros((BLOCK_C,), tl.float32)
     a = zero
     b = zero
-    if GRAD or TRAINING:
+    if GRAD:  # fp64 sums of the fp32 partials (hundreds of splits: an fp32 running sum would lose digits)
+        ga = tl.zeros((BLOCK_C,), tl.float64)
+        gb = tl.zeros((BLOCK_C,), tl.float64)
+        for s in range(0, S):
+            ga += _load_row(part_ptr, s, offs_c, C, c_ok).to(tl.float64)
+            gb += _load_row(part_ptr, S + s, offs_c, C, c_ok).to(tl.float64)
+        a = ga.to(tl.float32)
+        b = gb.to(tl.float32)
+    elif TRAINING:  # Chan's merge of split s (cnt_s pixels) into the cnt before it (fp32 counts: no overflow)
         for s in range(0, S):
             pa = _load_row(part_ptr, s, offs_c, C, c_ok)
-            pb = _load_row(part_ptr, S + s, offs_c, C, c_ok)
-            if GRAD:
-                a += pa
-                b += pb
-            else:  # Chan's merge of split s (cnt_s pixels) into the cnt before it (fp32 counts: no overflow)
-                cnt = zero + s * 1.0 * PER_SPLIT
-                cnt_s = tl.minimum(P - cnt, PER_SPLIT * 1.0)
-                delta = pa - a
-                a += delta * (cnt_s / (cnt + cnt_s))
-                b += pb + delta * delta * (cnt * cnt_s / (cnt + cnt_s))
+            cnt = zero + s * 1.0 * PER_SPLIT
+            cnt_s = tl.minimum(P - cnt, PER_SPLIT * 1.0)
+            delta = pa - a
+            a += delta * (cnt_s / (cnt + cnt_s))
+            b += _load_row(part_ptr, S + s, offs_c, C, c_ok) + delta * delta * (cnt * cnt_s / (cnt + cnt_s))
     w = _load_row(w_ptr, 0, offs_c, C, c_ok) if HAS_W else zero + 1.0
     uh = zero
     ul = zero
