@@ -285,9 +285,12 @@ def test_every_config(which, cfg, monkeypatch):
             check(dropin_conv("silu", **kw), torch_conv("silu", **kw), leaves((2, 40, 17, 9), (80, 1, 3, 2)))
             return
         # 40 input and 36 output channels over 2 groups: 20 / 18 per group, neither a multiple of 16;
-        # wgrad reduces over 2*9*7 = 126 pixels, split 4 / 16 ways by the split configs
+        # wgrad reduces over 2*9*7 = 126 pixels, split up to 64 ways by the split configs; NCHW and
+        # channels_last (whose wgrad columns run over channels first)
         kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
-        check(dropin_conv("silu", **kw), torch_conv("silu", **kw), leaves((2, 40, 17, 9), (36, 20, 3, 2)))
+        for channels_last in (False, True):
+            check(dropin_conv("silu", **kw), torch_conv("silu", **kw),
+                  leaves((2, 40, 17, 9), (36, 20, 3, 2), channels_last=channels_last))
     finally:
         cv._plans.clear()
 

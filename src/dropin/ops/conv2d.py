@@ -319,11 +319,12 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
                        C_G, H, W, COUT_G, OH, OW, P, KH, KW,
                        sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, swo, swc, swh, sww, sws,
                        STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
-                       DIL_H: tl.constexpr, DIL_W: tl.constexpr, PRECISION: tl.constexpr,
+                       DIL_H: tl.constexpr, DIL_W: tl.constexpr, PRECISION: tl.constexpr, TAP_MAJOR: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """dw[g*COUT_G + co, c, kh, kw] = sum_{n, oh, ow} dy[n, g*COUT_G + co, oh, ow] * x[n, g*C_G + c, ih, iw];
-    columns j = (c, kh, kw); grid (co tiles x column tiles, groups, splits of the N*OH*OW reduction);
-    split s writes at dw + s * sws."""
+    columns j = (c, kh, kw), or (kh, kw, c) with TAP_MAJOR (channels_last x: a pixel's columns are then
+    contiguous channels, not a scatter over taps); grid (co tiles x column tiles, groups, splits of the
+    N*OH*OW reduction); split s writes at dw + s * sws."""
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(C_G * KH * KW, BLOCK_N)
     pid_m = pid // tiles_n
@@ -335,10 +336,16 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < COUT_G
     n_ok = offs_n < C_G * KH * KW
-    kw = offs_n % KW
-    t = offs_n // KW
-    kh = t % KH
-    c = t // KH
+    if TAP_MAJOR:
+        c = offs_n % C_G
+        t = offs_n // C_G
+        kw = t % KW
+        kh = t // KW
+    else:
+        kw = offs_n % KW
+        t = offs_n // KW
+        kh = t % KH
+        c = t // KH
     co = g * COUT_G + offs_m
     dy_base = dy_ptr + co.to(tl.int64)[:, None] * sdc
     x_base = x_ptr + (g * C_G + c).to(tl.int64)[None, :] * sxc
@@ -428,6 +435,9 @@ _WGRAD_CONFIGS = [
     _autotune.config(64, 128, 64, 8, 3, SPLIT_K=1),
     _autotune.config(32, 64, 64, 4, 3, SPLIT_K=4),
     _autotune.config(64, 64, 32, 4, 3, SPLIT_K=16),
+    _autotune.config(64, 64, 64, 4, 3, SPLIT_K=64),
+    _autotune.config(128, 128, 64, 8, 3, SPLIT_K=64),
+    _autotune.config(128, 64, 64, 4, 3, SPLIT_K=32),
 ]
 
 _plans: dict = {}
@@ -621,6 +631,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
     if plan is None:
         P = N * OH * OW
         cols = C_G * KH * KW
+        tap_major = _channels_last(x) and C_G > 1
         meta0 = _conv_meta(stride, padding, dilation, precision)
         base = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *x.stride())
 
@@ -640,15 +651,18 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 return run_direct
             splits = max(1, min(cfg.pop("SPLIT_K"), triton.cdiv(P, cfg["BLOCK_K"])))
             grid = (triton.cdiv(COUT_G, cfg["BLOCK_M"]) * triton.cdiv(cols, cfg["BLOCK_N"]), groups, splits)
-            launch = _runtime.Launcher(_conv_wgrad_kernel, grid, dict(meta0, **cfg))
+            launch = _runtime.Launcher(_conv_wgrad_kernel, grid, dict(meta0, TAP_MAJOR=tap_major, **cfg))
             if splits == 1:
                 scalars = base + (*dw.stride(), 0)
                 return lambda dz, x, dw: launch(dz, x, dw, *scalars)
-            shape = (splits, *w.shape)
-            scalars = base + (C_G * KH * KW, KH * KW, KW, 1, w.numel())
+            # fp32 partials [splits, COUT, C_G, KH, KW] laid out in the kernel's column order
+            order = (0, 1, 3, 4, 2) if tap_major else (0, 1, 2, 3, 4)
+            shape = [(splits, *w.shape)[i] for i in order]
+            inverse = [order.index(i) for i in range(5)]
+            scalars = base + tuple(torch.empty(shape, device="meta").permute(inverse).stride()[1:]) + (w.numel(),)
 
             def run_split(dz, x, dw):
-                partial = torch.empty(shape, device=dz.device, dtype=torch.float32)
+                partial = torch.empty(shape, device=dz.device, dtype=torch.float32).permute(inverse)
                 launch(dz, x, partial, *scalars)
                 dw.copy_(partial.sum(0))
             return run_split
