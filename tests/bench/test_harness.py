@@ -2,6 +2,7 @@
 import csv
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from dropin.bench import harness
 from dropin.bench.harness import Case, Skipped
 
 ROW_KEYS = {"case", "provider", "dtype", "median_ms", "mean_ms", "min_ms", "max_ms", "tflops", "gbps",
-            "pct_of_ceiling", "correct", "rel_err", "fallback", "peak_mib"}
+            "pct_of_ceiling", "correct", "rel_err", "fallback", "peak_mib", "graph_ms", "graph_pct_of_ceiling"}
 
 
 class FallbackMatmul:
@@ -116,6 +117,22 @@ def test_peak_memory():
     else:
         assert 64 <= peak < 66
     assert all(r["peak_mib"] == peak if peak is None else r["peak_mib"] >= 0 for r in run(mm_case()).values())
+
+
+def test_graph_time():
+    """The CUDA-graph time of a 256 MiB copy (memory-bound, launch cost negligible) is within 25% of the
+    event-timed median; a provider that syncs with the host cannot be captured: no graph time, a note."""
+    src = torch.randn(2**26, device=_runtime.KERNEL_DEVICE)
+    dst = torch.empty_like(src)
+    graph = harness.graph_time_ms(lambda: dst.copy_(src))
+    if _runtime.INTERPRET:
+        assert graph is None
+        return
+    events = statistics.median(harness.time_fn(lambda: dst.copy_(src)))
+    assert 0.75 * events < graph < 1.25 * events
+    rows = run(mm_case(dropin=lambda a, b: torch.matmul(a, b).cpu().to(a.device)))
+    assert rows["dropin"]["graph_ms"] is None and "no CUDA-graph time" in rows["dropin"]["graph_note"]
+    assert rows["torch"]["graph_ms"] > 0
 
 
 def test_correct_rows_and_speedup():

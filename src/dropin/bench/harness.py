@@ -177,6 +177,39 @@ def time_fn(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100
     return times
 
 
+def graph_time_ms(fn: Callable[[], object], calls: int = 10, replays: int = 15) -> float | None:
+    """GPU time of one call without the host's launch cost (ms): a CUDA graph of `calls` x (L2 flush, fn),
+    replayed, minus a graph of the flushes alone; medians over the replays. The flush writes twice the L2
+    size, so memory-bound cases are not timed from the cache. None under the interpreter."""
+    if _runtime.INTERPRET:
+        return None
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.int8, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # (capture wants work that has already run once off the default stream)
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+    def replay_ms(body) -> float:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                body()
+        graph.replay()
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    with_fn = replay_ms(lambda: (flush.zero_(), fn()))
+    return max(0.0, (with_fn - replay_ms(flush.zero_)) / calls)
+
+
 def peak_memory_mib(fn: Callable[[], object]) -> float | None:
     """Device memory that one call allocates at its peak beyond what was allocated before it (MiB);
     None under the interpreter (CPU memory is not tracked)."""
@@ -245,7 +278,8 @@ def run_case(case: Case, ceilings: dict | None = None, warmup_ms: float = 25, re
         row = {"case": case.name, "provider": name, "dtype": case.dtype,
                "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
                "tflops": None, "gbps": None, "pct_of_ceiling": None, "bound": None,
-               "correct": None, "rel_err": None, "tol": tol, "fallback": False, "peak_mib": None}
+               "correct": None, "rel_err": None, "tol": tol, "fallback": False, "peak_mib": None,
+               "graph_ms": None, "graph_pct_of_ceiling": None}
         rows.append(row)
         try:
             with case.context():
@@ -253,6 +287,10 @@ def run_case(case: Case, ceilings: dict | None = None, warmup_ms: float = 25, re
                 row["fallback"] = bool(getattr(fn, "fallback", False))
                 times = time_fn(lambda: fn(*inputs), warmup_ms, rep_ms)
                 row["peak_mib"] = peak_memory_mib(lambda: fn(*inputs))
+                try:
+                    row["graph_ms"] = graph_time_ms(lambda: fn(*inputs))
+                except Exception as e:  # (a provider that syncs with the host cannot be captured)
+                    row["graph_note"] = f"no CUDA-graph time: {_one_line(_describe(e))}"
         except Skipped as e:
             row["note"] = str(e)
             log(f"  {name}: {e}")
@@ -266,11 +304,14 @@ def run_case(case: Case, ceilings: dict | None = None, warmup_ms: float = 25, re
         row["tflops"] = case.flops / median / 1e9 if case.flops else None
         row["gbps"] = case.bytes / median / 1e6 if case.bytes else None
         row["pct_of_ceiling"], row["bound"] = _roofline(case, ceilings, median)
+        if row["graph_ms"]:
+            row["graph_pct_of_ceiling"] = _roofline(case, ceilings, row["graph_ms"])[0]
         row["correct"] = err <= tol  # False for NaN
         row["rel_err"] = err
         if math.isnan(err):
             row["error"] = "output has NaN/Inf where the reference has none"
-        log(f"  {name}: {median:.4f} ms median, {_rate(row)}, rel_err {err:.1e} "
+        graph = "" if row["graph_ms"] is None else f" (GPU only: {row['graph_ms']:.4f} ms)"
+        log(f"  {name}: {median:.4f} ms median{graph}, {_rate(row)}, rel_err {err:.1e} "
             f"{'ok' if row['correct'] else 'FAILED'} (tol {tol:g})")
     ours = next((r for r in rows if r["provider"] == "dropin" and r["median_ms"]), None)
     if ours:
@@ -335,7 +376,8 @@ def environment(suite: str, command: str, ceilings: dict) -> dict:
     env.update(suite=suite, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                command=command, ceilings=ceilings,
                timing="Triton interpreter on the CPU (perf_counter); not GPU performance"
-               if _runtime.INTERPRET else "triton.testing.do_bench (CUDA events, L2 flushed)")
+               if _runtime.INTERPRET else "triton.testing.do_bench (CUDA events, L2 flushed); graph / %roofG: GPU "
+               "time alone, from CUDA-graph replays (L2 flushed), without the host's launch cost")
     return env
 
 
@@ -357,8 +399,8 @@ def format_table(rows: list[dict], env: dict) -> str:
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     others = [p for p in providers if p != "dropin"]
     width = max([len(n) for n in cases] + [4]) + 9
-    cols = ["mean", "med", "min", "max", "rate", "%roof", "MiB"]
-    widths = [9, 9, 9, 9, 12, 7, 8]
+    cols = ["mean", "med", "min", "max", "rate", "%roof", "MiB", "graph", "%roofG"]
+    widths = [9, 9, 9, 9, 12, 7, 8, 9, 7]
     group = sum(widths)
     lines = [f"=== {env['suite']} on {env['gpu']}: latency (ms), rate, % of roofline, peak MiB beyond inputs; "
              f"torch {env['torch']}, triton {env['triton']}, dropin {env['dropin']} ===",
@@ -377,7 +419,10 @@ def format_table(rows: list[dict], env: dict) -> str:
                 continue
             pct = "-" if r["pct_of_ceiling"] is None else f"{r['pct_of_ceiling']:.1f}"
             peak = "-" if r.get("peak_mib") is None else f"{r['peak_mib']:.0f}"
-            cells = [_ms(r["mean_ms"]), _ms(r["median_ms"]), _ms(r["min_ms"]), _ms(r["max_ms"]), _rate(r), pct, peak]
+            graph = "-" if r.get("graph_ms") is None else _ms(r["graph_ms"])
+            pct_g = "-" if r.get("graph_pct_of_ceiling") is None else f"{r['graph_pct_of_ceiling']:.1f}"
+            cells = [_ms(r["mean_ms"]), _ms(r["median_ms"]), _ms(r["min_ms"]), _ms(r["max_ms"]), _rate(r), pct, peak,
+                     graph, pct_g]
             line += "".join(f"{c:>{w}}" for c, w in zip(cells, widths))
         speedups = by_provider.get("dropin", {}).get("speedup_vs", {})
         if "dropin" in providers:
@@ -390,7 +435,7 @@ def format_table(rows: list[dict], env: dict) -> str:
         if r["correct"] is False:
             why = _one_line(r["error"]) if "error" in r else f"rel_err {r['rel_err']:.2e} > tol {r['tol']:g}"
             lines.append(f"  FAILED {r['case']} / {r['provider']}: {why}")
-    for note in dict.fromkeys(f"{r['provider']}: {r['note']}" for r in rows if "note" in r):
+    for note in dict.fromkeys(f"{r['provider']}: {r[k]}" for r in rows for k in ("note", "graph_note") if k in r):
         lines.append(f"  note: {note}")
     if any(r["fallback"] for r in rows):
         lines.append("  fallback (dropin fell back to torch): "
