@@ -286,11 +286,14 @@ def test_every_config(which, cfg, monkeypatch):
             return
         # 40 input and 36 output channels over 2 groups: 20 / 18 per group, neither a multiple of 16;
         # wgrad reduces over 2*9*7 = 126 pixels, split up to 64 ways by the split configs; NCHW and
-        # channels_last (whose wgrad columns run over channels first)
+        # channels_last (whose wgrad columns run over channels first), there also 64 channels a group (a
+        # column tile of 64 within one tap)
         kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
-        for channels_last in (False, True):
+        for x_shape, w_shape, channels_last in (((2, 40, 17, 9), (36, 20, 3, 2), False),
+                                                 ((2, 40, 17, 9), (36, 20, 3, 2), True),
+                                                 ((2, 128, 17, 9), (36, 64, 3, 2), True)):
             check(dropin_conv("silu", **kw), torch_conv("silu", **kw),
-                  leaves((2, 40, 17, 9), (36, 20, 3, 2), channels_last=channels_last))
+                  leaves(x_shape, w_shape, channels_last=channels_last))
     finally:
         cv._plans.clear()
 

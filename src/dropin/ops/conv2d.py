@@ -320,11 +320,14 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
                        sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, swo, swc, swh, sww, sws,
                        STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
                        DIL_H: tl.constexpr, DIL_W: tl.constexpr, PRECISION: tl.constexpr, TAP_MAJOR: tl.constexpr,
+                       ONE_TAP: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """dw[g*COUT_G + co, c, kh, kw] = sum_{n, oh, ow} dy[n, g*COUT_G + co, oh, ow] * x[n, g*C_G + c, ih, iw];
     columns j = (c, kh, kw), or (kh, kw, c) with TAP_MAJOR (channels_last x: a pixel's columns are then
-    contiguous channels, not a scatter over taps); grid (co tiles x column tiles, groups, splits of the
-    N*OH*OW reduction); split s writes at dw + s * sws."""
+    contiguous channels, not a scatter over taps); ONE_TAP (TAP_MAJOR, BLOCK_N divides C_G): a column tile
+    lies within one tap, so each pixel's position and mask are computed once per row, not per element;
+    grid (co tiles x column tiles, groups, splits of the N*OH*OW reduction); split s writes at
+    dw + s * sws."""
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(C_G * KH * KW, BLOCK_N)
     pid_m = pid // tiles_n
@@ -346,6 +349,9 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
         t = offs_n // KW
         kh = t % KH
         c = t // KH
+    tap = pid_n * BLOCK_N // C_G
+    tap_h = (tap // KW) * DIL_H  # (ONE_TAP: the tile's tap offsets, scalars)
+    tap_w = (tap % KW) * DIL_W
     co = g * COUT_G + offs_m
     dy_base = dy_ptr + co.to(tl.int64)[:, None] * sdc
     x_base = x_ptr + (g * C_G + c).to(tl.int64)[None, :] * sxc
@@ -356,10 +362,17 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
         n, oh, ow = _pixel(offs_k, OH, OW)
         a = tl.load(dy_base + (n * sdn + oh * sdh + ow * sdw)[None, :],
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        ih = oh[:, None] * STRIDE_H - PAD_H + kh[None, :] * DIL_H
-        iw = ow[:, None] * STRIDE_W - PAD_W + kw[None, :] * DIL_W
-        b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        b = tl.load(x_base + (n * sxn)[:, None] + ih * sxh + iw * sxw, mask=b_ok, other=0.0)
+        if ONE_TAP:
+            ih = oh * STRIDE_H - PAD_H + tap_h
+            iw = ow * STRIDE_W - PAD_W + tap_w
+            row_ok = k_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            b = tl.load(x_base + (n * sxn + ih * sxh + iw * sxw)[:, None], mask=row_ok[:, None] & n_ok[None, :],
+                        other=0.0)
+        else:
+            ih = oh[:, None] * STRIDE_H - PAD_H + kh[None, :] * DIL_H
+            iw = ow[:, None] * STRIDE_W - PAD_W + kw[None, :] * DIL_W
+            b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            b = tl.load(x_base + (n * sxn)[:, None] + ih * sxh + iw * sxw, mask=b_ok, other=0.0)
         acc = _dot_acc(acc, a, b, PRECISION)
         offs_k += BLOCK_K
     offs_w = (split.to(tl.int64) * sws + co.to(tl.int64)[:, None] * swo
@@ -651,7 +664,9 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 return run_direct
             splits = max(1, min(cfg.pop("SPLIT_K"), triton.cdiv(P, cfg["BLOCK_K"])))
             grid = (triton.cdiv(COUT_G, cfg["BLOCK_M"]) * triton.cdiv(cols, cfg["BLOCK_N"]), groups, splits)
-            launch = _runtime.Launcher(_conv_wgrad_kernel, grid, dict(meta0, TAP_MAJOR=tap_major, **cfg))
+            one_tap = tap_major and C_G % cfg["BLOCK_N"] == 0
+            launch = _runtime.Launcher(_conv_wgrad_kernel, grid, dict(meta0, TAP_MAJOR=tap_major, ONE_TAP=one_tap,
+                                                                      **cfg))
             if splits == 1:
                 scalars = base + (*dw.stride(), 0)
                 return lambda dz, x, dw: launch(dz, x, dw, *scalars)
