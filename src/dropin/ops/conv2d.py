@@ -356,10 +356,11 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
     dy_base = dy_ptr + co.to(tl.int64)[:, None] * sdc
     x_base = x_ptr + (g * C_G + c).to(tl.int64)[None, :] * sxc
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    offs_k = k_first.to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)  # int32 (P < 2^31): the decode's divisions each step
     for kt in range(k_first, k_last):
         k_ok = offs_k < P
         n, oh, ow = _pixel(offs_k, OH, OW)
+        n, oh, ow = n.to(tl.int64), oh.to(tl.int64), ow.to(tl.int64)
         a = tl.load(dy_base + (n * sdn + oh * sdh + ow * sdw)[None, :],
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if ONE_TAP:
@@ -643,6 +644,9 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
     plan = _plans.get(key)
     if plan is None:
         P = N * OH * OW
+        if P >= 2**31:
+            raise RuntimeError(f"conv2d: dropin's weight gradient takes fewer than 2^31 output pixels, got N*OH*OW "
+                               f"= {P}")
         cols = C_G * KH * KW
         tap_major = _channels_last(x) and C_G > 1
         meta0 = _conv_meta(stride, padding, dilation, precision)
