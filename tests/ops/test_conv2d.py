@@ -264,6 +264,8 @@ def _configs():
     for name, cfgs in (("fwd", cv._DW_CONFIGS), ("dgrad", cv._DW_DGRAD_CONFIGS), ("wgrad", cv._DW_WGRAD_CONFIGS)):
         for i, c in enumerate(cfgs):
             yield pytest.param(name, dict(c, KERNEL="direct"), id=f"{name}-direct-{i}")
+    for i, c in enumerate(cv._FWD_TMA_CONFIGS):
+        yield pytest.param("fwd", dict(c, KERNEL="tma"), id=f"fwd-tma-{i}")
 
 
 @pytest.mark.parametrize("which,cfg", list(_configs()))
@@ -280,6 +282,13 @@ def test_every_config(which, cfg, monkeypatch):
     monkeypatch.setattr(cv._autotune, "pick", pick)
     cv._plans.clear()
     try:
+        if cfg.get("KERNEL") == "tma":  # stride 1, one group, channels_last x and w; an NCHW residual
+            kw = dict(padding=(1, 2), dilation=(1, 2))
+            inputs = leaves((2, 32, 9, 11), (24, 32, 3, 2), channels_last=True, weight_channels_last=True)
+            inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE)
+            check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
+                  lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
+            return
         if cfg.get("KERNEL") == "direct":  # depthwise, channel multiplier 2: 40 channels, 80 outputs
             kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=40)
             check(dropin_conv("silu", **kw), torch_conv("silu", **kw), leaves((2, 40, 17, 9), (80, 1, 3, 2)))
