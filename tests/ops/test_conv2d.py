@@ -268,6 +268,26 @@ def _configs():
         yield pytest.param("fwd", dict(c, KERNEL="tma"), id=f"fwd-tma-{i}")
 
 
+@gpu
+@pytest.mark.parametrize("cfg", cv._FWD_TMA_CONFIGS, ids=lambda c: f"{c['TH']}x{c['TW']}x{c['BLOCK_N']}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_tma_forward_resnet_shapes(dtype, cfg, monkeypatch):
+    """Each TMA tile on ResNet-50's stride-1 3x3 shapes (8 images): vs float64 and the 2x rule."""
+    monkeypatch.setattr(cv._autotune, "pick", lambda name, key, configs, prepare: dict(cfg, KERNEL="tma"))
+    cv._plans.clear()
+    try:
+        for c, hw in ((64, 56), (256, 14), (512, 7)):
+            x = torch.randn(8, c, hw, hw, device=DEVICE, dtype=dtype).to(memory_format=torch.channels_last)
+            w = (torch.randn(c, c, 3, 3, device=DEVICE, dtype=dtype) / (9 * c) ** 0.5).to(
+                memory_format=torch.channels_last)
+            b = torch.randn(c, device=DEVICE, dtype=dtype)
+            ref = F.conv2d(x.cpu().double(), w.cpu().double(), b.cpu().double(), padding=1).to(DEVICE)
+            assert_close(dropin.conv2d(x, w, b, padding=1), ref, dtype, "fwd", torch_out=F.conv2d(x, w, b, padding=1),
+                         what=f"{c} channels at {hw}x{hw}")
+    finally:
+        cv._plans.clear()
+
+
 @pytest.mark.parametrize("which,cfg", list(_configs()))
 def test_every_config(which, cfg, monkeypatch):
     """The tuner is bypassed: each candidate (clamped to the problem as the plan clamps it) runs on ragged
