@@ -86,7 +86,8 @@ VIEWS = {  # id -> (storage shape of x, view giving a logical (3, 4, 96))
 @pytest.mark.parametrize("case", VIEWS)
 def test_non_contiguous_x(case):
     storage, view = VIEWS[case]
-    t = {"x": torch.randn(storage, device=DEVICE), "weight": pruned(20, 96, 0.9), "bias": torch.randn(20, device=DEVICE)}
+    t = {"x": torch.randn(storage, device=DEVICE), "weight": pruned(20, 96, 0.9),
+         "bias": torch.randn(20, device=DEVICE)}
     check(ours, F.linear, t, build=lambda x, weight, bias: (view(x), weight, bias), constant=("weight",))
 
 
