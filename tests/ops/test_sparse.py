@@ -4,6 +4,8 @@ Forward and the gradients of x and bias against float64 (DESIGN.md's tolerances 
 0 to 100% sparsity, odd sizes, leading batch dims, strided x, prune-masked weights; the format's round trip
 and bytes; every error path. No tl.dot in the kernel, so bfloat16 runs under the interpreter too.
 """
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,8 +17,12 @@ from _tol import DEVICE, ON_GPU, gpu
 from dropin.ops import SparseWeight, sparse_linear, sparsify
 from dropin.ops.sparse import sparse_linear_ref
 
+sparse_module = importlib.import_module("dropin.ops.sparse")
+
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
+# The whole sweep in bfloat16 on the GPU only (the interpreter is slow); test_bfloat16 covers it on the CPU.
+SWEEP_DTYPES = DTYPES[:2] + [pytest.param(torch.bfloat16, id="bf16", marks=gpu)]
 SPARSITIES = [pytest.param(s, id=f"{round(100 * s)}%") for s in (0.0, 0.5, 0.9, 0.99, 1.0)]
 
 
@@ -48,12 +54,18 @@ SHAPES = [  # (leading dims of x, N = out_features, K = in_features)
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", SWEEP_DTYPES)
 @pytest.mark.parametrize("sparsity", SPARSITIES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_sparse_linear(shape, sparsity, dtype):
     tokens, n, k = shape
     check(ours, F.linear, leaves(tokens, n, k, sparsity, dtype), constant=("weight",))
+
+
+@pytest.mark.parametrize("shape", [((2, 3), 33, 257), ((20,), 7, 300)], ids=["2x3x257->33", "20x300->7"])
+def test_bfloat16(shape):
+    tokens, n, k = shape
+    check(ours, F.linear, leaves(tokens, n, k, 0.9, torch.bfloat16), constant=("weight",))
 
 
 @pytest.mark.parametrize("sparsity", [0.5, 1.0], ids=["50%", "100%"])
@@ -72,7 +84,7 @@ def test_all_zero_weight_gives_the_bias():
 @pytest.mark.parametrize("block_k", [1, 7, 64, 256])
 def test_block_k(block_k):
     check(lambda x, weight, bias: sparse_linear(x, sparsify(weight, block_k=block_k), bias), F.linear,
-          leaves((3,), 17, 300, 0.8, torch.float32), constant=("weight",))
+          leaves((3,), 17, 70, 0.8, torch.float32), constant=("weight",))
 
 
 VIEWS = {  # id -> (storage shape of x, view giving a logical (3, 4, 96))
@@ -125,9 +137,22 @@ def test_bytes_at_90_percent():
     assert abs(sw.density - 0.1) < 0.01
 
 
-def test_every_output_element_written(monkeypatch):
+@pytest.mark.parametrize("tokens", [(3,), (3, 7)], ids=["few-tokens", "many-tokens"])
+def test_every_output_element_written(tokens, monkeypatch):
     poison_allocations(monkeypatch)
-    check(ours, F.linear, leaves((3, 7), 70, 300, 0.9, torch.float16), constant=("weight",))
+    check(ours, F.linear, leaves(tokens, 70, 600, 0.9, torch.float16), constant=("weight",))
+
+
+CONFIGS = [pytest.param(tokens, i, id=f"{tokens}-{i}") for tokens, configs in sparse_module._CONFIGS.items()
+           for i in range(len(configs))]
+
+
+@pytest.mark.parametrize("tokens,index", CONFIGS)
+def test_every_config(tokens, index, monkeypatch):
+    """Each candidate config (tuning may pick any); K in 3 chunks: K splits of unequal length."""
+    monkeypatch.setitem(sparse_module._CONFIGS, tokens, [sparse_module._CONFIGS[tokens][index]])
+    check(ours, F.linear, leaves((5,) if tokens == "few" else (17,), 37, 600, 0.8, torch.float32),
+          constant=("weight",))
 
 
 def test_empty_tokens_and_empty_k():

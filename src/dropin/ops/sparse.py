@@ -29,6 +29,7 @@ import triton.language as tl
 from .. import _runtime
 from . import _autotune
 from ._common import FLOAT_DTYPES, launch, switch
+from .matmul import _split_sum_kernel
 
 MAX_BLOCK_K = 256  # a chunk offset fits a uint8
 
@@ -134,21 +135,30 @@ def sparsify(weight: torch.Tensor, block_k: int = MAX_BLOCK_K, transpose: bool =
 
 @triton.jit
 def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
-                          M, N, chunks, stride_xm, stride_xk,
-                          HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr,
+                          M, N, chunks, chunks_per_split, stride_xm, stride_xk,
+                          HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
-    """y [M, N] (contiguous) = x [M, K] (any strides) @ W^T + bias, W in chunked CSR; grid (N tiles, M tiles).
-    Per chunk: the BLOCK_N rows' runs, BLOCK_P entries at a time; each entry's value times the BLOCK_M
-    gathered x[m, chunk * BLOCK_K + offset], summed over the entries into the fp32 accumulator."""
+    """y [M, N] = x [M, K] (any strides) @ W^T (+ bias), W in chunked CSR; grid (N tiles, M tiles, splits).
+    Split s covers chunks [s * chunks_per_split, (s + 1) * chunks_per_split): per chunk, the BLOCK_N rows'
+    runs BLOCK_P entries at a time, each entry's value times the BLOCK_M gathered x[m, chunk * BLOCK_K +
+    offset], summed into the fp32 accumulator. The next run's end is loaded before the current run is
+    summed (runs are contiguous: one run's end is the next one's start). y contiguous; with SPLIT, y is
+    fp32 [splits, M, N] partial sums (the bias is left to their sum)."""
     offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    split = tl.program_id(2)
     offs_p = tl.arange(0, BLOCK_P)
     n_ok, m_ok = offs_n < N, offs_m < M
     x_rows = x_ptr + offs_m[:, None, None] * stride_xm
+    runs = chunk_ptr + offs_n * chunks  # row n's run in chunk c starts at runs[c] and ends at runs[c + 1]
+    first = split * chunks_per_split
+    last = tl.minimum(first + chunks_per_split, chunks)
+    start = tl.load(runs + first, mask=n_ok & (first < last), other=0).to(tl.int64)
+    end = tl.load(runs + first + 1, mask=n_ok & (first < last), other=0).to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for c in range(0, chunks):
-        start = tl.load(chunk_ptr + offs_n * chunks + c, mask=n_ok, other=0).to(tl.int64)
-        count = (tl.load(chunk_ptr + offs_n * chunks + c + 1, mask=n_ok, other=0) - start).to(tl.int32)
+    for c in range(first, last):
+        next_end = tl.load(runs + c + 2, mask=n_ok & (c + 1 < last), other=0).to(tl.int64)
+        count = (end - start).to(tl.int32)
         for p in range(0, tl.max(count, axis=0), BLOCK_P):
             ok = (p + offs_p)[None, :] < count[:, None]
             entry = start[:, None] + (p + offs_p)[None, :]
@@ -156,17 +166,30 @@ def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
             col = c * BLOCK_K + tl.load(off_ptr + entry, mask=ok, other=0).to(tl.int64)
             xv = tl.load(x_rows + col[None, :, :] * stride_xk, mask=m_ok[:, None, None] & ok[None, :, :], other=0.0)
             acc += tl.sum(xv.to(tl.float32) * w[None, :, :], axis=2)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+        start, end = end, next_end
+    out = offs_m[:, None] * N + offs_n[None, :]
+    if SPLIT:
+        tl.store(y_ptr + split.to(tl.int64) * M * N + out, acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 # --- 3. Launcher --------------------------------------------------------------------------------------
 
-# (BLOCK_N, BLOCK_P, num_warps); the first is the default when not tuning. BLOCK_M follows M (up to 16).
-_CONFIGS = [dict(BLOCK_N=32, BLOCK_P=16, num_warps=4), dict(BLOCK_N=16, BLOCK_P=32, num_warps=4),
-            dict(BLOCK_N=64, BLOCK_P=16, num_warps=8), dict(BLOCK_N=32, BLOCK_P=32, num_warps=8)]
+# Candidates by token count; the first is the default when not tuning. BLOCK_M follows M (up to 16).
+# Few tokens: a program's chain of dependent loads (run pointers, entries, x) is what takes the time, so
+# there must be many programs with short chains: small BLOCK_N, and K split over SPLIT_K programs (fp32
+# partial sums, added up by a second kernel). Many tokens: the M tiles give the programs.
+_CONFIGS = {
+    "few": [dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=4, num_warps=4), dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=4, num_warps=4),
+            dict(BLOCK_N=8, BLOCK_P=64, SPLIT_K=8, num_warps=4), dict(BLOCK_N=32, BLOCK_P=16, SPLIT_K=2, num_warps=4),
+            dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=16, num_warps=2),
+            dict(BLOCK_N=32, BLOCK_P=32, SPLIT_K=1, num_warps=4)],
+    "many": [dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=1, num_warps=4), dict(BLOCK_N=32, BLOCK_P=16, SPLIT_K=1, num_warps=8),
+             dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=1, num_warps=4), dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=2, num_warps=4)],
+}
 
 
 def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], N: int, block_k: int):
@@ -178,16 +201,29 @@ def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tens
         return y
     chunks = triton.cdiv(K, block_k)
     block_m = min(16, triton.next_power_of_2(M))
-    meta = dict(HAS_BIAS=bias is not None, BLOCK_K=block_k, BLOCK_M=block_m)
-    args = (x, values, offsets, chunk_ptr, y if bias is None else bias, y, M, N, chunks, *x.stride())
 
     def prepare(cfg):
-        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m))
-        return lambda: launch(_sparse_linear_kernel, grid, *args, **meta, **cfg)
+        cfg = dict(cfg)
+        per_split = triton.cdiv(chunks, min(cfg.pop("SPLIT_K"), max(chunks, 1)))
+        splits = triton.cdiv(chunks, per_split) if chunks else 1
+        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), splits)
+        meta = dict(cfg, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k, BLOCK_M=block_m)
+        args = (x, values, offsets, chunk_ptr, y if bias is None else bias)
+        scalars = (M, N, chunks, per_split, *x.stride())
+        if splits == 1:
+            return lambda: launch(_sparse_linear_kernel, grid, *args, y, *scalars, **meta)
 
+        def run_split():
+            partial = torch.empty((splits, M, N), device=x.device, dtype=torch.float32)
+            launch(_sparse_linear_kernel, grid, *args, partial, *scalars, **meta)
+            launch(_split_sum_kernel, (triton.cdiv(M, 32), triton.cdiv(N, 64)), partial, y, args[-1], y, M, N,
+                   SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
+        return run_split
+
+    tokens = "few" if M <= 16 else "many"
     density = values.numel() / max(1, N * K)
     key = (x.dtype, block_k, block_m, _autotune.bucket(N), _autotune.bucket(K), round(math.log2(max(density, 1e-3))))
-    prepare(_autotune.pick("sparse_linear", key, _CONFIGS, prepare))()
+    prepare(_autotune.pick("sparse_linear", key, _CONFIGS[tokens], prepare))()
     return y
 
 
