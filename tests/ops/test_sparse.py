@@ -13,7 +13,7 @@ import torch.nn.utils.prune as prune
 
 import dropin
 from _check import check, poison_allocations
-from _tol import DEVICE, ON_GPU, gpu
+from _tol import DEVICE, ON_GPU, TOLERANCES, gpu, rel_err
 from dropin.ops import SparseWeight, sparse_linear, sparsify
 from dropin.ops.sparse import sparse_linear_ref
 
@@ -126,6 +126,24 @@ def test_format_round_trip(shape, dtype):
     assert torch.equal(sw.to_dense().nan_to_num(), w.nan_to_num())
     assert torch.equal(sw.transposed.to_dense().nan_to_num(), w.t().nan_to_num())
     assert sw.offsets.dtype == torch.uint8 and sw.chunk_ptr.dtype == torch.int32
+
+
+def test_non_contiguous_weight():
+    w = pruned(512, 256, 0.5)
+    for weight in (w.t(), w[:, ::2], w.t()[::3]):
+        sw = sparsify(weight)
+        assert torch.equal(sw.to_dense(), weight) and torch.equal(sw.transposed.to_dense(), weight.t())
+
+
+def test_autocast():
+    """Under torch.autocast, x, bias and the weight's values are cast to its dtype, as F.linear's operands."""
+    t = leaves((4, 3), 20, 300, 0.9, torch.float32)
+    sw = sparsify(t["weight"])
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        y, y_torch = sparse_linear(t["x"], sw, t["bias"]), F.linear(t["x"], t["weight"], t["bias"])
+    assert y.dtype == y_torch.dtype == torch.bfloat16 and sw.dtype == torch.float32
+    ref = F.linear(*(v.bfloat16().double() for v in t.values()))
+    assert rel_err(y, ref) <= TOLERANCES[torch.bfloat16][0]
 
 
 def test_bytes_at_90_percent():

@@ -79,6 +79,14 @@ class SparseWeight:
     def dense_nbytes(self) -> int:
         return math.prod(self.shape) * self.values.element_size()
 
+    def to(self, dtype: torch.dtype) -> "SparseWeight":
+        """The same weight with its values cast to dtype (self when it has that dtype already)."""
+        if dtype == self.dtype:
+            return self
+        t = self.transposed
+        return SparseWeight(self.values.to(dtype), self.offsets, self.chunk_ptr, self.shape, self.block_k,
+                            None if t is None else t.to(dtype))
+
     def to_dense(self) -> torch.Tensor:
         """The weight [N, K] with its zeros back (exactly the values that went in)."""
         N, K = self.shape
@@ -99,7 +107,7 @@ def _compress(weight: torch.Tensor, block_k: int) -> SparseWeight:
     column) order, which is the storage order."""
     N, K = weight.shape
     chunks = triton.cdiv(K, block_k)
-    padded = F.pad(weight, (0, chunks * block_k - K)).view(N, chunks, block_k)
+    padded = F.pad(weight, (0, chunks * block_k - K)).reshape(N, chunks, block_k)
     nonzero = padded != 0
     counts = nonzero.sum(-1).flatten()
     index_dtype = torch.int32 if int(counts.sum()) < 2**31 else torch.int64
@@ -293,9 +301,13 @@ def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Te
     """`F.linear(x, weight.to_dense(), bias)` reading only the weight's non-zeros.
 
     x [..., K] (any strides), weight a SparseWeight of shape [N, K] from `sparsify`, bias [N] or None; all
-    float32 / float16 / bfloat16 of one dtype; fp32 accumulation; the output [..., N] in x's dtype.
+    float32 / float16 / bfloat16 of one dtype (under torch.autocast all are cast to its dtype, as for
+    F.linear); fp32 accumulation; the output [..., N] in x's dtype.
     Differentiable in x (needs `sparsify(..., transpose=True)`, the default) and bias; the weight is frozen."""
     _check(x, weight, bias)
+    if torch.is_autocast_enabled(x.device.type):  # as torch.autocast casts F.linear's operands
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight, bias = x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
     N, K = weight.shape
     x2 = x.reshape(math.prod(x.shape[:-1]), K)
     t = weight.transposed
