@@ -250,6 +250,14 @@ def W(n=8, k=16, dtype=torch.float32, device=None):
     return SparseWeight(sw.values.to(device), sw.offsets.to(device), sw.chunk_ptr.to(device), sw.shape, sw.block_k)
 
 
+def broken(**changes):
+    """W() with some of its fields replaced: name -> function of the old value."""
+    sw = W()
+    for name, change in changes.items():
+        setattr(sw, name, change(getattr(sw, name)))
+    return sw
+
+
 ERRORS = [  # (id, lambda -> (x, weight, bias), exception, the argument the message must name)
     ("wrong-k", lambda: (T(3, 15), W(), None), RuntimeError, "x"),
     ("x-0d", lambda: (T(), W(), None), RuntimeError, "x"),
@@ -260,6 +268,10 @@ ERRORS = [  # (id, lambda -> (x, weight, bias), exception, the argument the mess
     ("weight-dense", lambda: (T(3, 16), T(8, 16), None), TypeError, "weight"),
     ("weight-dtype", lambda: (T(3, 16), W(dtype=torch.float16), None), RuntimeError, "weight"),
     ("weight-device", lambda: (T(3, 16), W(device=WRONG_DEVICE), None), RuntimeError, "weight"),
+    ("weight-short-ptr", lambda: (T(3, 16), broken(chunk_ptr=lambda t: t[:-1]), None), ValueError, "weight"),
+    ("weight-offsets-int", lambda: (T(3, 16), broken(offsets=lambda t: t.int()), None), ValueError, "weight"),
+    ("weight-values-short", lambda: (T(3, 16), broken(values=lambda t: t[1:]), None), ValueError, "weight"),
+    ("weight-transposed", lambda: (T(3, 16), broken(transposed=lambda t: W(16, 9)), None), ValueError, "weight"),
     ("bias-shape", lambda: (T(3, 16), W(), T(7)), RuntimeError, "bias"),
     ("bias-2d", lambda: (T(3, 16), W(), T(1, 8)), RuntimeError, "bias"),
     ("bias-dtype", lambda: (T(3, 16), W(), T(8, dtype=torch.float16)), RuntimeError, "bias"),

@@ -96,6 +96,19 @@ class SparseWeight:
         dense[runs // chunks, (runs % chunks) * self.block_k + self.offsets.long()] = self.values
         return dense[:, :K]
 
+    def consistent(self) -> bool:
+        """Whether the tensors fit the shape (a kernel trusts them): 1-D contiguous values and uint8 offsets of
+        one length, chunk_ptr with N * C + 1 integers, all on one device; and the same for `transposed`."""
+        N, K = self.shape
+        tensors = (self.values, self.offsets, self.chunk_ptr)
+        return (isinstance(self.block_k, int) and 1 <= self.block_k <= MAX_BLOCK_K
+                and all(isinstance(t, torch.Tensor) and t.dim() == 1 and t.is_contiguous()
+                        and t.device == self.values.device for t in tensors)
+                and self.offsets.dtype == torch.uint8 and self.chunk_ptr.dtype in (torch.int32, torch.int64)
+                and self.offsets.numel() == self.values.numel()
+                and self.chunk_ptr.numel() == N * triton.cdiv(K, self.block_k) + 1
+                and (self.transposed is None or self.transposed.shape == (K, N) and self.transposed.consistent()))
+
     def __repr__(self) -> str:
         return (f"SparseWeight(shape={self.shape}, dtype={self.dtype}, density={self.density:.4f}, "
                 f"nbytes={self.nbytes} ({self.nbytes / max(1, self.dense_nbytes):.3f}x dense), "
@@ -113,7 +126,7 @@ def _compress(weight: torch.Tensor, block_k: int) -> SparseWeight:
     index_dtype = torch.int32 if int(counts.sum()) < 2**31 else torch.int64
     chunk_ptr = torch.zeros(N * chunks + 1, dtype=index_dtype, device=weight.device)
     torch.cumsum(counts, 0, out=chunk_ptr[1:])
-    offsets = nonzero.nonzero()[:, 2].to(torch.uint8)
+    offsets = torch.arange(block_k, dtype=torch.uint8, device=weight.device).expand_as(padded)[nonzero]
     return SparseWeight(padded[nonzero].contiguous(), offsets, chunk_ptr, (N, K), block_k)
 
 
@@ -230,7 +243,7 @@ def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tens
 
     tokens = "few" if M <= 16 else "many"
     density = values.numel() / max(1, N * K)
-    key = (x.dtype, block_k, block_m, _autotune.bucket(N), _autotune.bucket(K), round(math.log2(max(density, 1e-3))))
+    key = (x.dtype, block_k, tokens, *map(_autotune.bucket, (M, N, K)), round(math.log2(max(density, 1e-3))))
     prepare(_autotune.pick("sparse_linear", key, _CONFIGS[tokens], prepare))()
     return y
 
@@ -278,6 +291,9 @@ def _check(x, weight, bias) -> None:
     if not isinstance(weight, SparseWeight):
         raise TypeError(f"sparse_linear: argument 'weight' must be a SparseWeight (from dropin.ops.sparsify), "
                         f"got {type(weight).__name__}")
+    if not weight.consistent():
+        raise ValueError(f"sparse_linear: argument 'weight' {weight.shape} has tensors that do not fit its shape "
+                         f"(see SparseWeight.consistent); build it with dropin.ops.sparsify")
     _runtime.check_kernel_device("sparse_linear", x=x, weight=weight.values, bias=bias)
     for name, t in (("x", x), ("bias", bias)):
         if t is not None and t.dtype not in FLOAT_DTYPES:
