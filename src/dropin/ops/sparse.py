@@ -162,9 +162,11 @@ def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
     """y [M, N] = x [M, K] (any strides) @ W^T (+ bias), W in chunked CSR; grid (N tiles, M tiles, splits).
     Split s covers chunks [s * chunks_per_split, (s + 1) * chunks_per_split): per chunk, the BLOCK_N rows'
     runs BLOCK_P entries at a time, each entry's value times the BLOCK_M gathered x[m, chunk * BLOCK_K +
-    offset], summed into the fp32 accumulator. The next run's end is loaded before the current run is
-    summed (runs are contiguous: one run's end is the next one's start). y contiguous; with SPLIT, y is
-    fp32 [splits, M, N] partial sums (the bias is left to their sum)."""
+    offset], added to a [BLOCK_M, BLOCK_N, BLOCK_P] fp32 accumulator that is summed over P once at the end
+    (a sum per step costs 5 warp shuffles per (token, row): 160 per step at 16 tokens in the sm_90 PTX).
+    The next run's end is loaded before the current run is summed (runs are contiguous: one run's end is
+    the next one's start). y contiguous; with SPLIT, y is fp32 [splits, M, N] partial sums (the bias is
+    left to their sum)."""
     offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(2)
@@ -176,7 +178,7 @@ def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
     last = tl.minimum(first + chunks_per_split, chunks)
     start = tl.load(runs + first, mask=n_ok & (first < last), other=0).to(tl.int64)
     end = tl.load(runs + first + 1, mask=n_ok & (first < last), other=0).to(tl.int64)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_P), dtype=tl.float32)
     for c in range(first, last):
         next_end = tl.load(runs + c + 2, mask=n_ok & (c + 1 < last), other=0).to(tl.int64)
         count = (end - start).to(tl.int32)
@@ -186,8 +188,9 @@ def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
             w = tl.load(val_ptr + entry, mask=ok, other=0.0).to(tl.float32)
             col = c * BLOCK_K + tl.load(off_ptr + entry, mask=ok, other=0).to(tl.int64)
             xv = tl.load(x_rows + col[None, :, :] * stride_xk, mask=m_ok[:, None, None] & ok[None, :, :], other=0.0)
-            acc += tl.sum(xv.to(tl.float32) * w[None, :, :], axis=2)
+            acc += xv.to(tl.float32) * w[None, :, :]
         start, end = end, next_end
+    acc = tl.sum(acc, axis=2)
     out = offs_m[:, None] * N + offs_n[None, :]
     if SPLIT:
         tl.store(y_ptr + split.to(tl.int64) * M * N + out, acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -200,16 +203,21 @@ def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
 # --- 3. Launcher --------------------------------------------------------------------------------------
 
 # Candidates by token count; the first is the default when not tuning. BLOCK_M follows M (up to 16).
-# Few tokens: a program's chain of dependent loads (run pointers, entries, x) is what takes the time, so
-# there must be many programs with short chains: small BLOCK_N, and K split over SPLIT_K programs (fp32
-# partial sums, added up by a second kernel). Many tokens: the M tiles give the programs.
+# One or few tokens: a program's chain of dependent loads (run pointers, entries, x) is what takes the
+# time, so there must be many programs with short chains: small BLOCK_N, and K split over SPLIT_K programs
+# (fp32 partial sums, added up by a second kernel). Many tokens: the M tiles give the programs. Tiles hold
+# 4-8 (one token) or 32 (up to 16 tokens) products per thread: 56-146 registers on sm_90, no spills
+# (scripts/sparse_resources.py; 64 per thread take 170-190 registers, 128 spill).
 _CONFIGS = {
-    "few": [dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=4, num_warps=4), dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=4, num_warps=4),
-            dict(BLOCK_N=8, BLOCK_P=64, SPLIT_K=8, num_warps=4), dict(BLOCK_N=32, BLOCK_P=16, SPLIT_K=2, num_warps=4),
-            dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=16, num_warps=2),
-            dict(BLOCK_N=32, BLOCK_P=32, SPLIT_K=1, num_warps=4)],
-    "many": [dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=1, num_warps=4), dict(BLOCK_N=32, BLOCK_P=16, SPLIT_K=1, num_warps=8),
-             dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=1, num_warps=4), dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=2, num_warps=4)],
+    "one": [dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=8, num_warps=4), dict(BLOCK_N=8, BLOCK_P=64, SPLIT_K=4, num_warps=4),
+            dict(BLOCK_N=8, BLOCK_P=128, SPLIT_K=8, num_warps=4), dict(BLOCK_N=32, BLOCK_P=32, SPLIT_K=4, num_warps=8),
+            dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=4, num_warps=4)],
+    "few": [dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=4, num_warps=4), dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=4, num_warps=8),
+            dict(BLOCK_N=4, BLOCK_P=64, SPLIT_K=4, num_warps=4), dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=8, num_warps=4),
+            dict(BLOCK_N=8, BLOCK_P=16, SPLIT_K=16, num_warps=2)],
+    "many": [dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=1, num_warps=4), dict(BLOCK_N=32, BLOCK_P=16, SPLIT_K=1, num_warps=8),
+             dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=1, num_warps=4),
+             dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=1, num_warps=8)],
 }
 
 
@@ -241,7 +249,7 @@ def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tens
                    SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
         return run_split
 
-    tokens = "few" if M <= 16 else "many"
+    tokens = "one" if M == 1 else "few" if M <= 16 else "many"
     density = values.numel() / max(1, N * K)
     key = (x.dtype, block_k, tokens, *map(_autotune.bucket, (M, N, K)), round(math.log2(max(density, 1e-3))))
     prepare(_autotune.pick("sparse_linear", key, _CONFIGS[tokens], prepare))()
