@@ -258,6 +258,13 @@ def broken(**changes):
     return sw
 
 
+def too_many_rows():
+    """An all-zero weight with one row more than the grid takes."""
+    n = sparse_module.MAX_N + 1
+    return SparseWeight(T(0), torch.zeros(0, dtype=torch.uint8, device=DEVICE),
+                        torch.zeros(n + 1, dtype=torch.int32, device=DEVICE), (n, 16), 256)
+
+
 ERRORS = [  # (id, lambda -> (x, weight, bias), exception, the argument the message must name)
     ("wrong-k", lambda: (T(3, 15), W(), None), RuntimeError, "x"),
     ("x-0d", lambda: (T(), W(), None), RuntimeError, "x"),
@@ -272,6 +279,7 @@ ERRORS = [  # (id, lambda -> (x, weight, bias), exception, the argument the mess
     ("weight-offsets-int", lambda: (T(3, 16), broken(offsets=lambda t: t.int()), None), ValueError, "weight"),
     ("weight-values-short", lambda: (T(3, 16), broken(values=lambda t: t[1:]), None), ValueError, "weight"),
     ("weight-transposed", lambda: (T(3, 16), broken(transposed=lambda t: W(16, 9)), None), ValueError, "weight"),
+    ("weight-too-many-rows", lambda: (T(3, 16), too_many_rows(), None), RuntimeError, "weight"),
     ("bias-shape", lambda: (T(3, 16), W(), T(7)), RuntimeError, "bias"),
     ("bias-2d", lambda: (T(3, 16), W(), T(1, 8)), RuntimeError, "bias"),
     ("bias-dtype", lambda: (T(3, 16), W(), T(8, dtype=torch.float16)), RuntimeError, "bias"),

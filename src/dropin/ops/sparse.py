@@ -159,7 +159,8 @@ def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
                           M, N, chunks, chunks_per_split, stride_xm, stride_xk,
                           HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
-    """y [M, N] = x [M, K] (any strides) @ W^T (+ bias), W in chunked CSR; grid (N tiles, M tiles, splits).
+    """y [M, N] = x [M, K] (any strides) @ W^T (+ bias), W in chunked CSR; grid (M tiles, N tiles, splits):
+    the M tiles of one weight tile run one after another (it is re-read from L2), and M is unbounded.
     Split s covers chunks [s * chunks_per_split, (s + 1) * chunks_per_split): per chunk, the BLOCK_N rows'
     runs BLOCK_P entries at a time, each entry's value times the BLOCK_M gathered x[m, chunk * BLOCK_K +
     offset], added to a [BLOCK_M, BLOCK_N, BLOCK_P] fp32 accumulator that is summed over P once at the end
@@ -167,8 +168,8 @@ def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
     The next run's end is loaded before the current run is summed (runs are contiguous: one run's end is
     the next one's start). y contiguous; with SPLIT, y is fp32 [splits, M, N] partial sums (the bias is
     left to their sum)."""
-    offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
     offs_p = tl.arange(0, BLOCK_P)
     n_ok, m_ok = offs_n < N, offs_m < M
@@ -221,6 +222,10 @@ _CONFIGS = {
 }
 
 
+# The N tiles are the grid's second dimension (at most 65535 programs).
+MAX_N = 65535 * min(cfg["BLOCK_N"] for configs in _CONFIGS.values() for cfg in configs)
+
+
 def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], N: int, block_k: int):
     """x [M, K] (any strides), the weight's chunked CSR (values, offsets, chunk_ptr of N rows), bias [N] or
     None -> y [M, N] contiguous in x's dtype."""
@@ -235,7 +240,7 @@ def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tens
         cfg = dict(cfg)
         per_split = triton.cdiv(chunks, min(cfg.pop("SPLIT_K"), max(chunks, 1)))
         splits = triton.cdiv(chunks, per_split) if chunks else 1
-        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), splits)
+        grid = (triton.cdiv(M, block_m), triton.cdiv(N, cfg["BLOCK_N"]), splits)
         meta = dict(cfg, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k, BLOCK_M=block_m)
         args = (x, values, offsets, chunk_ptr, y if bias is None else bias)
         scalars = (M, N, chunks, per_split, *x.stride())
@@ -316,6 +321,9 @@ def _check(x, weight, bias) -> None:
     if x.shape[-1] != K:
         raise RuntimeError(f"sparse_linear: 'x' {tuple(x.shape)} and 'weight' {weight.shape} cannot be "
                            f"multiplied (in_features {x.shape[-1]} and {K})")
+    if N > MAX_N:
+        raise RuntimeError(f"sparse_linear: 'weight' has {N} rows (out_features); the kernel's grid takes at most "
+                           f"{MAX_N}")
     if bias is not None and tuple(bias.shape) != (N,):
         raise RuntimeError(f"sparse_linear: argument 'bias' must have shape ({N},) (out_features), "
                            f"got {tuple(bias.shape)}")
