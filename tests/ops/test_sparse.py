@@ -9,6 +9,8 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 import torch.nn.utils.prune as prune
 
 import dropin
@@ -79,6 +81,17 @@ def test_all_zero_weight_gives_the_bias():
     assert sw.nnz == 0 and sw.density == 0.0
     assert torch.equal(sparse_linear(x, sw, bias), bias.expand(4, 3, 9))
     assert torch.equal(sparse_linear(x, sw), torch.zeros(4, 3, 9, device=DEVICE))
+
+
+@settings(max_examples=25 if ON_GPU else 12, deadline=None,
+          phases=list(Phase) if ON_GPU else [Phase.explicit, Phase.reuse, Phase.generate])  # CPU: no slow shrinking
+@given(tokens=st.lists(st.integers(1, 20), min_size=1, max_size=2), n=st.integers(1, 70), k=st.integers(1, 600),
+       sparsity=st.sampled_from([0.0, 0.5, 0.9, 0.97, 1.0]), block_k=st.sampled_from([13, 64, 256]),
+       bias=st.booleans(), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+def test_random_configs(tokens, n, k, sparsity, block_k, bias, dtype):
+    t = leaves(tokens, n, k, sparsity, dtype, bias)
+    check(lambda x, weight, bias=None: sparse_linear(x, sparsify(weight, block_k=block_k), bias), F.linear, t,
+          constant=("weight",))
 
 
 @pytest.mark.parametrize("block_k", [1, 7, 64, 256])
