@@ -15,13 +15,13 @@ import torch.nn.functional as F
 import triton
 
 from dropin import ops
-from dropin.ops.sparse import MAX_BLOCK_K
+from dropin.ops.sparse import MAX_BLOCK_K, sparse_linear_ref
 
 from .harness import TORCH_DTYPES, Case, randn
 
 
 def _reference(x, weight, sparse):
-    return F.linear(x, weight)
+    return sparse_linear_ref(x, weight)
 
 
 def _dropin(x, weight, sparse):
