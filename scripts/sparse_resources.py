@@ -41,6 +41,6 @@ def resources(dtype: str, cfg: dict, block_m: int) -> str:
 if __name__ == "__main__":
     dtype = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}[sys.argv[1] if len(sys.argv) > 1 else "fp16"]
     for tokens, configs in sparse._CONFIGS.items():
-        for cfg in configs:
+        for cfg in (c for c in configs if "DENSE" not in c):
             for block_m in (1,) if tokens == "one" else (2, 16) if tokens == "few" else (16,):
                 print(f"{tokens:<5} BLOCK_M {block_m:>2}  {cfg}: {resources(dtype, cfg, block_m)}", flush=True)

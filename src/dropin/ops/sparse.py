@@ -11,8 +11,10 @@ Kernel (`_sparse_linear_kernel`, CUDA cores, fp32 accumulation): a program owns 
 columns) and BLOCK_M tokens; for each chunk it walks its rows' runs BLOCK_P entries at a time (up to the
 longest run, shorter runs masked), gathers x[tokens, chunk * block_k + offset] and accumulates with FMAs.
 Built for the memory-bound small-token products (M <= 16), where reading only the non-zero weight bytes is
-the win; correct for every M, but for M in the hundreds and more each BLOCK_M block of tokens re-reads the
-weight and every product is a gathered FMA, so dense tensor cores win there (docs/perf-notes.md).
+the win. With many tokens each BLOCK_M block re-reads the weight and every product is a gathered FMA, so
+tensor cores on the dense weight win: there the weight is expanded into a temporary dense [N, K]
+(`_scatter_kernel`) for dropin's `linear` (the default on the GPU when M * density >= 2, else a tuning
+candidate; docs/perf-notes.md has the arithmetic).
 
 Backward (weights frozen): dx = dy @ W is the same product with W^T [K, N], compressed at sparsify time
 (`transpose=True`, the default) and run through the same kernel: no atomics, deterministic, at the cost of a
@@ -29,7 +31,7 @@ import triton.language as tl
 from .. import _runtime
 from . import _autotune
 from ._common import FLOAT_DTYPES, launch, switch
-from .matmul import _split_sum_kernel
+from .matmul import _split_sum_kernel, linear
 
 MAX_BLOCK_K = 256  # a chunk offset fits a uint8
 
@@ -201,6 +203,24 @@ def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
         tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _scatter_kernel(val_ptr, off_ptr, chunk_ptr, w_ptr, N, K, chunks,
+                    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+    """w[n, chunk * BLOCK_K + offset] = value for the entries of BLOCK_N rows in one chunk; w [N, K]
+    contiguous (zeroed before); grid (N tiles, chunks)."""
+    offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    c = tl.program_id(1)
+    offs_p = tl.arange(0, BLOCK_P)
+    n_ok = offs_n < N
+    start = tl.load(chunk_ptr + offs_n * chunks + c, mask=n_ok, other=0).to(tl.int64)
+    count = (tl.load(chunk_ptr + offs_n * chunks + c + 1, mask=n_ok, other=0) - start).to(tl.int32)
+    for p in range(0, tl.max(count, axis=0), BLOCK_P):
+        ok = (p + offs_p)[None, :] < count[:, None]
+        entry = start[:, None] + (p + offs_p)[None, :]
+        col = c * BLOCK_K + tl.load(off_ptr + entry, mask=ok, other=0).to(tl.int64)
+        tl.store(w_ptr + offs_n[:, None] * K + col, tl.load(val_ptr + entry, mask=ok), mask=ok)
+
+
 # --- 3. Launcher --------------------------------------------------------------------------------------
 
 # Candidates by token count; the first is the default when not tuning. BLOCK_M follows M (up to 16).
@@ -208,7 +228,9 @@ def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
 # time, so there must be many programs with short chains: small BLOCK_N, and K split over SPLIT_K programs
 # (fp32 partial sums, added up by a second kernel). Many tokens: the M tiles give the programs. Tiles hold
 # 4-8 (one token) or 32 (up to 16 tokens) products per thread: 56-146 registers on sm_90, no spills
-# (scripts/sparse_resources.py; 64 per thread take 170-190 registers, 128 spill).
+# (scripts/sparse_resources.py; 64 per thread take 170-190 registers, 128 spill). DENSE: the weight expanded
+# into a temporary dense [N, K] (one scatter kernel) and dropin's tensor-core `linear`; the default for
+# many tokens where M * density >= 2, a tuning candidate everywhere else with many tokens.
 _CONFIGS = {
     "one": [dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=8, num_warps=4), dict(BLOCK_N=8, BLOCK_P=64, SPLIT_K=4, num_warps=4),
             dict(BLOCK_N=8, BLOCK_P=128, SPLIT_K=8, num_warps=4), dict(BLOCK_N=32, BLOCK_P=32, SPLIT_K=4, num_warps=8),
@@ -218,47 +240,64 @@ _CONFIGS = {
             dict(BLOCK_N=8, BLOCK_P=16, SPLIT_K=16, num_warps=2)],
     "many": [dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=1, num_warps=4), dict(BLOCK_N=32, BLOCK_P=16, SPLIT_K=1, num_warps=8),
              dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=1, num_warps=4),
-             dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=1, num_warps=8)],
+             dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=1, num_warps=8), dict(DENSE=True)],
 }
 
 
 # The N tiles are the grid's second dimension (at most 65535 programs).
-MAX_N = 65535 * min(cfg["BLOCK_N"] for configs in _CONFIGS.values() for cfg in configs)
+MAX_N = 65535 * min(cfg["BLOCK_N"] for configs in _CONFIGS.values() for cfg in configs if "BLOCK_N" in cfg)
+
+
+def _densify(values, offsets, chunk_ptr, N: int, K: int, block_k: int) -> torch.Tensor:
+    """The dense weight [N, K] of a chunked CSR (zeros, then one scatter of the entries)."""
+    dense = torch.zeros((N, K), device=values.device, dtype=values.dtype)
+    chunks = triton.cdiv(K, block_k)
+    if N * chunks:
+        launch(_scatter_kernel, (triton.cdiv(N, 32), chunks), values, offsets, chunk_ptr, dense, N, K, chunks,
+               BLOCK_K=block_k, BLOCK_N=32, BLOCK_P=32)
+    return dense
 
 
 def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], N: int, block_k: int):
     """x [M, K] (any strides), the weight's chunked CSR (values, offsets, chunk_ptr of N rows), bias [N] or
     None -> y [M, N] contiguous in x's dtype."""
     M, K = x.shape
-    y = x.new_empty((M, N))
     if M * N == 0:
-        return y
+        return x.new_empty((M, N))
     chunks = triton.cdiv(K, block_k)
     block_m = min(16, triton.next_power_of_2(M))
 
-    def prepare(cfg):
+    def prepare(cfg):  # a callable computing y
+        if cfg.get("DENSE"):
+            return lambda: linear(x, _densify(values, offsets, chunk_ptr, N, K, block_k), bias)
         cfg = dict(cfg)
         per_split = triton.cdiv(chunks, min(cfg.pop("SPLIT_K"), max(chunks, 1)))
         splits = triton.cdiv(chunks, per_split) if chunks else 1
         grid = (triton.cdiv(M, block_m), triton.cdiv(N, cfg["BLOCK_N"]), splits)
         meta = dict(cfg, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k, BLOCK_M=block_m)
-        args = (x, values, offsets, chunk_ptr, y if bias is None else bias)
         scalars = (M, N, chunks, per_split, *x.stride())
-        if splits == 1:
-            return lambda: launch(_sparse_linear_kernel, grid, *args, y, *scalars, **meta)
 
-        def run_split():
-            partial = torch.empty((splits, M, N), device=x.device, dtype=torch.float32)
-            launch(_sparse_linear_kernel, grid, *args, partial, *scalars, **meta)
-            launch(_split_sum_kernel, (triton.cdiv(M, 32), triton.cdiv(N, 64)), partial, y, args[-1], y, M, N,
-                   SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
-        return run_split
+        def run():
+            y = x.new_empty((M, N))
+            out = y if splits == 1 else torch.empty((splits, M, N), device=x.device, dtype=torch.float32)
+            launch(_sparse_linear_kernel, grid, x, values, offsets, chunk_ptr, y if bias is None else bias, out,
+                   *scalars, **meta)
+            if splits > 1:
+                launch(_split_sum_kernel, (triton.cdiv(M, 32), triton.cdiv(N, 64)), out, y,
+                       y if bias is None else bias, y, M, N, SPLITS=splits, HAS_BIAS=bias is not None, ACT="none",
+                       STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
+            return y
+        return run
 
     tokens = "one" if M == 1 else "few" if M <= 16 else "many"
     density = values.numel() / max(1, N * K)
+    configs = _CONFIGS[tokens]
+    if tokens == "many" and M * density >= 2 and not _runtime.INTERPRET:
+        # the dense product is predicted faster (docs/perf-notes.md); not under the interpreter, where speed
+        # is moot and tl.dot on bfloat16 is wrong
+        configs = configs[-1:] + configs[:-1]
     key = (x.dtype, block_k, tokens, *map(_autotune.bucket, (M, N, K)), round(math.log2(max(density, 1e-3))))
-    prepare(_autotune.pick("sparse_linear", key, _CONFIGS[tokens], prepare))()
-    return y
+    return prepare(_autotune.pick("sparse_linear", key, configs, prepare))()
 
 
 # --- 4. Registration as a custom op ---------------------------------------------------------------------
