@@ -2,16 +2,17 @@
 
 Forward and the gradients of x and bias against float64 (DESIGN.md's tolerances and the 2x-torch rule), at
 0 to 100% sparsity, odd sizes, leading batch dims, strided x, prune-masked weights; the format's round trip
-and bytes; every error path. No tl.dot in the kernel, so bfloat16 runs under the interpreter too.
+and bytes; every error path. The sparse kernels have no tl.dot, so bfloat16 runs under the interpreter too;
+the DENSE candidate for many tokens (dropin's linear, the GPU's default there) is checked in fp32 on the CPU.
 """
 import importlib
 
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.nn.utils.prune as prune
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-import torch.nn.utils.prune as prune
 
 import dropin
 from _check import check, poison_allocations
