@@ -93,7 +93,8 @@ class SparseWeight:
         """The weight [N, K] with its zeros back (exactly the values that went in)."""
         N, K = self.shape
         chunks = triton.cdiv(K, self.block_k)
-        runs = torch.repeat_interleave(torch.arange(N * chunks, device=self.device), self.chunk_ptr.diff())
+        runs = torch.repeat_interleave(torch.arange(N * chunks, device=self.device), self.chunk_ptr.diff(),
+                                       output_size=self.nnz)  # (no device sync)
         dense = self.values.new_zeros((N, chunks * self.block_k))
         dense[runs // chunks, (runs % chunks) * self.block_k + self.offsets.long()] = self.values
         return dense[:, :K]
