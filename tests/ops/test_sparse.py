@@ -184,6 +184,7 @@ def test_every_config(tokens, index, monkeypatch):
     """Each candidate config (tuning may pick any); K in 3 chunks: K splits of unequal length. Outputs and
     temporaries are allocated NaN-filled."""
     poison_allocations(monkeypatch)
+    monkeypatch.setattr(sparse_module, "_plans", {})  # no plan made for another config
     monkeypatch.setitem(sparse_module._CONFIGS, tokens, [sparse_module._CONFIGS[tokens][index]])
     check(ours, F.linear, leaves({"one": (1,), "few": (5,), "many": (17,)}[tokens], 37, 600, 0.8, torch.float32),
           constant=("weight",))
