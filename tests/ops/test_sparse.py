@@ -95,6 +95,19 @@ def test_random_configs(tokens, n, k, sparsity, block_k, bias, dtype):
           constant=("weight",))
 
 
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_non_finite_x_meets_only_non_zeros(tokens):
+    """The sparse kernels (up to 16 tokens: never the dense path) skip the zeros: inf in x reaches the outputs
+    whose row has a non-zero in its column."""
+    w = pruned(6, 40, 0.0)
+    w[:3, 5] = 0  # rows 0-2 do not see column 5
+    x = torch.randn(tokens, 40, device=DEVICE)
+    x[:, 5] = float("inf")
+    y = sparse_linear(x, sparsify(w))
+    assert torch.isfinite(y[:, :3]).all() and not torch.isfinite(y[:, 3:]).any()
+    torch.testing.assert_close(y[:, :3], F.linear(x[:, :5], w[:3, :5]) + F.linear(x[:, 6:], w[:3, 6:]))
+
+
 @pytest.mark.parametrize("block_k", [1, 7, 64, 256])
 def test_block_k(block_k):
     check(lambda x, weight, bias: sparse_linear(x, sparsify(weight, block_k=block_k), bias), F.linear,

@@ -409,7 +409,10 @@ def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Te
     x [..., K] (any strides), weight a SparseWeight of shape [N, K] from `sparsify`, bias [N] or None; all
     float32 / float16 / bfloat16 of one dtype (under torch.autocast all are cast to its dtype, as for
     F.linear); fp32 accumulation; the output [..., N] in x's dtype.
-    Differentiable in x (needs `sparsify(..., transpose=True)`, the default) and bias; the weight is frozen."""
+    Differentiable in x (needs `sparsify(..., transpose=True)`, the default) and bias; the weight is frozen.
+    Non-finite x: the sparse kernels skip the zeros, so an inf or NaN in x reaches only the outputs whose rows
+    have a non-zero in its column; the dense path for many tokens multiplies them, as F.linear does (0 * inf =
+    NaN in every output). Finite x gives the same results either way."""
     _check(x, weight, bias)
     if torch.is_autocast_enabled(x.device.type):  # as torch.autocast casts F.linear's operands
         dtype = torch.get_autocast_dtype(x.device.type)
