@@ -59,3 +59,11 @@ def test_bench_llm_suites_quick(suite, capsys):
     out = capsys.readouterr().out
     assert "fwd+bwd" in out and "MiB" in out and "Failed: 0" in out
     assert rc == 0
+
+
+def test_bench_sparse_quick(capsys):
+    """The sparse suite's quick cases run every provider (sparse, dense torch, dense dropin) and pass."""
+    rc = main(["bench", "sparse", "--quick", "--no-save", *FAST])
+    out = capsys.readouterr().out
+    assert "dropin_dense" in out and "x dense)" in out and "Failed: 0" in out
+    assert rc == 0

@@ -14,6 +14,7 @@ SUITES = {
     "rms_norm": "dropin.bench.rms_norm:rms_norm_cases",
     "rope": "dropin.bench.rope:rope_cases",
     "attention": "dropin.bench.attention:attention_cases",
+    "sparse": "dropin.bench.sparse:sparse_cases",
 }
 
 

@@ -6,7 +6,8 @@ from .linear import Linear
 from .module import Adopted, DropinModule, Folded
 from .resnet import ResidualBlock
 from .rms_norm import RMSNorm
+from .sparse import SparseLinear
 from .swiglu import SwiGLUMLP
 
 __all__ = ["Adopted", "Conv2d", "ConvBNAct", "DropinModule", "Folded", "Linear", "LlamaAttention",
-           "ResidualBlock", "RMSNorm", "SwiGLUMLP"]
+           "ResidualBlock", "RMSNorm", "SparseLinear", "SwiGLUMLP"]

@@ -9,8 +9,10 @@ from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from .rms_norm import rms_norm
 from .rope import rope
 from .softmax import log_softmax, softmax
+from .sparse import SparseWeight, sparse_linear, sparsify
 from .swiglu import swiglu_mlp
 
 __all__ = ["matmul", "bmm", "linear", "conv2d", "fold_batchnorm", "attention", "rms_norm", "rope", "swiglu_mlp",
            "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "layer_norm", "batch_norm", "softmax", "log_softmax",
-           "activation", "relu", "gelu", "silu"]
+           "activation", "relu", "gelu", "silu",
+           "sparse_linear", "sparsify", "SparseWeight"]

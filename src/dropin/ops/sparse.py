@@ -1,0 +1,432 @@
+"""Unstructured-sparse linear layers: y = x @ W^T + bias with a pruned weight W [N, K] kept compressed.
+
+Format (`SparseWeight`, built once by `sparsify`): chunked CSR. K is cut into chunks of `block_k` <= 256
+columns; row n's non-zeros in chunk c are stored contiguously, in (row, chunk, column) order, as their values
+(W's dtype) and their uint8 offsets within the chunk; `chunk_ptr` [N * C + 1] (int32, int64 beyond 2^31
+non-zeros) gives where each (row, chunk) run starts, C = cdiv(K, block_k). Nothing is padded: the bytes are
+nnz * (itemsize + 1) + 4 * (N * C + 1), e.g. fp16 at 90% sparsity 0.158x dense (0.15x of values and offsets,
+0.008x of pointers), and a kernel reads only those bytes.
+
+Kernel (`_sparse_linear_kernel`, CUDA cores, fp32 accumulation): a program owns BLOCK_N weight rows (output
+columns) and BLOCK_M tokens; for each chunk it walks its rows' runs BLOCK_P entries at a time (up to the
+longest run, shorter runs masked), gathers x[tokens, chunk * block_k + offset] and accumulates with FMAs.
+Built for the memory-bound small-token products (M <= 16), where reading only the non-zero weight bytes is
+the win. With many tokens each BLOCK_M block re-reads the weight and every product is a gathered FMA, so
+tensor cores on the dense weight win: there the weight is expanded into a temporary dense [N, K]
+(`_scatter_kernel`) for dropin's `linear` (the default on the GPU when M * density >= 2, else a tuning
+candidate; docs/perf-notes.md has the arithmetic).
+
+Backward (weights frozen): dx = dy @ W is the same product with W^T [K, N], compressed at sparsify time
+(`transpose=True`, the default) and run through the same kernel: no atomics, deterministic, at the cost of a
+second copy of the (small) compressed weight. The bias gradient is dy summed over the tokens.
+"""
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from . import _autotune
+from ._common import FLOAT_DTYPES, launch, switch
+from .matmul import _split_sum_kernel, linear
+
+MAX_BLOCK_K = 256  # a chunk offset fits a uint8
+
+
+# --- 1. Reference and format ---------------------------------------------------------------------
+
+def sparse_linear_ref(x, weight, bias=None) -> torch.Tensor:
+    """F.linear on the dense weight [N, K] (a SparseWeight is expanded with to_dense() first)."""
+    if isinstance(weight, SparseWeight):
+        weight = weight.to_dense()
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+class SparseWeight:
+    """A weight [N, K] in chunked CSR (module docstring): values [nnz] (the weight's dtype), offsets [nnz]
+    uint8 (column within its chunk of block_k), chunk_ptr [N * C + 1] int32/int64, and optionally
+    `transposed`, the same format of W^T [K, N] (for the input gradient). Build with `sparsify`."""
+
+    def __init__(self, values: torch.Tensor, offsets: torch.Tensor, chunk_ptr: torch.Tensor, shape: tuple,
+                 block_k: int, transposed: Optional["SparseWeight"] = None):
+        self.values, self.offsets, self.chunk_ptr = values, offsets, chunk_ptr
+        self.shape, self.block_k, self.transposed = tuple(shape), block_k, transposed
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    @property
+    def nnz(self) -> int:
+        return self.values.numel()
+
+    @property
+    def density(self) -> float:
+        """nnz / (N * K); 0 for an empty shape."""
+        return self.nnz / max(1, math.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the forward format (values, offsets, chunk pointers); `transposed` is not counted."""
+        return self.values.nbytes + self.offsets.nbytes + self.chunk_ptr.nbytes
+
+    @property
+    def dense_nbytes(self) -> int:
+        return math.prod(self.shape) * self.values.element_size()
+
+    def to(self, dtype: torch.dtype) -> "SparseWeight":
+        """The same weight with its values cast to dtype (self when it has that dtype already)."""
+        if dtype == self.dtype:
+            return self
+        t = self.transposed
+        return SparseWeight(self.values.to(dtype), self.offsets, self.chunk_ptr, self.shape, self.block_k,
+                            None if t is None else t.to(dtype))
+
+    def to_dense(self) -> torch.Tensor:
+        """The weight [N, K] with its zeros back (exactly the values that went in)."""
+        N, K = self.shape
+        chunks = triton.cdiv(K, self.block_k)
+        runs = torch.repeat_interleave(torch.arange(N * chunks, device=self.device), self.chunk_ptr.diff(),
+                                       output_size=self.nnz)  # (no device sync)
+        dense = self.values.new_zeros((N, chunks * self.block_k))
+        dense[runs // chunks, (runs % chunks) * self.block_k + self.offsets.long()] = self.values
+        return dense[:, :K]
+
+    def consistent(self) -> bool:
+        """Whether the tensors fit the shape (a kernel trusts them): 1-D contiguous values and uint8 offsets of
+        one length, chunk_ptr with N * C + 1 integers, all on one device; and the same for `transposed`.
+        Remembered for the fields it was checked with (a call costs ~7 us of CPU time otherwise)."""
+        fields = (self.values, self.offsets, self.chunk_ptr, self.shape, self.block_k, self.transposed)
+        if getattr(self, "_checked", None) is None or any(a is not b for a, b in zip(self._checked, fields)):
+            self._checked = fields if self._check_fields() else None
+        return self._checked is not None
+
+    def _check_fields(self) -> bool:
+        N, K = self.shape
+        tensors = (self.values, self.offsets, self.chunk_ptr)
+        return (isinstance(self.block_k, int) and 1 <= self.block_k <= MAX_BLOCK_K
+                and all(isinstance(t, torch.Tensor) and t.dim() == 1 and t.is_contiguous()
+                        and t.device == self.values.device for t in tensors)
+                and self.offsets.dtype == torch.uint8 and self.chunk_ptr.dtype in (torch.int32, torch.int64)
+                and self.offsets.numel() == self.values.numel()
+                and self.chunk_ptr.numel() == N * triton.cdiv(K, self.block_k) + 1
+                and (self.transposed is None or self.transposed.shape == (K, N) and self.transposed.consistent()))
+
+    def __repr__(self) -> str:
+        return (f"SparseWeight(shape={self.shape}, dtype={self.dtype}, density={self.density:.4f}, "
+                f"nbytes={self.nbytes} ({self.nbytes / max(1, self.dense_nbytes):.3f}x dense), "
+                f"block_k={self.block_k}, transposed={self.transposed is not None})")
+
+
+def _compress(weight: torch.Tensor, block_k: int) -> SparseWeight:
+    """Chunked CSR of a 2-D weight [N, K], vectorized: torch.nonzero lists the entries in (row, chunk,
+    column) order, which is the storage order."""
+    N, K = weight.shape
+    chunks = triton.cdiv(K, block_k)
+    padded = F.pad(weight, (0, chunks * block_k - K)).reshape(N, chunks, block_k)
+    nonzero = padded != 0
+    counts = nonzero.sum(-1).flatten()
+    index_dtype = torch.int32 if int(counts.sum()) < 2**31 else torch.int64
+    chunk_ptr = torch.zeros(N * chunks + 1, dtype=index_dtype, device=weight.device)
+    torch.cumsum(counts, 0, out=chunk_ptr[1:])
+    offsets = torch.arange(block_k, dtype=torch.uint8, device=weight.device).expand_as(padded)[nonzero]
+    return SparseWeight(padded[nonzero].contiguous(), offsets, chunk_ptr, (N, K), block_k)
+
+
+def sparsify(weight: torch.Tensor, block_k: int = MAX_BLOCK_K, transpose: bool = True) -> SparseWeight:
+    """Compresses a pruned weight [N, K] (nn.Linear layout; fp32 / fp16 / bf16; zeros where pruned, e.g. a
+    `torch.nn.utils.prune`d module's masked `weight`) into a SparseWeight for `sparse_linear`.
+
+    block_k: the chunk width (1..256; offsets are uint8). transpose: also compress W^T, which the input
+    gradient needs (twice the compressed bytes; False for inference only). The result holds no graph."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"sparsify: argument 'weight' must be a Tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"sparsify: argument 'weight' must be 2-D [out_features, in_features], "
+                         f"got {weight.dim()}-D")
+    if weight.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"sparsify: argument 'weight' has dtype {weight.dtype}; dropin supports {FLOAT_DTYPES}")
+    if isinstance(block_k, bool) or not isinstance(block_k, int) or not 1 <= block_k <= MAX_BLOCK_K:
+        raise ValueError(f"sparsify: argument 'block_k' must be an int in [1, {MAX_BLOCK_K}], got {block_k!r}")
+    weight = weight.detach()
+    sparse = _compress(weight, block_k)
+    if transpose:
+        sparse.transposed = _compress(weight.t(), block_k)
+    return sparse
+
+
+# --- 2. Kernel ----------------------------------------------------------------------------------------
+
+@triton.jit
+def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
+                          M, N, chunks, chunks_per_split, stride_xm, stride_xk,
+                          HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+    """y [M, N] = x [M, K] (any strides) @ W^T (+ bias), W in chunked CSR; grid (M tiles, N tiles, splits):
+    the M tiles of one weight tile run one after another (it is re-read from L2), and M is unbounded.
+    Split s covers chunks [s * chunks_per_split, (s + 1) * chunks_per_split): per chunk, the BLOCK_N rows'
+    runs BLOCK_P entries at a time, each entry's value times the BLOCK_M gathered x[m, chunk * BLOCK_K +
+    offset], added to a [BLOCK_M, BLOCK_N, BLOCK_P] fp32 accumulator that is summed over P once at the end
+    (a sum per step costs 5 warp shuffles per (token, row): 160 per step at 16 tokens in the sm_90 PTX).
+    The next run's end is loaded before the current run is summed (runs are contiguous: one run's end is
+    the next one's start). y contiguous; with SPLIT, y is fp32 [splits, M, N] partial sums (the bias is
+    left to their sum)."""
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
+    offs_p = tl.arange(0, BLOCK_P)
+    n_ok, m_ok = offs_n < N, offs_m < M
+    x_rows = x_ptr + offs_m[:, None, None] * stride_xm
+    runs = chunk_ptr + offs_n * chunks  # row n's run in chunk c starts at runs[c] and ends at runs[c + 1]
+    first = split * chunks_per_split
+    last = tl.minimum(first + chunks_per_split, chunks)
+    start = tl.load(runs + first, mask=n_ok & (first < last), other=0).to(tl.int64)
+    end = tl.load(runs + first + 1, mask=n_ok & (first < last), other=0).to(tl.int64)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_P), dtype=tl.float32)
+    for c in range(first, last):
+        next_end = tl.load(runs + c + 2, mask=n_ok & (c + 1 < last), other=0).to(tl.int64)
+        count = (end - start).to(tl.int32)
+        for p in range(0, tl.max(count, axis=0), BLOCK_P):
+            ok = (p + offs_p)[None, :] < count[:, None]
+            entry = start[:, None] + (p + offs_p)[None, :]
+            w = tl.load(val_ptr + entry, mask=ok, other=0.0).to(tl.float32)
+            col = c * BLOCK_K + tl.load(off_ptr + entry, mask=ok, other=0).to(tl.int64)
+            xv = tl.load(x_rows + col[None, :, :] * stride_xk, mask=m_ok[:, None, None] & ok[None, :, :], other=0.0)
+            acc += xv.to(tl.float32) * w[None, :, :]
+        start, end = end, next_end
+    acc = tl.sum(acc, axis=2)
+    out = offs_m[:, None] * N + offs_n[None, :]
+    if SPLIT:
+        tl.store(y_ptr + split.to(tl.int64) * M * N + out, acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _scatter_kernel(val_ptr, off_ptr, chunk_ptr, w_ptr, N, K, chunks,
+                    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+    """w[n, chunk * BLOCK_K + offset] = value for the entries of BLOCK_N rows in one chunk; w [N, K]
+    contiguous (zeroed before); grid (N tiles, chunks)."""
+    offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    c = tl.program_id(1)
+    offs_p = tl.arange(0, BLOCK_P)
+    n_ok = offs_n < N
+    start = tl.load(chunk_ptr + offs_n * chunks + c, mask=n_ok, other=0).to(tl.int64)
+    count = (tl.load(chunk_ptr + offs_n * chunks + c + 1, mask=n_ok, other=0) - start).to(tl.int32)
+    for p in range(0, tl.max(count, axis=0), BLOCK_P):
+        ok = (p + offs_p)[None, :] < count[:, None]
+        entry = start[:, None] + (p + offs_p)[None, :]
+        col = c * BLOCK_K + tl.load(off_ptr + entry, mask=ok, other=0).to(tl.int64)
+        tl.store(w_ptr + offs_n[:, None] * K + col, tl.load(val_ptr + entry, mask=ok), mask=ok)
+
+
+# --- 3. Launcher --------------------------------------------------------------------------------------
+
+# Candidates by token count; the first is the default when not tuning. BLOCK_M follows M (up to 16).
+# One or few tokens: a program's chain of dependent loads (run pointers, entries, x) is what takes the
+# time, so there must be many programs with short chains: small BLOCK_N, and K split over SPLIT_K programs
+# (fp32 partial sums, added up by a second kernel). Many tokens: the M tiles give the programs. Tiles hold
+# 4-8 (one token) or 32 (up to 16 tokens) products per thread: 56-146 registers on sm_90, no spills
+# (scripts/sparse_resources.py; 64 per thread take 170-190 registers, 128 spill). DENSE: the weight expanded
+# into a temporary dense [N, K] (one scatter kernel) and dropin's tensor-core `linear`; the default for
+# many tokens where M * density >= 2, a tuning candidate everywhere else with many tokens.
+_CONFIGS = {
+    "one": [dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=8, num_warps=4), dict(BLOCK_N=8, BLOCK_P=64, SPLIT_K=4, num_warps=4),
+            dict(BLOCK_N=8, BLOCK_P=128, SPLIT_K=8, num_warps=4), dict(BLOCK_N=32, BLOCK_P=32, SPLIT_K=4, num_warps=8),
+            dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=4, num_warps=4)],
+    "few": [dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=4, num_warps=4), dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=4, num_warps=8),
+            dict(BLOCK_N=4, BLOCK_P=64, SPLIT_K=4, num_warps=4), dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=8, num_warps=4),
+            dict(BLOCK_N=8, BLOCK_P=16, SPLIT_K=16, num_warps=2)],
+    "many": [dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=1, num_warps=4), dict(BLOCK_N=32, BLOCK_P=16, SPLIT_K=1, num_warps=8),
+             dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=1, num_warps=4),
+             dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=1, num_warps=8), dict(DENSE=True)],
+}
+
+
+# The N tiles are the grid's second dimension (at most 65535 programs).
+MAX_N = 65535 * min(cfg["BLOCK_N"] for configs in _CONFIGS.values() for cfg in configs if "BLOCK_N" in cfg)
+
+
+def _densify(values, offsets, chunk_ptr, N: int, K: int, block_k: int) -> torch.Tensor:
+    """The dense weight [N, K] of a chunked CSR (zeros, then one scatter of the entries)."""
+    dense = torch.zeros((N, K), device=values.device, dtype=values.dtype)
+    chunks = triton.cdiv(K, block_k)
+    if N * chunks:
+        launch(_scatter_kernel, (triton.cdiv(N, 32), chunks), values, offsets, chunk_ptr, dense, N, K, chunks,
+               BLOCK_K=block_k, BLOCK_N=32, BLOCK_P=32)
+    return dense
+
+
+_plans: dict = {}
+
+
+def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], N: int, block_k: int):
+    """x [M, K] (any strides), the weight's chunked CSR (values, offsets, chunk_ptr of N rows), bias [N] or
+    None -> y [M, N] contiguous in x's dtype. The launch plan is made once per signature and reused: a
+    one-token product takes a few us of GPU time, as much as a call's CPU time."""
+    M, K = x.shape
+    if M * N == 0:
+        return x.new_empty((M, N))
+    key = (x.shape, x.stride(), x.dtype, x.device, values.numel(), chunk_ptr.dtype, N, block_k, bias is None,
+           *(t.data_ptr() % 16 for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 4096:
+            _plans.clear()
+        plan = _plans[key] = _make_plan(x, values, offsets, chunk_ptr, bias, N, block_k)
+    return plan(x, values, offsets, chunk_ptr, bias)
+
+
+def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
+    """Chooses the config for this signature (tuning on first use); returns run(x, values, offsets, chunk_ptr,
+    bias) -> y."""
+    M, K = x.shape
+    chunks = triton.cdiv(K, block_k)
+    block_m = min(16, triton.next_power_of_2(M))
+
+    def runner(cfg):
+        if cfg.get("DENSE"):
+            return lambda x, values, offsets, chunk_ptr, bias: linear(
+                x, _densify(values, offsets, chunk_ptr, N, K, block_k), bias)
+        cfg = dict(cfg)
+        per_split = triton.cdiv(chunks, min(cfg.pop("SPLIT_K"), max(chunks, 1)))
+        splits = triton.cdiv(chunks, per_split) if chunks else 1
+        grid = (triton.cdiv(M, block_m), triton.cdiv(N, cfg["BLOCK_N"]), splits)
+        meta = dict(cfg, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k, BLOCK_M=block_m)
+        scalars = (M, N, chunks, per_split, *x.stride())
+        product = _runtime.Launcher(_sparse_linear_kernel, grid, meta)
+        sum_meta = dict(SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
+        split_sum = _runtime.Launcher(_split_sum_kernel, (triton.cdiv(M, 32), triton.cdiv(N, 64)), sum_meta)
+
+        def run(x, values, offsets, chunk_ptr, bias):
+            y = x.new_empty((M, N))
+            bias = y if bias is None else bias
+            if splits == 1:
+                product(x, values, offsets, chunk_ptr, bias, y, *scalars)
+                return y
+            partial = torch.empty((splits, M, N), device=x.device, dtype=torch.float32)
+            product(x, values, offsets, chunk_ptr, bias, partial, *scalars)
+            split_sum(partial, y, bias, y, M, N)
+            return y
+        return run
+
+    tokens = "one" if M == 1 else "few" if M <= 16 else "many"
+    density = values.numel() / max(1, N * K)
+    configs = _CONFIGS[tokens]
+    if tokens == "many" and M * density >= 2 and not _runtime.INTERPRET:
+        # the dense product is predicted faster (docs/perf-notes.md); not under the interpreter, where speed
+        # is moot and tl.dot on bfloat16 is wrong
+        configs = configs[-1:] + configs[:-1]
+    key = (x.dtype, block_k, tokens, *map(_autotune.bucket, (M, N, K)), round(math.log2(max(density, 1e-3))))
+
+    def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
+        run = runner(cfg)
+        return lambda: run(x, values, offsets, chunk_ptr, bias)
+
+    return runner(_autotune.pick("sparse_linear", key, configs, prepare))
+
+
+# --- 4. Registration as a custom op ---------------------------------------------------------------------
+
+@torch.library.custom_op("dropin::sparse_linear", mutates_args=())
+def _sparse_linear_op(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, chunk_ptr: torch.Tensor,
+                      bias: Optional[torch.Tensor], N: int, block_k: int) -> torch.Tensor:
+    return _sparse_linear_impl(x, values, offsets, chunk_ptr, bias, N, block_k)
+
+
+@_sparse_linear_op.register_fake
+def _(x, values, offsets, chunk_ptr, bias, N, block_k):
+    return x.new_empty((x.shape[0], N))
+
+
+_sparse_linear = switch(_sparse_linear_op, _sparse_linear_impl)
+
+
+# --- 5. Autograd ----------------------------------------------------------------------------------------
+
+class _SparseLinearFunction(torch.autograd.Function):
+    """Differentiable in x and bias; the compressed weight is frozen. W^T's tensors come along (t_*) so the
+    backward needs no Python object."""
+
+    @staticmethod
+    def forward(ctx, x, values, offsets, chunk_ptr, t_values, t_offsets, t_ptr, bias, N, block_k):
+        ctx.save_for_backward(t_values, t_offsets, t_ptr)
+        ctx.K, ctx.block_k = x.shape[1], block_k
+        return _sparse_linear(x, values, offsets, chunk_ptr, bias, N, block_k)
+
+    @staticmethod
+    def backward(ctx, dy):
+        t_values, t_offsets, t_ptr = ctx.saved_tensors
+        need_x, need_bias = ctx.needs_input_grad[0], ctx.needs_input_grad[7]
+        dx = _sparse_linear(dy, t_values, t_offsets, t_ptr, None, ctx.K, ctx.block_k) if need_x else None
+        dbias = dy.sum(0, dtype=torch.float32).to(dy.dtype) if need_bias else None
+        return dx, None, None, None, None, None, None, dbias, None, None
+
+
+# --- 6. Public function ---------------------------------------------------------------------------------
+
+def _check(x, weight, bias) -> None:
+    if not isinstance(weight, SparseWeight):
+        raise TypeError(f"sparse_linear: argument 'weight' must be a SparseWeight (from dropin.ops.sparsify), "
+                        f"got {type(weight).__name__}")
+    if not weight.consistent():
+        raise ValueError(f"sparse_linear: argument 'weight' {weight.shape} has tensors that do not fit its shape "
+                         f"(see SparseWeight.consistent); build it with dropin.ops.sparsify")
+    _runtime.check_kernel_device("sparse_linear", x=x, weight=weight.values, bias=bias)
+    for name, t in (("x", x), ("bias", bias)):
+        if t is not None and t.dtype not in FLOAT_DTYPES:
+            raise RuntimeError(f"sparse_linear: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != x.dtype:
+            raise RuntimeError(f"sparse_linear: expected 'x' and '{name}' to have the same dtype, "
+                               f"but got {x.dtype} and {t.dtype}")
+    if x.dim() == 0:
+        raise RuntimeError("sparse_linear: argument 'x' must be at least 1-D, got 0-D")
+    N, K = weight.shape
+    if x.shape[-1] != K:
+        raise RuntimeError(f"sparse_linear: 'x' {tuple(x.shape)} and 'weight' {weight.shape} cannot be "
+                           f"multiplied (in_features {x.shape[-1]} and {K})")
+    if N > MAX_N:
+        raise RuntimeError(f"sparse_linear: 'weight' has {N} rows (out_features); the kernel's grid takes at most "
+                           f"{MAX_N}")
+    if bias is not None and tuple(bias.shape) != (N,):
+        raise RuntimeError(f"sparse_linear: argument 'bias' must have shape ({N},) (out_features), "
+                           f"got {tuple(bias.shape)}")
+
+
+def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`F.linear(x, weight.to_dense(), bias)` reading only the weight's non-zeros.
+
+    x [..., K] (any strides), weight a SparseWeight of shape [N, K] from `sparsify`, bias [N] or None; all
+    float32 / float16 / bfloat16 of one dtype (under torch.autocast all are cast to its dtype, as for
+    F.linear); fp32 accumulation; the output [..., N] in x's dtype.
+    Differentiable in x (needs `sparsify(..., transpose=True)`, the default) and bias; the weight is frozen.
+    Non-finite x: the sparse kernels skip the zeros, so an inf or NaN in x reaches only the outputs whose rows
+    have a non-zero in its column; the dense path for many tokens multiplies them, as F.linear does (0 * inf =
+    NaN in every output). Finite x gives the same results either way."""
+    _check(x, weight, bias)
+    if torch.is_autocast_enabled(x.device.type):  # as torch.autocast casts F.linear's operands
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight, bias = x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+    N, K = weight.shape
+    x2 = x.reshape(math.prod(x.shape[:-1]), K)
+    t = weight.transposed
+    if torch.is_grad_enabled() and (x.requires_grad or bias is not None and bias.requires_grad):
+        if t is None and x.requires_grad:
+            raise RuntimeError("sparse_linear: the gradient of 'x' needs W^T in 'weight': build it with "
+                               "sparsify(weight, transpose=True)")
+        t = t or weight  # (only the bias gradient is wanted: W^T is never read)
+        y = _SparseLinearFunction.apply(x2, weight.values, weight.offsets, weight.chunk_ptr, t.values, t.offsets,
+                                        t.chunk_ptr, bias, N, weight.block_k)
+    else:
+        y = _sparse_linear(x2, weight.values, weight.offsets, weight.chunk_ptr, bias, N, weight.block_k)
+    return y.view(*x.shape[:-1], N)
