@@ -1,5 +1,6 @@
 """`check`: one op against its PyTorch peer, forward and backward, in float64 on the CPU (the reference) and
-in the dtype itself on the test device (the 2x rule), for the memory-bound ops (pooling, norms, softmax, activations)."""
+in the dtype itself on the test device (the 2x rule), for the memory-bound ops (pooling, norms, softmax,
+activations)."""
 import torch
 
 from _tol import DEVICE, assert_close

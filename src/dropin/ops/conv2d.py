@@ -635,7 +635,7 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 grid = (tiles, triton.cdiv(COUT_G, cfg["BLOCK_N"]))
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue,
                             **cfg)
-                del meta["STRIDE_H"], meta["STRIDE_W"]  # (1)
+                del meta["STRIDE_H"], meta["STRIDE_W"]  # (both 1 here)
                 launch = _runtime.Launcher(_conv_fwd_tma_kernel, grid, meta, scratch=True)
                 tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride())
                 return lambda *tensors: launch(*tensors, *tma_scalars)
