@@ -38,6 +38,7 @@ def check(op, ref_op, inputs: dict, backward=True, grad_of=None, grad_layout=Tru
     for name, g, g_t, g_64 in zip(grad_of, grads, grads_t, grads_64):
         assert_close(g, g_64.to(g.device), dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
         dense_t = g_t.is_contiguous() or g_t.is_contiguous(memory_format=torch.channels_last)
-        if grad_layout and g.dim() == 4 and g.numel() > 1 and dense_t:  # (torch may give a broadcast view, e.g. after a mean)
+        # (torch may give a broadcast view, e.g. after a mean: no layout to match then)
+        if grad_layout and g.dim() == 4 and g.numel() > 1 and dense_t:
             assert g.is_contiguous(memory_format=torch.channels_last) == \
                 g_t.is_contiguous(memory_format=torch.channels_last), f"gradient of '{name}': not torch's layout"
