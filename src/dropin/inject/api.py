@@ -2,7 +2,7 @@
 import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch.utils import _pytree as pytree
@@ -26,6 +26,12 @@ class VerificationError(InjectError):
         self.module = module
 
 
+# The sparsity at or above which InjectConfig(sparse=True) runs a Linear on the sparse kernels. PROVISIONAL: the
+# issue asks for the measured GPU break-even point, and no GPU numbers exist yet; 0.9 is where the arithmetic in
+# docs/perf-notes.md predicts a 2-3x win at one token (fp16 weight bytes 0.158x dense) and none at 16 tokens.
+SPARSE_THRESHOLD = 0.9
+
+
 @dataclass
 class InjectConfig:
     """What inject_ may do.
@@ -35,14 +41,34 @@ class InjectConfig:
     dtypes: a module with a floating tensor of another dtype stays torch.
     input_shape: without example_inputs, verification feeds one random tensor of this shape (the dtype and
       device of the model's first floating parameter).
+    sparse: None / False (default): Linears stay dense. A threshold in [0, 1]: an nn.Linear whose weight has at
+      least that fraction of zeros (plain zeros or a torch.nn.utils.prune mask) runs the sparse kernels
+      (nn.SparsifiedLinear, weight frozen) unless it is in training mode with a weight that requires grad; the
+      report gives each Linear's sparsity and the choice. True: SPARSE_THRESHOLD (provisional, not yet measured).
     """
     ops: Optional[frozenset] = None
     fusions: bool = True
     dtypes: tuple = (torch.float32, torch.float16, torch.bfloat16)
     input_shape: Optional[tuple] = None
+    sparse: Union[None, bool, float] = None
+
+    def __post_init__(self):
+        self.sparse_threshold  # noqa: B018  (raises on an invalid `sparse`)
 
     def uses(self, op: str) -> bool:
         return self.ops is None or op in self.ops
+
+    @property
+    def sparse_threshold(self) -> Optional[float]:
+        """The sparsity at or above which a Linear goes sparse, or None (off)."""
+        if self.sparse is None or self.sparse is False:
+            return None
+        if self.sparse is True:
+            return SPARSE_THRESHOLD
+        if not isinstance(self.sparse, (int, float)) or not 0 <= self.sparse <= 1:
+            raise ValueError(f"InjectConfig.sparse: expected None, True or a sparsity threshold in [0, 1], "
+                             f"got {self.sparse!r}")
+        return float(self.sparse)
 
 
 @dataclass
@@ -236,6 +262,7 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     """
     config = InjectConfig() if config is None else config
     registry.load_deferred()  # handlers for the classes of optional libraries imported by now (transformers)
+    config.sparse_threshold  # noqa: B018  (raises on an invalid `sparse`, set after the config was made)
     unknown = set(config.ops or ()) - registry.ops()
     if unknown:
         raise ValueError(f"InjectConfig.ops: unknown op(s) {sorted(unknown)}; known: {sorted(registry.ops())}")

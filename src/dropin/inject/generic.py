@@ -59,8 +59,22 @@ def fold_reason(bn: nn.Module, conv: Optional[nn.Module] = None) -> Optional[str
 
 @register(nn.Linear, op="linear")
 def linear(module: nn.Linear, site):
+    """Sparse kernels where the config's threshold asks for them and the weight is frozen, else dense (with the
+    sparsity and the reason in the kernel's description when the config has a threshold)."""
+    threshold, note = site.config.sparse_threshold, ""
+    if threshold is not None:
+        sparsity = dnn.sparse.weight_sparsity(module)
+        if sparsity >= threshold and not dnn.sparse.trains_weight(module):
+            return dnn.SparsifiedLinear(module)
+        why = dnn.sparse.NO_WEIGHT_GRAD if sparsity >= threshold else f"under the {threshold:.1%} threshold"
+        note = f" ({sparsity:.1%} zeros, dense: {why})"
+    if dnn.sparse.pruned(module):
+        return ("pruned by torch.nn.utils.prune (a forward pre-hook masks its weight): only the sparse path "
+                "(InjectConfig.sparse) applies the mask" + note)
     act, absorbs = _activation(site.following(), site.config)
-    return dnn.Linear(module, act, absorbs)
+    new = dnn.Linear(module, act, absorbs)
+    new.kernel += note
+    return new
 
 
 @register(nn.Conv2d, op="conv2d")
