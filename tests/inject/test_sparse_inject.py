@@ -1,4 +1,5 @@
 """inject_ with InjectConfig(sparse=...): Linears with enough zeros run the sparse kernels (SparsifiedLinear)."""
+import copy
 import math
 
 import pytest
@@ -68,8 +69,19 @@ def test_state_dict_round_trip_and_revert_exact():
     assert_same_state(model, state)
 
 
+def test_half_after_inject_compresses_again():
+    model = sparse_mlp()
+    original = copy.deepcopy(model)
+    dropin.inject_(model, InjectConfig(sparse=0.9), verify=False)
+    model.half()
+    x = torch.randn(2, 32, device=DEVICE, dtype=torch.float16)
+    check_forward(model, original, x)
+    assert model[0].impl.values.dtype == torch.float16 and model[0].impl.bias is model[0].bias
+
+
 def test_pruned_layer_uses_the_mask_and_reverts_with_its_hook():
-    model = frozen(sparse_mlp())
+    """Eval mode, weights requiring grad (a pruned module's weight is then no graph leaf: verify copies it)."""
+    model = sparse_mlp()
     prune.l1_unstructured(model[4], "weight", amount=0.95)
     pruned, hooks, state = model[4], dict(model[4]._forward_pre_hooks), snapshot(model)
     assert {"4.weight_orig", "4.weight_mask"} <= set(state)
@@ -98,7 +110,7 @@ def test_pruned_layer_uses_the_mask_and_reverts_with_its_hook():
 def test_pruned_layer_without_sparse_stays_torch_with_the_reason():
     model = nn.Sequential(nn.Linear(8, 8)).to(DEVICE)
     prune.l1_unstructured(model[0], "weight", amount=0.5)
-    report = dropin.inject_(model, verify=False)
+    report = dropin.inject_(model, example_inputs=torch.randn(2, 8, device=DEVICE))  # verify copies the model
     assert type(model[0]) is nn.Linear and report.replaced == []
     assert [e.name for e in report.left] == ["0"] and "pruned by torch.nn.utils.prune" in report.left[0].reason
 

@@ -224,9 +224,18 @@ def _example(model: torch.nn.Module, config: InjectConfig, example_inputs):
     return (torch.randn(config.input_shape, dtype=p.dtype, device=p.device),)
 
 
+def _deepcopy(model: torch.nn.Module) -> torch.nn.Module:
+    """copy.deepcopy, with the tensors of module attributes that are not graph leaves copied detached (deepcopy
+    refuses them): the weight that a torch.nn.utils.prune hook computes again before each forward."""
+    modules = [*model.modules()]
+    modules += [o for m in modules if isinstance(m, DropinModule) for o in m.original.modules()]
+    return copy.deepcopy(model, {id(t): t.detach().clone() for m in modules for t in vars(m).values()
+                                 if isinstance(t, torch.Tensor) and not t.is_leaf})
+
+
 def _verify(model: torch.nn.Module, inputs: tuple, report: InjectReport) -> None:
     names = {r.name: r.output_name for r in report.replaced}
-    reference = revert_(copy.deepcopy(model))
+    reference = revert_(_deepcopy(model))
     seed = int(torch.randint(2**31, ()))
     with torch.no_grad(), _buffers_kept(model):
         out, seen, order = _run(model, inputs, list(names), seed)
