@@ -159,7 +159,7 @@ def _train(original, model, inputs) -> None:
     worst = max(errors, key=errors.get)
     print(f"train step (loss: sum(output * a fixed random tensor)): output rel. error vs the original "
           f"{rel_err(out, out_t):.2e}; gradients of {len(errors)} parameters, max rel. error vs the original "
-          f"{errors[worst]:.2e} ({worst})")
+          f"{errors[worst]:.2e} ({worst}; relative to at least {models.GRAD_FLOOR:g} x the largest gradient's norm)")
 
 
 def _inject(args) -> int:
