@@ -32,7 +32,7 @@ LLAMA_SEED_002 = {"layers": 1, "hidden": 1024, "heads": 4, "kv_heads": 4, "inter
 LLAMA_TINY = {"layers": 1, "hidden": 64, "heads": 2, "kv_heads": 2, "intermediate": 128, "seq": 8, "batch": 2}
 # Under the interpreter CvT-13 is reduced (its full size takes minutes there): these CvtConfig fields replace
 # CvT-13's (embed dims 64/192/384, heads 1/3/6, depths 1/2/10).
-CVT_TINY = {"embed_dim": [16, 32, 64], "num_heads": [1, 2, 2], "depth": [1, 2, 3]}
+CVT_TINY = {"embed_dim": [8, 16, 32], "num_heads": [1, 2, 2], "depth": [1, 2, 3]}
 
 
 def _pretrained(cls, args, **kwargs):
