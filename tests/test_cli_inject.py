@@ -123,6 +123,8 @@ def test_inject_resnet_weights_loaded(monkeypatch, tmp_path):
     (["llama", "--image-size", "16"], "--image-size and --channels-last are for image models"),
     (["llama", "--seq", "0"], "--seq 0: must be positive"),
     (["llama", "--weights", "/tmp", "--layers", "2"], "--layers cannot be combined with --weights"),
+    (["resnet18", "--weights", "/tmp"], "--weights /tmp: resnet18 loads a state_dict file"),
+    (["llama", "--json", "r.json"], "add --bench"),
 ])
 def test_inject_bad_arguments(capsys, argv, message):
     assert main(["inject", *argv]) == 2

@@ -106,6 +106,12 @@ def _check_inject_args(args):
         args.image_size = args.image_size or (32 if _runtime.INTERPRET else 224)
     if args.weights and not os.path.exists(args.weights):
         return f"--weights {args.weights}: no such file or directory"
+    directory = args.model in ("cvt-13", "llama")  # HF: from_pretrained(directory); torchvision: a state_dict file
+    if args.weights and os.path.isdir(args.weights) != directory:
+        return (f"--weights {args.weights}: {args.model} loads "
+                f"{'a save_pretrained directory' if directory else 'a state_dict file (torch.save)'}")
+    if (args.json or args.csv) and not args.bench:
+        return "--json and --csv write the --bench rows: add --bench"
     return None
 
 

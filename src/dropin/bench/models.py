@@ -3,16 +3,18 @@ compared, the share of the work that dropin does, and latency rows (original / i
 
 Row keys (`--json` / `--csv`): model, provider (original | original_compile | dropin | dropin_compile), mode
 (inference | train: forward + backward), dtype, batch, median_ms, mean_ms, min_ms, max_ms, graph_ms (GPU time
-without the host's launch cost; None under the interpreter), speedup_vs_original (original eager median / this
-median), rel_err_vs_original (||x - x_original|| / ||x_original|| against the original eager run: the output, and
-in train mode the worst of the output and every parameter's gradient), coverage_modules, coverage_macs (see
-`coverage`; None on original rows), note (why a row has no numbers, or no graph time).
+without the host's launch cost, inference only; None under the interpreter), speedup_vs_original (original eager
+median / this median), rel_err_vs_original (||x - x_original|| / ||x_original|| against the original eager run:
+the output, and in train mode the worst of the output and every parameter's gradient, see `gradient_errors`),
+coverage_modules, coverage_macs (see `coverage`; None on original rows), note (why a row has no numbers, or no
+graph time).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from .. import _runtime
 from .._tolerance import rel_err
 from . import harness
 
@@ -124,10 +126,13 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
         row["rel_err_vs_original"] = max([rel_err(outs[0], reference[0]),
                                           *gradient_errors(outs[1], reference[1]).values()])
         row.update(harness.summarize(harness.time_fn(step, warmup_ms, rep_ms)))
-        try:
-            row["graph_ms"] = harness.graph_time_ms(step)
-        except Exception as e:  # (a step that syncs with the host cannot be captured)
-            row["note"] = f"no CUDA-graph time: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if train and not _runtime.INTERPRET:  # (a step re-seeds the random state and sets .grad: no CUDA graph)
+            row["note"] = "no CUDA-graph time for a training step"
+        elif not train:
+            try:
+                row["graph_ms"] = harness.graph_time_ms(step)
+            except Exception as e:  # (a step that syncs with the host cannot be captured)
+                row["note"] = f"no CUDA-graph time: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         row["speedup_vs_original"] = rows[0]["median_ms"] / row["median_ms"]
     return rows
 
