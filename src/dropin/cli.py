@@ -248,9 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--csv", metavar="PATH", help="with --bench: write the rows as CSV")
     inject.add_argument("--warmup", type=float, default=25, help="with --bench: warm-up time, ms (GPU)")
     inject.add_argument("--rep", type=float, default=100, help="with --bench: timed repetitions, ms")
-    llama = inject.add_argument_group("llama (default: seed 002's config on a GPU: 1 layer, hidden 1024, 4 heads, "
-                                      "intermediate 11008, seq 1024, batch 2; under the interpreter 1 layer, hidden "
-                                      "64, 2 heads, intermediate 128, seq 8); SDPA attention, no attention mask")
+    llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "
+                                      "heads, intermediate 11008, vocab 32000, seq 1024, batch 2), 1 layer, hidden 64, "
+                                      "2 heads, intermediate 128, seq 8 under the interpreter; --kv-heads defaults to "
+                                      "--heads; SDPA attention (the seed's eager path stays torch), no attention mask")
     for flag in LLAMA:
         if flag != "batch":
             llama.add_argument(f"--{flag.replace('_', '-')}", type=int, dest=flag)
