@@ -129,3 +129,15 @@ def test_inject_resnet_weights_loaded(monkeypatch, tmp_path):
 def test_inject_bad_arguments(capsys, argv, message):
     assert main(["inject", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@gpu
+@pytest.mark.parametrize("argv", [["llama", "--verify", "--bench", "--rep", "20"],  # seed 002's config
+                                  ["llama", "--train", "--bench", "--dtype", "bfloat16", "--rep", "20"],
+                                  ["cvt-13", "--verify", "--bench", "--batch", "4", "--rep", "20"]])
+def test_inject_hf_models_full_size(capsys, argv):
+    """Full-size defaults on the GPU: verified, timed (compile rows included), the dropin row within tolerance."""
+    pytest.importorskip("transformers")
+    assert main(["inject", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "dropin_compile" in out and "skipped" not in out
