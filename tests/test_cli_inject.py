@@ -1,5 +1,10 @@
-"""`dropin inject MODEL`: the report printed, the exit code of a failed verification."""
+"""`dropin inject MODEL`: the report printed, the exit code of a failed verification, the HF models at tiny sizes,
+--train, --bench with its files, --weights and bad arguments."""
+import json
+import re
+
 import pytest
+import torch
 from torch import nn
 
 import dropin.nn as dnn
@@ -15,7 +20,7 @@ def _tiny_cnn():
 
 @pytest.mark.parametrize("flags", [["--verify"], ["--channels-last", "--batch", "2"]])
 def test_inject_prints_the_report(capsys, monkeypatch, flags):
-    monkeypatch.setitem(MODELS, "resnet18", _tiny_cnn)
+    monkeypatch.setitem(MODELS, "resnet18", lambda args: _tiny_cnn())
     assert main(["inject", "resnet18", "--image-size", "8", *flags]) == 0
     out = capsys.readouterr().out
     assert "conv2d+bn+relu" in out and "AdaptiveAvgPool2d" in out
@@ -29,7 +34,7 @@ class _OffByOne(dnn.Linear):
 
 
 def test_inject_verification_failure_exits_1(capsys, monkeypatch):
-    monkeypatch.setitem(MODELS, "resnet18", _tiny_cnn)
+    monkeypatch.setitem(MODELS, "resnet18", lambda args: _tiny_cnn())
     monkeypatch.setitem(registry.HANDLERS, nn.Linear, ("linear", lambda module, site: _OffByOne(module)))
     assert main(["inject", "resnet18", "--image-size", "8", "--verify"]) == 1
     assert "first replaced module whose output diverged: '5'" in capsys.readouterr().err
@@ -40,3 +45,99 @@ def test_inject_verification_failure_exits_1(capsys, monkeypatch):
 def test_inject_torchvision_resnet(capsys, model):
     assert main(["inject", model, "--batch", "2", "--verify", "--channels-last"]) == 0
     assert ("BasicBlock" if model == "resnet18" else "Bottleneck") in capsys.readouterr().out
+
+
+TINY_LLAMA = ["--layers", "1", "--hidden", "64", "--heads", "2", "--intermediate", "128", "--seq", "8"]
+FAST = ["--warmup", "1", "--rep", "1"]
+
+
+def _grad_error(out: str) -> float:
+    return float(re.search(r"max rel. error vs the original (\S+)", out).group(1))
+
+
+@pytest.mark.parametrize("model, flags, kernel", [("llama", TINY_LLAMA, "swiglu_mlp"),
+                                                  ("cvt-13", ["--image-size", "16"], "conv2d+bn")])
+def test_inject_hf_models_verified(capsys, model, flags, kernel):
+    pytest.importorskip("transformers")
+    assert main(["inject", model, "--verify", *flags]) == 0
+    out = capsys.readouterr().out
+    assert kernel in out and "verified: output within" in out
+
+
+@pytest.mark.parametrize("model, flags", [("llama", TINY_LLAMA), ("cvt-13", ["--image-size", "16", "--batch", "2"])])
+def test_inject_train_step_gradients_match(capsys, model, flags):
+    pytest.importorskip("transformers")
+    assert main(["inject", model, "--train", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "train mode" in out and _grad_error(out) < 1e-4
+
+
+ROW_KEYS = {"model", "provider", "mode", "dtype", "batch", "median_ms", "mean_ms", "min_ms", "max_ms", "graph_ms",
+            "speedup_vs_original", "rel_err_vs_original", "coverage_modules", "coverage_macs"}
+
+
+def test_inject_bench_writes_rows(capsys, tmp_path):
+    pytest.importorskip("transformers")
+    paths = {"json": tmp_path / "r.json", "csv": tmp_path / "r.csv"}
+    assert main(["inject", "llama", "--bench", "--train", *TINY_LLAMA, *FAST, "--json", str(paths["json"]),
+                 "--csv", str(paths["csv"])]) == 0
+    out = capsys.readouterr().out
+    assert "err vs orig" in out and "speed-up" in out
+    result = json.loads(paths["json"].read_text())
+    rows = {r["provider"]: r for r in result["rows"]}
+    assert list(rows) == ["original", "original_compile", "dropin", "dropin_compile"]
+    assert all(ROW_KEYS <= set(r) for r in rows.values()) and result["env"]["command"].startswith("dropin inject")
+    assert rows["original"]["speedup_vs_original"] == 1.0 and rows["original"]["coverage_macs"] is None
+    assert rows["dropin"]["mode"] == "train" and 0 < rows["dropin"]["rel_err_vs_original"] < 1e-4
+    assert rows["dropin"]["coverage_macs"] == 1.0 and 0 < rows["dropin"]["coverage_modules"] < 1  # embedding
+    compiled = rows["dropin_compile"]
+    assert (compiled["note"] == "skipped: interpreter") == (compiled["median_ms"] is None)
+    assert paths["csv"].read_text().splitlines()[0].startswith("model,provider,mode")
+
+
+def test_inject_weights_loaded(capsys, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                      intermediate_size=64, vocab_size=100)
+    transformers.LlamaModel(config).save_pretrained(tmp_path)
+    assert main(["inject", "llama", "--weights", str(tmp_path), "--seq", "4", "--verify"]) == 0
+    assert "hidden 32, 2 heads" in capsys.readouterr().out
+
+
+def test_inject_resnet_weights_loaded(monkeypatch, tmp_path):
+    """--weights: a state_dict file through load_state_dict (strict: a checkpoint of another model raises)."""
+    torchvision = pytest.importorskip("torchvision")
+    monkeypatch.setattr(torchvision.models, "resnet18", _tiny_cnn)
+    torch.save(_tiny_cnn().state_dict(), tmp_path / "w.pt")
+    assert main(["inject", "resnet18", "--image-size", "8", "--weights", str(tmp_path / "w.pt")]) == 0
+    torch.save(nn.Linear(2, 2).state_dict(), tmp_path / "other.pt")
+    with pytest.raises(RuntimeError, match="state_dict"):
+        main(["inject", "resnet18", "--image-size", "8", "--weights", str(tmp_path / "other.pt")])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["resnet18", "--weights", "/no/such/checkpoint.pt"], "--weights /no/such/checkpoint.pt: no such file"),
+    (["llama", "--weights", "/no/such/dir"], "--weights /no/such/dir: no such file"),
+    (["resnet18", "--hidden", "64"], "--hidden is a llama option"),
+    (["llama", "--hidden", "65", "--heads", "2"], "--hidden 65 must be a multiple of --heads 2"),
+    (["llama", "--image-size", "16"], "--image-size and --channels-last are for image models"),
+    (["llama", "--seq", "0"], "--seq 0: must be positive"),
+    (["llama", "--weights", "/tmp", "--layers", "2"], "--layers cannot be combined with --weights"),
+    (["resnet18", "--weights", "/tmp"], "--weights /tmp: resnet18 loads a state_dict file"),
+    (["llama", "--json", "r.json"], "add --bench"),
+])
+def test_inject_bad_arguments(capsys, argv, message):
+    assert main(["inject", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@gpu
+@pytest.mark.parametrize("argv", [["llama", "--verify", "--bench", "--rep", "20"],  # seed 002's config
+                                  ["llama", "--train", "--bench", "--dtype", "bfloat16", "--rep", "20"],
+                                  ["cvt-13", "--verify", "--bench", "--batch", "4", "--rep", "20"]])
+def test_inject_hf_models_full_size(capsys, argv):
+    """Full-size defaults on the GPU: verified (or a training step compared) and timed, compile rows included."""
+    pytest.importorskip("transformers")
+    assert main(["inject", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "dropin_compile" in out and "skipped" not in out

@@ -1,9 +1,14 @@
 """Command line: `dropin info`, `dropin bench SUITE [options]`, `dropin inject MODEL [options]`."""
 import argparse
+import copy
 import importlib
+import os
 import sys
 
+import torch
+
 from dropin import _runtime
+from dropin._tolerance import rel_err
 
 # Suite name -> "module:function"; the function takes `quick` and returns a list of harness.Case.
 SUITES = {
@@ -18,14 +23,96 @@ SUITES = {
 }
 
 
-def _torchvision(name: str):
+# Llama defaults: seed 002's LlamaModel (1 layer, hidden 1024, 4 heads of 256, intermediate 11008, vocab 32000,
+# token ids [2, 1024]), and a tiny one under the interpreter. Flag -> LlamaConfig field ("seq", "batch": inputs).
+LLAMA = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+         "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size", "seq": None, "batch": None}
+LLAMA_SEED_002 = {"layers": 1, "hidden": 1024, "heads": 4, "kv_heads": 4, "intermediate": 11008, "seq": 1024,
+                  "batch": 2}
+LLAMA_TINY = {"layers": 1, "hidden": 64, "heads": 2, "kv_heads": 2, "intermediate": 128, "seq": 8, "batch": 2}
+# Under the interpreter CvT-13 is reduced (its full size takes minutes there): these CvtConfig fields replace
+# CvT-13's (embed dims 64/192/384, heads 1/3/6, depths 1/2/10).
+CVT_TINY = {"embed_dim": [8, 16, 32], "num_heads": [1, 2, 2], "depth": [1, 2, 3]}
+
+
+def _pretrained(cls, args, **kwargs):
+    """cls.from_pretrained(--weights) (a save_pretrained directory), or None without --weights."""
+    return args.weights and cls.from_pretrained(args.weights, **kwargs)
+
+
+def _torchvision(args):
     import torchvision
 
-    return getattr(torchvision.models, name)()  # random weights
+    model = getattr(torchvision.models, args.model)()  # random weights
+    if args.weights:
+        model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+    return model
 
 
-# Model name -> a function that builds it (torch, random weights).
-MODELS = {"resnet18": lambda: _torchvision("resnet18"), "resnet50": lambda: _torchvision("resnet50")}
+def _cvt(args):
+    from transformers import CvtConfig, CvtForImageClassification
+
+    config = CvtConfig(num_labels=1000, **(CVT_TINY if _runtime.INTERPRET else {}))  # CvtConfig(): CvT-13
+    return _pretrained(CvtForImageClassification, args) or CvtForImageClassification(config)
+
+
+def _llama(args):
+    from transformers import LlamaConfig, LlamaModel
+
+    sizes = {field: getattr(args, flag) for flag, field in LLAMA.items() if field}
+    config = LlamaConfig(vocab_size=32000, max_position_embeddings=max(2048, args.seq), use_cache=False,
+                         attn_implementation="sdpa", **sizes)
+    return _pretrained(LlamaModel, args, attn_implementation="sdpa", use_cache=False) or LlamaModel(config)
+
+
+# Model name -> a function that builds it from the parsed arguments (random weights unless --weights).
+MODELS = {"resnet18": _torchvision, "resnet50": _torchvision, "cvt-13": _cvt, "llama": _llama}
+
+
+def _inputs(args, model) -> tuple:
+    """The forward arguments: random token ids [batch, seq] for llama, random images otherwise."""
+    if args.model == "llama":
+        return (torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device=_runtime.KERNEL_DEVICE),)
+    x = torch.randn(args.batch, 3, args.image_size, args.image_size, device=_runtime.KERNEL_DEVICE,
+                    dtype=getattr(torch, args.dtype))
+    return (x.to(memory_format=torch.channels_last if args.channels_last else torch.contiguous_format),)
+
+
+def _check_inject_args(args):
+    """Fills in the defaults that depend on the model and the interpreter; the problem with the arguments, or None."""
+    bad = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+           if k in (*LLAMA, "image_size") and v is not None and v <= 0]
+    if bad:
+        return f"{bad[0]}: must be positive"
+    given = [flag for flag in LLAMA if flag != "batch" and getattr(args, flag) is not None]
+    if args.model == "llama":
+        if args.image_size is not None or args.channels_last:
+            return "--image-size and --channels-last are for image models, not llama"
+        config_flags = [flag for flag in given if flag != "seq"]
+        if args.weights and config_flags:
+            return (f"--{config_flags[0].replace('_', '-')} cannot be combined with --weights (the checkpoint's "
+                    f"config is used)")
+        defaults = LLAMA_TINY if _runtime.INTERPRET else LLAMA_SEED_002
+        for flag, value in defaults.items():
+            if getattr(args, flag) is None:
+                setattr(args, flag, args.heads if flag == "kv_heads" and args.heads else value)
+        if args.hidden % args.heads or args.heads % args.kv_heads:
+            return (f"--hidden {args.hidden} must be a multiple of --heads {args.heads}, and --heads a multiple of "
+                    f"--kv-heads {args.kv_heads}")
+    else:
+        if given:
+            return f"--{given[0].replace('_', '-')} is a llama option, not one of {args.model}"
+        args.batch = args.batch or 1
+        args.image_size = args.image_size or (32 if _runtime.INTERPRET else 224)
+    if args.weights and not os.path.exists(args.weights):
+        return f"--weights {args.weights}: no such file or directory"
+    directory = args.model in ("cvt-13", "llama")  # HF: from_pretrained(directory); torchvision: a state_dict file
+    if args.weights and os.path.isdir(args.weights) != directory:
+        return (f"--weights {args.weights}: {args.model} loads "
+                f"{'a save_pretrained directory' if directory else 'a state_dict file (torch.save)'}")
+    if (args.json or args.csv) and not args.bench:
+        return "--json and --csv write the --bench rows: add --bench"
+    return None
 
 
 def load_suite(name: str):
@@ -55,25 +142,67 @@ def _bench(args) -> int:
     return 1 if harness.failed_cases(result["rows"]) else 0
 
 
-def _inject(args) -> int:
-    import torch
+def _describe(args, model) -> str:
+    if args.model == "llama":
+        c = model.config
+        return (f"llama (LlamaModel): {c.num_hidden_layers} layer(s), hidden {c.hidden_size}, {c.num_attention_heads} "
+                f"heads ({c.num_key_value_heads} kv) of {c.hidden_size // c.num_attention_heads}, intermediate "
+                f"{c.intermediate_size}, vocab {c.vocab_size}; token ids [{args.batch}, {args.seq}]")
+    reduced = " (reduced under the interpreter: " + ", ".join(f"{k} {v}" for k, v in CVT_TINY.items()) + ")"
+    return (f"{args.model}{reduced if args.model == 'cvt-13' and _runtime.INTERPRET and not args.weights else ''}, "
+            f"{args.batch}x3x{args.image_size}x{args.image_size} images"
+            f"{', channels_last' if args.channels_last else ''}")
 
+
+def _train(original, model, inputs) -> None:
+    """One training step on each model; prints the worst gradient error against the original's."""
+    from dropin.bench import models
+
+    grad = torch.randn_like(models.main_output(original(*inputs)).detach())
+    out_t, grads_t = models.train_step(original, original, inputs, grad)
+    out, grads = models.train_step(model, model, inputs, grad)
+    errors = models.gradient_errors(grads, grads_t)
+    worst = max(errors, key=errors.get)
+    print(f"train step (loss: sum(output * a fixed random tensor)): output rel. error vs the original "
+          f"{rel_err(out, out_t):.2e}; gradients of {len(errors)} parameters, max rel. error vs the original "
+          f"{errors[worst]:.2e} ({worst}; relative to at least {models.GRAD_FLOOR:g} x the largest gradient's norm)")
+
+
+def _inject(args) -> int:
     from dropin.inject import VerificationError, inject_
 
-    size = args.image_size or (32 if _runtime.INTERPRET else 224)
+    problem = _check_inject_args(args)
+    if problem:
+        print(f"dropin inject: {problem}", file=sys.stderr)
+        return 2
     if _runtime.INTERPRET:
-        print(f"dropin inject: no GPU, kernels run under the Triton interpreter on the CPU ({size}x{size} images)")
+        print("dropin inject: no GPU, kernels run under the Triton interpreter on the CPU (small sizes; "
+              "torch.compile rows skipped)")
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    dtype = getattr(torch, args.dtype)
-    model = MODELS[args.model]().eval().to(_runtime.KERNEL_DEVICE, dtype, memory_format=memory_format)
-    x = torch.randn(args.batch, 3, size, size, device=_runtime.KERNEL_DEVICE, dtype=dtype)
+    model = MODELS[args.model](args).train(args.train)
+    model = model.to(_runtime.KERNEL_DEVICE, getattr(torch, args.dtype), memory_format=memory_format)
+    inputs = _inputs(args, model)
+    original = copy.deepcopy(model) if args.train or args.bench else None
     try:
-        report = inject_(model, example_inputs=x.to(memory_format=memory_format), verify=args.verify)
+        report = inject_(model, example_inputs=inputs, verify=args.verify)
     except VerificationError as e:
         print(e, file=sys.stderr)
         return 1
-    print(f"{args.model}, batch {args.batch}, {args.dtype}{', channels_last' if args.channels_last else ''}")
+    print(f"{_describe(args, model)}, {args.dtype}{', train mode' if args.train else ''}")
     print(report)
+    if args.train:
+        _train(original, model, inputs)
+    if args.bench:
+        from dropin.bench import harness, models
+
+        rows = models.bench_rows(args.model, original, model, inputs, train=args.train, dtype=args.dtype,
+                                 batch=args.batch, cover=models.coverage(original, inputs, report),
+                                 warmup_ms=args.warmup, rep_ms=args.rep)
+        print(models.format_rows(rows))
+        result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows}
+        for path in filter(None, (args.json and harness.write_json(args.json, result),
+                                  args.csv and harness.write_csv(args.csv, rows))):
+            print(f"dropin inject: wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -99,15 +228,33 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_bench)
     inject = commands.add_parser(
         "inject", help="put dropin kernels into a model and print the report",
-        description="Builds the model (random weights, eval mode), swaps in dropin modules and prints what was "
-                    "replaced (with its kernel) and what stays torch (with the reason). Exit code 1 if "
-                    "--verify finds a divergence. Under the Triton interpreter (no GPU) images are small.")
+        description="Builds the model (random weights unless --weights, eval mode unless --train), swaps in "
+                    "dropin modules and prints what was replaced (with its kernel) and what stays torch (with the "
+                    "reason). Exit code 1 if --verify finds a divergence, 2 for bad arguments. Under the Triton "
+                    "interpreter (no GPU) the sizes are small and CvT-13 is reduced.")
     inject.add_argument("model", choices=sorted(MODELS))
-    inject.add_argument("--batch", type=int, default=1, help="default: %(default)s")
+    inject.add_argument("--batch", type=int, help="default: 1, or 2 for llama (seed 002)")
     inject.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     inject.add_argument("--channels-last", action="store_true", help="model and input in channels_last")
     inject.add_argument("--verify", action="store_true", help="compare with the original model on a random batch")
     inject.add_argument("--image-size", type=int, help="default: 224, or 32 under the interpreter")
+    inject.add_argument("--weights", metavar="PATH", help="a torchvision state_dict file (resnet*), or a "
+                        "save_pretrained directory (cvt-13, llama); default: random weights")
+    inject.add_argument("--train", action="store_true", help="training mode; one step (forward + backward) on the "
+                        "original and the injected model, the gradients compared")
+    inject.add_argument("--bench", action="store_true", help="time original / injected, eager / torch.compile "
+                        "(inference, or the training step with --train) with errors and coverage")
+    inject.add_argument("--json", metavar="PATH", help="with --bench: write the rows as JSON")
+    inject.add_argument("--csv", metavar="PATH", help="with --bench: write the rows as CSV")
+    inject.add_argument("--warmup", type=float, default=25, help="with --bench: warm-up time, ms (GPU)")
+    inject.add_argument("--rep", type=float, default=100, help="with --bench: timed repetitions, ms")
+    llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "
+                                      "heads, intermediate 11008, vocab 32000, seq 1024, batch 2), 1 layer, hidden 64, "
+                                      "2 heads, intermediate 128, seq 8 under the interpreter; --kv-heads defaults to "
+                                      "--heads; SDPA attention (the seed's eager path stays torch), no attention mask")
+    for flag in LLAMA:
+        if flag != "batch":
+            llama.add_argument(f"--{flag.replace('_', '-')}", type=int, dest=flag)
     inject.set_defaults(func=_inject)
     return parser
 

@@ -1,0 +1,159 @@
+"""Whole models, original vs injected (`dropin inject MODEL --train --bench`): a training step's gradients
+compared, the share of the work that dropin does, and latency rows (original / injected, eager / torch.compile).
+
+Row keys (`--json` / `--csv`): model, provider (original | original_compile | dropin | dropin_compile), mode
+(inference | train: forward + backward), dtype, batch, median_ms, mean_ms, min_ms, max_ms, graph_ms (GPU time
+without the host's launch cost, inference only; None under the interpreter), speedup_vs_original (original eager
+median / this median), rel_err_vs_original (||x - x_original|| / ||x_original|| against the original eager run:
+the output, and in train mode the worst of the output and every parameter's gradient, see `gradient_errors`),
+coverage_modules, coverage_macs (see `coverage`; None on original rows), note (why a row has no numbers, or no
+graph time).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import _runtime
+from .._tolerance import rel_err
+from . import harness
+
+PROVIDERS = ("original", "original_compile", "dropin", "dropin_compile")
+
+
+def main_output(out) -> torch.Tensor:
+    """A model's main output: the tensor itself, or the first entry of a tuple or HF ModelOutput (logits, or the
+    last hidden state)."""
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def train_step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor):
+    """Forward + backward of the loss sum(output * grad) (grad: a fixed random upstream gradient), with the
+    random state seeded (the same dropout masks for every model). Returns (output, {state_dict key: gradient})."""
+    params = {k: v for k, v in model.state_dict(keep_vars=True).items() if isinstance(v, nn.Parameter)}
+    for p in params.values():
+        p.grad = None
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        torch.manual_seed(0)
+        out = main_output(forward(*inputs))
+        (out * grad).sum().backward()
+    return out.detach(), {k: p.grad for k, p in params.items() if p.grad is not None}
+
+
+# A gradient's error is relative to at least this share of the largest parameter gradient's norm: gradients that
+# are zero in exact arithmetic (a key projection's bias, under softmax) hold rounding noise only (~1e-10 of it).
+GRAD_FLOOR = 1e-5
+
+
+def gradient_errors(grads: dict, grads_original: dict) -> dict:
+    """{parameter: ||g - g_original|| / max(||g_original||, GRAD_FLOOR * the largest ||g_original||)}; inf where
+    only one of the two models has a gradient."""
+    floor = GRAD_FLOOR * max((g.double().norm().item() for g in grads_original.values()), default=0.0)
+    errors = {k: float("inf") for k in grads.keys() ^ grads_original.keys()}
+    for k in grads.keys() & grads_original.keys():
+        diff = (grads[k].double() - grads_original[k].double()).norm().item()
+        errors[k] = diff / max(grads_original[k].double().norm().item(), floor) if diff else 0.0
+    return errors
+
+
+def _covered(path: str, report) -> bool:
+    names = [name for r in report.replaced for name in (r.name, *r.fused)]
+    return any(n == "" or path == n or path.startswith(n + ".") for n in names)
+
+
+def coverage(original: nn.Module, inputs: tuple, report) -> dict:
+    """coverage_modules: the share of the torch modules without children that compute (the report's count) done
+    by dropin modules. coverage_macs: the share of the multiply-accumulates of the original's nn.Linear and
+    nn.Conv2d layers (counted from the output shapes in one forward) that sit inside a replaced module (attention's
+    own matmuls, norms and activations not counted)."""
+    macs = {}
+
+    def count(path):
+        def hook(module, args, out):
+            per_output = module.in_features if isinstance(module, nn.Linear) else (
+                module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1])
+            macs[path] = macs.get(path, 0) + out.numel() * per_output
+        return hook
+
+    handles = [m.register_forward_hook(count(p)) for p, m in original.named_modules()
+               if type(m) in (nn.Linear, nn.Conv2d)]
+    try:
+        with torch.no_grad():
+            original(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    covered = sum(r.covers for r in report.replaced)
+    total = sum(macs.values())
+    return {"coverage_modules": covered / max(covered + len(report.left), 1),
+            "coverage_macs": sum(n for p, n in macs.items() if _covered(p, report)) / total if total else None}
+
+
+def _step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor | None):
+    """The timed call, returning (output, {parameter: gradient}): an inference forward (no_grad, no gradients) or
+    a training step."""
+    if grad is None:
+        def run():
+            with torch.no_grad():
+                return main_output(forward(*inputs)), {}
+        return run
+    return lambda: train_step(forward, model, inputs, grad)
+
+
+def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tuple, *, train: bool, dtype: str,
+               batch: int, cover: dict, warmup_ms: float = 25, rep_ms: float = 100) -> list[dict]:
+    """One row per PROVIDERS entry (see the module docstring); compile rows carry a note under the interpreter."""
+    grad = torch.randn_like(main_output(original(*inputs)).detach()) if train else None
+    models = {"original": original, "dropin": injected}
+    rows, reference = [], None
+    for provider in PROVIDERS:
+        model = models[provider.split("_")[0]]
+        forward = harness.compiled(model) if provider.endswith("compile") else model
+        row = {"model": name, "provider": provider, "mode": "train" if train else "inference", "dtype": dtype,
+               "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None, "graph_ms": None,
+               "speedup_vs_original": None, "rel_err_vs_original": None, "coverage_modules": None,
+               "coverage_macs": None}
+        if provider.startswith("dropin"):
+            row.update(cover)
+        rows.append(row)
+        step = _step(forward, model, inputs, grad)
+        try:
+            outs = step()
+        except harness.Skipped as e:
+            row["note"] = str(e)
+            continue
+        reference = outs if reference is None else reference
+        row["rel_err_vs_original"] = max([rel_err(outs[0], reference[0]),
+                                          *gradient_errors(outs[1], reference[1]).values()])
+        row.update(harness.summarize(harness.time_fn(step, warmup_ms, rep_ms)))
+        if train and not _runtime.INTERPRET:  # (a step re-seeds the random state and sets .grad: no CUDA graph)
+            row["note"] = "no CUDA-graph time for a training step"
+        elif not train:
+            try:
+                row["graph_ms"] = harness.graph_time_ms(step)
+            except Exception as e:  # (a step that syncs with the host cannot be captured)
+                row["note"] = f"no CUDA-graph time: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        row["speedup_vs_original"] = rows[0]["median_ms"] / row["median_ms"]
+    return rows
+
+
+# Table columns: (row key, heading, format, width).
+COLUMNS = (("median_ms", "median ms", ".4f", 11), ("graph_ms", "graph ms", ".4f", 10),
+           ("speedup_vs_original", "speed-up", ".2f", 10), ("rel_err_vs_original", "err vs orig", ".2e", 13),
+           ("coverage_modules", "modules", ".0%", 9), ("coverage_macs", "MACs", ".0%", 8))
+
+
+def format_rows(rows: list[dict]) -> str:
+    """The terminal table of bench_rows."""
+    first = rows[0]
+    lines = [f"{first['model']}, {first['mode']}, {first['dtype']}, batch {first['batch']}",
+             f"{'provider':<17}" + "".join(f"{head:>{width}}" for _, head, _, width in COLUMNS) + "  note"]
+    for r in rows:
+        cells = ["-" if r[key] is None else format(r[key], fmt) + ("x" if key.startswith("speedup") else "")
+                 for key, _, fmt, _ in COLUMNS]
+        lines.append(f"{r['provider']:<17}" + "".join(f"{c:>{w}}" for c, (*_, w) in zip(cells, COLUMNS))
+                     + f"  {r.get('note', '')}")
+    lines.append("err vs orig: relative error against the original eager run (train: worst of the output and the "
+                 "parameter gradients); modules: share of the computing torch modules covered by dropin modules; "
+                 "MACs: share of the nn.Linear/nn.Conv2d multiply-accumulates inside replaced modules")
+    return "\n".join(lines)
