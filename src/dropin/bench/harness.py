@@ -210,6 +210,14 @@ def graph_time_ms(fn: Callable[[], object], calls: int = 10, replays: int = 15) 
     return max(0.0, (with_fn - replay_ms(flush.zero_)) / calls)
 
 
+def graph_time(fn: Callable[[], object]) -> tuple[float | None, str | None]:
+    """(graph_time_ms(fn), None), or (None, the reason) where fn cannot be captured (it syncs with the host)."""
+    try:
+        return graph_time_ms(fn), None
+    except Exception as e:
+        return None, f"no CUDA-graph time: {_one_line(_describe(e))}"
+
+
 def peak_memory_mib(fn: Callable[[], object]) -> float | None:
     """Device memory that one call allocates at its peak beyond what was allocated before it (MiB);
     None under the interpreter (CPU memory is not tracked)."""
@@ -287,10 +295,9 @@ def run_case(case: Case, ceilings: dict | None = None, warmup_ms: float = 25, re
                 row["fallback"] = bool(getattr(fn, "fallback", False))
                 times = time_fn(lambda: fn(*inputs), warmup_ms, rep_ms)
                 row["peak_mib"] = peak_memory_mib(lambda: fn(*inputs))
-                try:
-                    row["graph_ms"] = graph_time_ms(lambda: fn(*inputs))
-                except Exception as e:  # (a provider that syncs with the host cannot be captured)
-                    row["graph_note"] = f"no CUDA-graph time: {_one_line(_describe(e))}"
+                row["graph_ms"], graph_note = graph_time(lambda: fn(*inputs))
+                if graph_note:
+                    row["graph_note"] = graph_note
         except Skipped as e:
             row["note"] = str(e)
             log(f"  {name}: {e}")
