@@ -50,6 +50,26 @@ def test_llama_injected_verified_and_hf_forward_unchanged():
     assert_close(out.logits, logits_64(original, input_ids=x), torch.float32, "fwd")
 
 
+@pytest.mark.gpu
+def test_llama_cuda_graph():
+    """The injected model captured whole in a CUDA graph (HF builds its 4-D mask while capturing)."""
+    model, x = tiny_llama(), ids()
+    original = copy.deepcopy(model)
+    dropin.inject_(model, verify=False)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(input_ids=x)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            out = model(input_ids=x).logits
+    x.copy_(ids())
+    graph.replay()
+    assert_close(out, logits_64(original, input_ids=x), torch.float32, "fwd")
+
+
 def test_llama_padding_mask_and_kv_cache_decoding():
     """Left padding (HF's 4-D mask), then two decoding steps through the DynamicCache (one query row)."""
     model = tiny_llama()

@@ -52,3 +52,18 @@ def test_tuning_times_every_candidate_and_saves_the_fastest(fresh, monkeypatch):
     assert at.pick("k", (3,), CONFIGS, None) == CONFIGS[1]
     saved = fresh / "user" / at._cache_file().name  # the patched folder, never the real user cache
     assert json.loads(saved.read_text())["k|3"] == CONFIGS[1]
+
+
+@pytest.mark.gpu
+def test_no_timing_while_a_cuda_graph_is_captured(fresh, monkeypatch):
+    """Timing syncs the device, which a capture forbids: the first candidate, not remembered."""
+    import torch
+
+    monkeypatch.setattr(at, "TUNING", True)
+    timed, x = [], torch.zeros(4, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chosen = at.pick("capture", ("k",), CONFIGS, lambda c: timed.append(c) or (lambda: x.add_(1)))
+        x.add_(1)
+    graph.replay()
+    assert chosen == CONFIGS[0] and not timed and not at._memory

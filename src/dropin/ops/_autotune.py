@@ -66,13 +66,16 @@ def _time(prepare, config) -> float:
 
 def pick(name: str, key: tuple, configs: list, prepare) -> dict:
     """The config for `key`: a remembered one if it is still a candidate, else (when tuning) the one whose
-    launch `prepare(config)` runs fastest, else configs[0]."""
+    launch `prepare(config)` runs fastest, else configs[0]. While a CUDA graph is being captured nothing can
+    be timed: configs[0], not remembered, so that the next call outside a capture tunes."""
     full_key = f"{name}|{'|'.join(map(str, key))}"
     for remembered in (_memory.get(full_key), _load_disk().get(full_key)):
         if remembered in configs:
             _memory[full_key] = remembered
             return remembered
     config = configs[0]
+    if TUNING and len(configs) > 1 and _runtime.capturing():
+        return config
     if TUNING and len(configs) > 1:
         times = [_time(prepare, c) for c in configs]
         config = configs[min(range(len(configs)), key=times.__getitem__)]

@@ -226,8 +226,9 @@ def _check(q, k, cos, sin, position_ids):
                 or position_ids.dim() == 2 and position_ids.shape[0] in (1, B) and position_ids.shape[1] == S):
             raise RuntimeError(f"rope: argument 'position_ids' must have shape ({S},) or (1 or {B}, {S}), "
                                f"got {tuple(position_ids.shape)}")
-        # A bounds check costs a device sync; it is skipped while torch.compile traces.
-        if position_ids.numel() and not torch.compiler.is_compiling():
+        # A bounds check costs a device sync; it is skipped while torch.compile traces or a CUDA graph is
+        # captured (where a sync is not allowed).
+        if position_ids.numel() and not torch.compiler.is_compiling() and not _runtime.capturing():
             lo, hi = position_ids.min().item(), position_ids.max().item()
             if lo < 0 or hi >= cos.shape[0]:
                 raise RuntimeError(f"rope: 'position_ids' range [{lo}, {hi}] is outside the {cos.shape[0]} "

@@ -8,13 +8,13 @@ nnz * (itemsize + 1) + 4 * (N * C + 1), e.g. fp16 at 90% sparsity 0.158x dense (
 0.008x of pointers), and a kernel reads only those bytes.
 
 Kernel (`_sparse_linear_kernel`, CUDA cores, fp32 accumulation): a program owns BLOCK_N weight rows (output
-columns) and BLOCK_M tokens; for each chunk it walks its rows' runs BLOCK_P entries at a time (up to the
-longest run, shorter runs masked), gathers x[tokens, chunk * block_k + offset] and accumulates with FMAs.
-Built for the memory-bound small-token products (M <= 16), where reading only the non-zero weight bytes is
-the win. With many tokens each BLOCK_M block re-reads the weight and every product is a gathered FMA, so
-tensor cores on the dense weight win: there the weight is expanded into a temporary dense [N, K]
-(`_scatter_kernel`) for dropin's `linear` (the default on the GPU when M * density >= 2, else a tuning
-candidate; docs/perf-notes.md has the arithmetic).
+columns), BLOCK_C chunks of K and up to 16 tokens; it loads the run pointers of all its BLOCK_N * BLOCK_C
+(row, chunk) runs at once and walks them together BLOCK_P entries at a time, gathering x through its
+transpose [K, tokens] (the tokens of one entry's column are one contiguous read). Built for the memory-bound
+small-token products (M <= 16), where reading only the non-zero weight bytes is the win. With many tokens
+every product is a gathered FMA, so tensor cores on the dense weight win: there the weight is expanded into
+a temporary dense [N, K] (`_scatter_kernel`) for dropin's `linear` (the default on the GPU when
+M * density >= 2, else a tuning candidate; docs/perf-notes.md has the arithmetic).
 
 Backward (weights frozen): dx = dy @ W is the same product with W^T [K, N], compressed at sparsify time
 (`transpose=True`, the default) and run through the same kernel: no atomics, deterministic, at the cost of a
@@ -165,50 +165,47 @@ def sparsify(weight: torch.Tensor, block_k: int = MAX_BLOCK_K, transpose: bool =
 # --- 2. Kernel ----------------------------------------------------------------------------------------
 
 @triton.jit
-def _sparse_linear_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
-                          M, N, chunks, chunks_per_split, stride_xm, stride_xk,
+def _sparse_linear_kernel(xt_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
+                          M, N, chunks, stride_t,
                           HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
-    """y [M, N] = x [M, K] (any strides) @ W^T (+ bias), W in chunked CSR; grid (M tiles, N tiles, splits):
-    the M tiles of one weight tile run one after another (it is re-read from L2), and M is unbounded.
-    Split s covers chunks [s * chunks_per_split, (s + 1) * chunks_per_split): per chunk, the BLOCK_N rows'
-    runs BLOCK_P entries at a time, each entry's value times the BLOCK_M gathered x[m, chunk * BLOCK_K +
-    offset], added to a [BLOCK_M, BLOCK_N, BLOCK_P] fp32 accumulator that is summed over P once at the end
-    (a sum per step costs 5 warp shuffles per (token, row): 160 per step at 16 tokens in the sm_90 PTX).
-    The next run's end is loaded before the current run is summed (runs are contiguous: one run's end is
-    the next one's start). y contiguous; with SPLIT, y is fp32 [splits, M, N] partial sums (the bias is
-    left to their sum)."""
-    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                          BLOCK_P: tl.constexpr):
+    """y [M, N] = x @ W^T (+ bias), W in chunked CSR, x given transposed: xt [K, M] with row stride stride_t
+    (unit column stride), so the BLOCK_M tokens of one weight entry's column are one contiguous read.
+    Grid (N tiles, M tiles, splits). A program takes BLOCK_N rows x BLOCK_C chunk slots (split s: chunks
+    [s * BLOCK_C, (s + 1) * BLOCK_C)): the BLOCK_N * BLOCK_C runs at once, BLOCK_P entries of each per step,
+    so every load of a step is independent of the others (one dependent chain: run pointers -> entries ->
+    x). acc [BLOCK_N, BLOCK_C, BLOCK_P, BLOCK_M] (fp32) is summed over runs and entries once at the end.
+    y contiguous; with SPLIT, y is fp32 [splits, M, N] partial sums (the bias is left to their sum)."""
+    offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(2)
+    offs_c = split * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_p = tl.arange(0, BLOCK_P)
     n_ok, m_ok = offs_n < N, offs_m < M
-    x_rows = x_ptr + offs_m[:, None, None] * stride_xm
-    runs = chunk_ptr + offs_n * chunks  # row n's run in chunk c starts at runs[c] and ends at runs[c + 1]
-    first = split * chunks_per_split
-    last = tl.minimum(first + chunks_per_split, chunks)
-    start = tl.load(runs + first, mask=n_ok & (first < last), other=0).to(tl.int64)
-    end = tl.load(runs + first + 1, mask=n_ok & (first < last), other=0).to(tl.int64)
-    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_P), dtype=tl.float32)
-    for c in range(first, last):
-        next_end = tl.load(runs + c + 2, mask=n_ok & (c + 1 < last), other=0).to(tl.int64)
-        count = (end - start).to(tl.int32)
-        for p in range(0, tl.max(count, axis=0), BLOCK_P):
-            ok = (p + offs_p)[None, :] < count[:, None]
-            entry = start[:, None] + (p + offs_p)[None, :]
-            w = tl.load(val_ptr + entry, mask=ok, other=0.0).to(tl.float32)
-            col = c * BLOCK_K + tl.load(off_ptr + entry, mask=ok, other=0).to(tl.int64)
-            xv = tl.load(x_rows + col[None, :, :] * stride_xk, mask=m_ok[:, None, None] & ok[None, :, :], other=0.0)
-            acc += xv.to(tl.float32) * w[None, :, :]
-        start, end = end, next_end
-    acc = tl.sum(acc, axis=2)
-    out = offs_m[:, None] * N + offs_n[None, :]
+    run = chunk_ptr + offs_n[:, None] * chunks + offs_c[None, :]  # run (n, c): entries [run[0], run[1])
+    run_ok = n_ok[:, None] & (offs_c < chunks)[None, :]
+    start = tl.load(run, mask=run_ok, other=0).to(tl.int64)
+    count = (tl.load(run + 1, mask=run_ok, other=0) - start).to(tl.int32)
+    x_cols = xt_ptr + (offs_c * BLOCK_K).to(tl.int64)[None, :, None, None] * stride_t + offs_m[None, None, None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_C, BLOCK_P, BLOCK_M), dtype=tl.float32)
+    for p in range(0, tl.max(tl.max(count, axis=1), axis=0), BLOCK_P):
+        ok = (p + offs_p)[None, None, :] < count[:, :, None]
+        entry = start[:, :, None] + (p + offs_p)[None, None, :]
+        w = tl.load(val_ptr + entry, mask=ok, other=0.0).to(tl.float32)
+        col = tl.load(off_ptr + entry, mask=ok, other=0).to(tl.int64)
+        xv = tl.load(x_cols + col[:, :, :, None] * stride_t, mask=ok[:, :, :, None] & m_ok[None, None, None, :],
+                     other=0.0)
+        acc += xv.to(tl.float32) * w[:, :, :, None]
+    acc = tl.sum(tl.sum(acc, axis=2), axis=1)  # [BLOCK_N, BLOCK_M]
+    out = offs_m[None, :] * N + offs_n[:, None]
+    mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT:
-        tl.store(y_ptr + split.to(tl.int64) * M * N + out, acc, mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(y_ptr + split.to(tl.int64) * M * N + out, acc, mask=mask)
     else:
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -231,29 +228,23 @@ def _scatter_kernel(val_ptr, off_ptr, chunk_ptr, w_ptr, N, K, chunks,
 
 # --- 3. Launcher --------------------------------------------------------------------------------------
 
-# Candidates by token count; the first is the default when not tuning. BLOCK_M follows M (up to 16).
-# One or few tokens: a program's chain of dependent loads (run pointers, entries, x) is what takes the
-# time, so there must be many programs with short chains: small BLOCK_N, and K split over SPLIT_K programs
-# (fp32 partial sums, added up by a second kernel). Many tokens: the M tiles give the programs. Tiles hold
-# 4-8 (one token) or 32 (up to 16 tokens) products per thread: 56-146 registers on sm_90, no spills
-# (scripts/sparse_resources.py; 64 per thread take 170-190 registers, 128 spill). DENSE: the weight expanded
-# into a temporary dense [N, K] (one scatter kernel) and dropin's tensor-core `linear`; the default for
-# many tokens where M * density >= 2, a tuning candidate everywhere else with many tokens.
+# Candidates by token count (BLOCK_N, BLOCK_C, BLOCK_P, warps); the first is the default when not tuning.
+# BLOCK_M = min(16, M rounded up to a power of two); BLOCK_C is cut to the chunk count rounded up to a power
+# of two, and K is split over programs (fp32 partials summed by a second kernel) only beyond BLOCK_C chunks.
+# A tile holds BLOCK_N * BLOCK_C * BLOCK_P * BLOCK_M products: 2048-4096 (16-32 fp32 accumulators a thread
+# at 4 warps). One token: many rows a program, all chunks at once (4096 columns = 16 chunks). Up to 16
+# tokens: one or two rows a program. DENSE (many tokens): the weight expanded into a temporary dense [N, K]
+# (one scatter kernel) for dropin's tensor-core `linear`; the default where M * density >= 2.
+def _cfg(n, c, p, warps):
+    return dict(BLOCK_N=n, BLOCK_C=c, BLOCK_P=p, num_warps=warps)
+
+
 _CONFIGS = {
-    "one": [dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=8, num_warps=4), dict(BLOCK_N=8, BLOCK_P=64, SPLIT_K=4, num_warps=4),
-            dict(BLOCK_N=8, BLOCK_P=128, SPLIT_K=8, num_warps=4), dict(BLOCK_N=32, BLOCK_P=32, SPLIT_K=4, num_warps=8),
-            dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=4, num_warps=4)],
-    "few": [dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=4, num_warps=4), dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=4, num_warps=8),
-            dict(BLOCK_N=4, BLOCK_P=64, SPLIT_K=4, num_warps=4), dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=8, num_warps=4),
-            dict(BLOCK_N=8, BLOCK_P=16, SPLIT_K=16, num_warps=2)],
-    "many": [dict(BLOCK_N=8, BLOCK_P=32, SPLIT_K=1, num_warps=4), dict(BLOCK_N=32, BLOCK_P=16, SPLIT_K=1, num_warps=8),
-             dict(BLOCK_N=16, BLOCK_P=16, SPLIT_K=1, num_warps=4),
-             dict(BLOCK_N=16, BLOCK_P=32, SPLIT_K=1, num_warps=8), dict(DENSE=True)],
+    "one": [_cfg(4, 16, 32, 4), _cfg(8, 16, 16, 4), _cfg(2, 64, 32, 4), _cfg(4, 16, 32, 8), _cfg(1, 64, 64, 4)],
+    "few": [_cfg(1, 16, 16, 4), _cfg(1, 16, 16, 8), _cfg(2, 16, 8, 4), _cfg(1, 8, 32, 4), _cfg(1, 32, 8, 4)],
 }
-
-
-# The N tiles are the grid's second dimension (at most 65535 programs).
-MAX_N = 65535 * min(cfg["BLOCK_N"] for configs in _CONFIGS.values() for cfg in configs if "BLOCK_N" in cfg)
+_CONFIGS["many"] = _CONFIGS["few"] + [dict(DENSE=True)]
+MAX_M_TILES = 65535  # the grid's second dimension; more tokens take the dense path
 
 
 def _densify(values, offsets, chunk_ptr, N: int, K: int, block_k: int) -> torch.Tensor:
@@ -286,6 +277,13 @@ def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tens
     return plan(x, values, offsets, chunk_ptr, bias)
 
 
+def _transposed(x):
+    """(xt, stride_t): x [M, K] as xt [K, M] with unit column stride (x itself when it already is)."""
+    if x.shape[0] == 1 or x.stride(0) == 1:
+        return x, x.stride(1)
+    return x.t().contiguous(), x.shape[0]
+
+
 def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
     """Chooses the config for this signature (tuning on first use); returns run(x, values, offsets, chunk_ptr,
     bias) -> y."""
@@ -297,24 +295,24 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
         if cfg.get("DENSE"):
             return lambda x, values, offsets, chunk_ptr, bias: linear(
                 x, _densify(values, offsets, chunk_ptr, N, K, block_k), bias)
-        cfg = dict(cfg)
-        per_split = triton.cdiv(chunks, min(cfg.pop("SPLIT_K"), max(chunks, 1)))
-        splits = triton.cdiv(chunks, per_split) if chunks else 1
-        grid = (triton.cdiv(M, block_m), triton.cdiv(N, cfg["BLOCK_N"]), splits)
-        meta = dict(cfg, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k, BLOCK_M=block_m)
-        scalars = (M, N, chunks, per_split, *x.stride())
+        block_c = min(cfg["BLOCK_C"], triton.next_power_of_2(max(chunks, 1)))
+        splits = max(1, triton.cdiv(chunks, block_c))
+        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), splits)
+        meta = dict(cfg, BLOCK_C=block_c, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k,
+                    BLOCK_M=block_m)
         product = _runtime.Launcher(_sparse_linear_kernel, grid, meta)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
         split_sum = _runtime.Launcher(_split_sum_kernel, (triton.cdiv(M, 32), triton.cdiv(N, 64)), sum_meta)
 
         def run(x, values, offsets, chunk_ptr, bias):
+            xt, stride_t = _transposed(x)
             y = x.new_empty((M, N))
             bias = y if bias is None else bias
             if splits == 1:
-                product(x, values, offsets, chunk_ptr, bias, y, *scalars)
+                product(xt, values, offsets, chunk_ptr, bias, y, M, N, chunks, stride_t)
                 return y
             partial = torch.empty((splits, M, N), device=x.device, dtype=torch.float32)
-            product(x, values, offsets, chunk_ptr, bias, partial, *scalars)
+            product(xt, values, offsets, chunk_ptr, bias, partial, M, N, chunks, stride_t)
             split_sum(partial, y, bias, y, M, N)
             return y
         return run
@@ -322,7 +320,9 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
     tokens = "one" if M == 1 else "few" if M <= 16 else "many"
     density = values.numel() / max(1, N * K)
     configs = _CONFIGS[tokens]
-    if tokens == "many" and M * density >= 2 and not _runtime.INTERPRET:
+    if triton.cdiv(M, block_m) > MAX_M_TILES:
+        configs = configs[-1:]
+    elif tokens == "many" and M * density >= 2 and not _runtime.INTERPRET:
         # the dense product is predicted faster (docs/perf-notes.md); not under the interpreter, where speed
         # is moot and tl.dot on bfloat16 is wrong
         configs = configs[-1:] + configs[:-1]
@@ -395,9 +395,6 @@ def _check(x, weight, bias) -> None:
     if x.shape[-1] != K:
         raise RuntimeError(f"sparse_linear: 'x' {tuple(x.shape)} and 'weight' {weight.shape} cannot be "
                            f"multiplied (in_features {x.shape[-1]} and {K})")
-    if N > MAX_N:
-        raise RuntimeError(f"sparse_linear: 'weight' has {N} rows (out_features); the kernel's grid takes at most "
-                           f"{MAX_N}")
     if bias is not None and tuple(bias.shape) != (N,):
         raise RuntimeError(f"sparse_linear: argument 'bias' must have shape ({N},) (out_features), "
                            f"got {tuple(bias.shape)}")
