@@ -1,11 +1,14 @@
-"""`check`: forward and backward of an op with one or several outputs against float64 and PyTorch's own error.
+"""`check`: an op against its PyTorch peer, forward and backward, in float64 on the CPU (the reference) and in the
+test dtype (PyTorch's own error, DESIGN.md's 2x rule), with the memory formats of outputs and gradients.
 
-The ops of the LLM blocks (rms_norm, rope, swiglu_mlp) take non-differentiable tensors (cos, sin) and
-return tuples ((y, new_residual), (q, k)); this is test_matmul's `check` generalized to both.
+One helper for every op: several outputs (rms_norm's (y, new_residual), rope's (q, k)), non-differentiable
+inputs (cos, sin, a mask), views built from the leaves. `poison_allocations` makes unwritten elements show.
 """
 import torch
 
-from _tol import DEVICE, assert_close
+from _tol import DEVICE, assert_close, tolerance
+
+CL = torch.channels_last
 
 
 def poison_allocations(monkeypatch) -> None:
@@ -25,15 +28,50 @@ def _as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
 
-def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtype=None, positive=False):
-    """Checks op(*build(**leaves)) forward and, with backward, the gradient of every leaf not in `constant`.
+def _channels_last(t) -> bool:
+    return t.dim() == 4 and t.is_contiguous(memory_format=CL)
 
-    ref_op is the PyTorch peer: run on float64 copies of the leaves it is the reference, run on the leaves
-    themselves it gives PyTorch's own error (DESIGN.md's 2x rule). Leaves named in `constant` are cast
-    like the others but get no gradient. dtype: the tolerance row (default: the first leaf's dtype).
-    Each output gets a random upstream gradient; inputs must come back unmodified. positive: leaves and
-    upstream gradients are made positive, for gradients that are a sum of a few numbers (a lone sum of
-    random signs can cancel to ~0, where any rounding is a large relative error, PyTorch's too).
+
+def _dense(t) -> bool:
+    return t.is_contiguous() or t.is_contiguous(memory_format=CL)
+
+
+def _assert_layout(rule, what, g, g_t, leaf) -> None:
+    """rule "format": a 4-D g has the memory format (NCHW or channels_last) of torch's g_t where that is dense
+    (torch may give a broadcast view, e.g. after a mean); "input": g has the strides of its leaf where that is
+    dense; "torch": g has g_t's strides. Tensors of at most one element have no layout to match."""
+    if g.numel() <= 1:
+        return
+    if rule == "format":
+        if g.dim() == 4 and _dense(g_t):
+            assert _channels_last(g) == _channels_last(g_t), f"{what}: not torch's memory format"
+    elif rule == "input":
+        if _dense(leaf):
+            assert g.stride() == leaf.stride(), f"{what}: not its input's layout"
+    else:
+        assert rule == "torch", f"unknown layout rule {rule!r}"
+        assert g.stride() == g_t.stride(), f"{what}: not torch's layout"
+
+
+def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtype=None, positive=False,
+          peer=None, upstream_contiguous=False, grad_layout="format", zero_grad_degree=None):
+    """Checks op(*build(**leaves)) forward and, with backward, the gradient of every floating leaf not in
+    `constant`.
+
+    ref_op run on float64 CPU copies of the leaves is the reference (torch's CUDA kernels have had bugs of
+    their own); `peer` (default ref_op) run on the leaves themselves gives PyTorch's own error (the 2x rule).
+    - build turns the leaves into the op's arguments (views, etc.); leaves are used as given, views included.
+      Leaves in `constant` are cast like the others but get no gradient. The op may return a tuple.
+    - dtype: the tolerance row (default: the first leaf's dtype).
+    - Inputs must come back unmodified; a 4-D output must have torch's memory format.
+    - Each output gets a random upstream gradient in torch's output's memory format (as a model's next layer
+      gives it), or contiguous with upstream_contiguous.
+    - grad_layout: the `_assert_layout` rule for every gradient, or a dict leaf name -> rule; None: unchecked.
+    - positive: leaves and upstream gradients are made positive, for gradients that are a sum of a few numbers
+      (a lone sum of random signs can cancel to ~0, where any rounding is a large relative error, PyTorch's too).
+    - zero_grad_degree: a gradient that is 0 in exact arithmetic (its reference at most 1e-12 * scale, with
+      scale = max |upstream gradient| * max |differentiated leaf| ** zero_grad_degree) must be rounding-small
+      (at most the backward tolerance * scale), as no relative error applies.
     """
     build = build or (lambda **t: tuple(t.values()))
     if positive:
@@ -47,25 +85,40 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
         return ins, _as_tuple(fn(*build(**ins)))
 
     ins, outs = run(op, lambda t: t)
-    ins_t, outs_t = run(ref_op, lambda t: t)
-    ins_64, refs = run(ref_op, lambda t: t.double() if t.is_floating_point() else t)
+    ins_t, outs_t = run(peer or ref_op, lambda t: t)
+    ins_64, refs = run(ref_op, lambda t: t.cpu().double() if t.is_floating_point() else t.cpu())
     for k, v in leaves.items():
         torch.testing.assert_close(v, originals[k], rtol=0, atol=0, equal_nan=True,
                                    msg=lambda m, k=k: f"the op modified its input '{k}': {m}")
     assert len(outs) == len(refs), f"{len(outs)} outputs, the reference has {len(refs)}"
     for i, (out, out_t, ref) in enumerate(zip(outs, outs_t, refs)):
-        assert_close(out, ref, dtype, "fwd", torch_out=out_t, what=f"forward output {i}")
+        what = "forward" if len(outs) == 1 else f"forward output {i}"
+        assert_close(out, ref.to(out.device), dtype, "fwd", torch_out=out_t, what=what)
+        if out.dim() == 4 and out.numel() > 0:
+            assert _channels_last(out) == _channels_last(out_t), f"{what}: memory format differs from torch's"
     if not backward:
         return
     names = [k for k in leaves if ins[k].requires_grad]
     grads_in = [torch.randn(ref.shape, device=DEVICE, dtype=out_t.dtype) for ref, out_t in zip(refs, outs_t)]
     if positive:
         grads_in = [g.abs() for g in grads_in]
+    if not upstream_contiguous:
+        grads_in = [g.contiguous(memory_format=CL) if _channels_last(o) else g for g, o in zip(grads_in, outs_t)]
     for out in outs:
         assert out.requires_grad, "forward output does not require grad: no autograd support"
     grads = torch.autograd.grad(outs, [ins[k] for k in names], grads_in, allow_unused=True)
     grads_t = torch.autograd.grad(outs_t, [ins_t[k] for k in names], grads_in)
-    grads_64 = torch.autograd.grad(refs, [ins_64[k] for k in names], [g.double() for g in grads_in])
+    grads_64 = torch.autograd.grad(refs, [ins_64[k] for k in names], [g.cpu().double() for g in grads_in])
+    if zero_grad_degree is not None:
+        scale = (max(g.abs().max().item() for g in grads_in)
+                 * max(leaves[k].abs().max().item() for k in names) ** zero_grad_degree)
+    layouts = grad_layout if isinstance(grad_layout, dict) else dict.fromkeys(names, grad_layout)
     for name, g, g_t, g_64 in zip(names, grads, grads_t, grads_64):
+        what = f"gradient of '{name}'"
         assert g is not None, f"no gradient for '{name}'"
-        assert_close(g, g_64, dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
+        if zero_grad_degree is not None and g_64.abs().max() <= 1e-12 * scale:
+            assert g.abs().max() <= tolerance(dtype, "bwd") * scale, f"{what}: not ~0"
+        else:
+            assert_close(g, g_64.to(g.device), dtype, "bwd", torch_out=g_t, what=what)
+        if layouts.get(name):
+            _assert_layout(layouts[name], what, g, g_t, leaves[name])

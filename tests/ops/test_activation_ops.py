@@ -1,11 +1,11 @@
 """dropin.ops.activation / relu / gelu / silu (the standalone elementwise op) against torch: forward and
-backward vs float64 and the 2x rule (tests/_check_ops.py), dense layouts kept, strided views, NaN / inf, errors."""
+backward vs float64 and the 2x rule (tests/_check.py), dense layouts kept, strided views, NaN / inf, errors."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import dropin.ops as ops
-from _check_ops import check
+from _check import check
 from _tol import DEVICE, gpu
 
 # sigmoid(-large) under the interpreter: numpy's exp overflows to inf (the result, 0, is right); silu(-inf)

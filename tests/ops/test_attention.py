@@ -1,8 +1,8 @@
 """dropin.ops.attention against F.scaled_dot_product_attention: torch semantics, DESIGN.md tolerances.
 
 Every numerical test goes through `check`: the output and the gradients of q, k and v (for a random upstream
-gradient) against torch's math backend in float64 (the reference) and against torch's own error in the same
-dtype.
+gradient) against torch's math backend in float64 on the CPU (the reference) and against torch's own error in
+the same dtype.
 Under the interpreter the tuner is replaced by small tiles (`small_tiles`), so that small shapes still cross
 several tiles: the unmasked middle, the diagonal and the ragged ends all run. The shipped configs run in
 `test_default_configs` (CPU) and `test_every_config` (GPU).
@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import _check
 import dropin
-from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, tolerance
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
 
 # fp16 on the CPU where its path differs (lengths, masks, padding and empty rows, TMA, default configs);
 # elsewhere fp32 only there, to keep the interpreter's run short: every dtype on the GPU.
@@ -49,41 +50,16 @@ def qkv(B, H, HK, Lq, Lk, E, dtype):
             "v": randn(B, HK, Lk, E, dtype=dtype)}
 
 
-def check(leaves: dict, build=None, backward=True, peer=F.scaled_dot_product_attention, **kwargs):
-    """attention(*build(**leaves), **kwargs) forward and, with backward, the gradients of q, k and v, against
-    the reference (torch's math backend in float64; a float attn_mask in float64 too) and against torch's own
-    error (`peer` in the same dtype). A gradient that is 0 in exact arithmetic (each row attends to one key:
-    a softmax of one entry is constant) must be rounding-small, as no relative error applies."""
+def check(leaves: dict, build=None, peer=F.scaled_dot_product_attention, attn_mask=None, **kwargs):
+    """The shared check of attention(*build(**leaves), attn_mask, **kwargs): the mask is a constant leaf (in
+    float64 for the reference if a float one); a gradient 0 in exact arithmetic (each row attends to one key:
+    a softmax of one entry is constant) must be rounding-small, scaled by the upstream gradient times two leaves."""
     build = build or (lambda **t: tuple(t.values()))
-    dtype = leaves["q"].dtype
-    originals = {k: v.clone() for k, v in leaves.items()}
-
-    def run(fn, cast):
-        ins = {k: cast(v).detach().requires_grad_(backward) for k, v in leaves.items()}
-        kw = dict(kwargs)
-        mask = kw.get("attn_mask")
-        if mask is not None and mask.is_floating_point():
-            kw["attn_mask"] = cast(mask)
-        return ins, fn(*build(**ins), **kw)
-
-    ins, out = run(dropin.ops.attention, lambda t: t)
-    ins_t, out_t = run(peer, lambda t: t)
-    ins_64, ref = run(attn.attention_ref, lambda t: t.double())
-    for k, v in leaves.items():
-        assert torch.equal(v, originals[k]), f"the op modified its input '{k}'"
-    assert_close(out, ref, dtype, "fwd", torch_out=out_t, what="forward")
-    if not backward:
-        return
-    grad = torch.randn(ref.shape, device=DEVICE, dtype=dtype)
-    grads = torch.autograd.grad(out, list(ins.values()), grad)
-    grads_t = torch.autograd.grad(out_t, list(ins_t.values()), grad)
-    grads_64 = torch.autograd.grad(ref, list(ins_64.values()), grad.double())
-    scale = grad.abs().max().item() * max(v.abs().max().item() for v in leaves.values()) ** 2
-    for name, g, g_t, g_64 in zip(leaves, grads, grads_t, grads_64):
-        if g_64.abs().max() <= 1e-12 * scale:
-            assert g.abs().max() <= tolerance(dtype, "bwd") * scale, f"gradient of '{name}': not ~0"
-            continue
-        assert_close(g, g_64, dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
+    bind = lambda fn: lambda q, k, v, mask=None: fn(q, k, v, attn_mask=mask, **kwargs)  # noqa: E731
+    mask = {} if attn_mask is None else {"attn_mask": attn_mask}
+    _check.check(bind(dropin.ops.attention), bind(attn.attention_ref), {**leaves, **mask}, peer=bind(peer),
+                 build=lambda attn_mask=None, **qkv: (*build(**qkv), attn_mask), constant=("attn_mask",),
+                 grad_layout=None, zero_grad_degree=2)
 
 
 # ------------------------------------------------------------------------------------- lengths, causal

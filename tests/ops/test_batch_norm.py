@@ -1,12 +1,12 @@
 """dropin.ops.batch_norm against F.batch_norm, inference and training: forward, the gradients of input, weight
-and bias vs float64 and the 2x rule (tests/_check_ops.py), the in-place running-statistics update, 2-D / 3-D /
+and bias vs float64 and the 2x rule (tests/_check.py), the in-place running-statistics update, 2-D / 3-D /
 4-D / 5-D inputs, NCHW / channels_last / strided views, every error path."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import dropin.ops as ops
-from _check_ops import check
+from _check import check
 from _tol import DEVICE, assert_close, gpu
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
@@ -56,7 +56,7 @@ def test_4d(training, dtype, layout):
     # (inference: torch's CUDA backward returns an NCHW gradient for channels_last input; dropin keeps the
     # input's layout)
     check(_bn(ops.batch_norm, stats, training, log=log), _bn(F.batch_norm, stats, training, log=log), inputs,
-          grad_layout=training)
+          grad_layout="format" if training else None)
     if training:  # dropin's updated statistics vs float64 torch's (the third call), and torch's own (the second)
         for (got, want_t, want) in zip(log[0], log[1], log[2]):
             assert_close(got, want.to(got.device), torch.float32, "fwd", torch_out=want_t, what="running statistics")
@@ -107,9 +107,9 @@ def test_half_running_stats_and_mixed_params():
 def test_partial_gradients_and_no_grad():
     stats = _stats(4)
     inputs = {"x": _x((3, 4, 5, 5)), **_params(4)}
-    for training in (False, True):
-        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training), inputs, grad_of=["w"])
-        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training), inputs, grad_of=["x"])
+    for training in (False, True):  # the gradient of w alone, then of x alone
+        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training), inputs, constant=("x", "b"))
+        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training), inputs, constant=("w", "b"))
     with torch.no_grad():
         y = ops.batch_norm(inputs["x"].requires_grad_(), *stats, inputs["w"], inputs["b"])
     assert not y.requires_grad
@@ -150,8 +150,8 @@ def test_torch_compile_fullgraph():
 def test_resnet_shapes_gpu(training, layout, dtype):
     for shape in [(64, 64, 112, 112), (64, 2048, 7, 7), (8, 256, 56, 56)]:
         stats = _stats(shape[1])
-        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training),
-              {"x": _x(shape, dtype, layout), **_params(shape[1])}, grad_layout=training)  # (as test_4d)
+        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training),  # (layouts as test_4d)
+              {"x": _x(shape, dtype, layout), **_params(shape[1])}, grad_layout="format" if training else None)
 
 
 # ----------------------------------------------------------------------------------------- errors

@@ -1,7 +1,7 @@
 """dropin.ops.conv2d against torch.nn.functional.conv2d: torch semantics, DESIGN.md tolerances.
 
 Every numerical test goes through `check`: forward and the gradients of input, weight and bias (for a random
-upstream gradient) against F.conv2d in float64 (the reference) and against PyTorch's own error in the same
+upstream gradient) against F.conv2d in float64 on the CPU (the reference) and against PyTorch's own error in the same
 dtype (the 2x rule). On the CPU the kernels run under the Triton interpreter, so shapes stay small there;
 `gpu` tests add the full seed shapes, bfloat16 and TF32.
 F.conv2d on CUDA uses TF32 for float32 while torch.backends.cudnn.allow_tf32 is set (torch's default), and so
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import _check
 import dropin
 from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
 
@@ -46,37 +47,11 @@ def leaves(x_shape, w_shape, bias=True, dtype=torch.float32, channels_last=False
     return out
 
 
-def check(op, ref_op, inputs: dict, backward=True):
-    """op(**inputs) forward and (with backward) every input's gradient vs ref_op in float64 and in the dtype.
-    Also: same output strides as torch (memory format), and each gradient in its input's layout."""
-    dtype = inputs["x"].dtype
-
-    def run(fn, cast):
-        ins = {k: cast(v).detach().requires_grad_(backward) for k, v in inputs.items()}
-        return ins, fn(*ins.values())
-
-    keep = lambda t: t  # noqa: E731
-    to64 = lambda t: t.double()  # noqa: E731  (Tensor.double keeps a dense tensor's strides)
-    ins, out = run(op, keep)
-    ins_t, out_t = run(ref_op, keep)
-    ins_64, ref = run(ref_op, to64)
-    assert_close(out, ref, dtype, "fwd", torch_out=out_t, what="forward")
-    if out.dim() == 4 and out.numel() > 0:
-        assert out.is_contiguous(memory_format=torch.channels_last) == \
-            out_t.is_contiguous(memory_format=torch.channels_last), "output memory format differs from torch's"
-    if not backward:
-        return
-    grad = torch.randn(ref.shape, device=DEVICE, dtype=dtype)
-    grads = torch.autograd.grad(out, list(ins.values()), grad)
-    grads_t = torch.autograd.grad(out_t, list(ins_t.values()), grad)
-    grads_64 = torch.autograd.grad(ref, list(ins_64.values()), grad.double())
-    for name, g, g_t, g_64 in zip(inputs, grads, grads_t, grads_64):
-        assert_close(g, g_64, dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
-        t = inputs[name]
-        if name == "r":  # a residual's gradient is the output's, in the output's layout (as torch's add gives)
-            assert g.stride() == g_t.stride() or g.numel() <= 1, "residual gradient layout differs from torch's"
-        elif t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last):
-            assert g.stride() == t.stride() or g.numel() <= 1, f"gradient of '{name}' changed layout"
+def check(op, ref_op, inputs: dict):
+    """The shared check, for an NCHW upstream gradient (also under a channels_last output), each gradient in its
+    input's layout; a residual's gradient is the output's, in the output's layout (as torch's add gives)."""
+    _check.check(op, ref_op, inputs, upstream_contiguous=True,
+                 grad_layout={k: "torch" if k == "r" else "input" for k in inputs})
 
 
 # ----------------------------------------------------------------------------------------- seed shapes

@@ -1,11 +1,11 @@
 """dropin.ops.layer_norm against F.layer_norm: forward and the gradients of input, weight and bias vs float64
-and the 2x rule (tests/_check_ops.py); odd row lengths, several normalized dims, strided views, every error path."""
+and the 2x rule (tests/_check.py); odd row lengths, several normalized dims, strided views, every error path."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import dropin.ops as ops
-from _check_ops import check
+from _check import check
 from _tol import DEVICE, assert_close, gpu
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
@@ -32,7 +32,7 @@ def test_row_lengths(n, dtype):
     """Short rows (many per program) to long ones (one per program), none a power of 2 but 64. With n = 1
     x - mean and the gradients of x and w are exactly 0 (float64 torch gives rounding noise), so only b is compared."""
     leaves = _leaves((3, n) if n > 1000 else (3, 3, n), 1, dtype)
-    check(_ln(ops.layer_norm, [n]), _ln(F.layer_norm, [n]), leaves, grad_of=["b"] if n == 1 else None)
+    check(_ln(ops.layer_norm, [n]), _ln(F.layer_norm, [n]), leaves, constant=("x", "w") if n == 1 else ())
 
 
 @pytest.mark.parametrize("weight,bias", [(True, False), (False, True), (False, False)])
@@ -69,9 +69,9 @@ def test_mixed_precision_params():
 
 
 def test_partial_gradients_and_no_grad():
-    leaves = _leaves((4, 30), 1)
-    check(_ln(ops.layer_norm, [30]), _ln(F.layer_norm, [30]), leaves, grad_of=["w"])
-    check(_ln(ops.layer_norm, [30]), _ln(F.layer_norm, [30]), leaves, grad_of=["x"])
+    leaves = _leaves((4, 30), 1)  # the gradient of w alone, then of x alone
+    check(_ln(ops.layer_norm, [30]), _ln(F.layer_norm, [30]), leaves, constant=("x", "b"))
+    check(_ln(ops.layer_norm, [30]), _ln(F.layer_norm, [30]), leaves, constant=("w", "b"))
     with torch.no_grad():
         y = ops.layer_norm(leaves["x"].requires_grad_(), [30], leaves["w"], leaves["b"])
     assert not y.requires_grad

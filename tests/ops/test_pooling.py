@@ -1,5 +1,5 @@
 """dropin.ops max_pool2d / avg_pool2d / adaptive_avg_pool2d against torch.nn.functional: forward and backward
-vs float64 and the 2x rule (tests/_check_ops.py), NCHW / channels_last / strided views, odd sizes, every option,
+vs float64 and the 2x rule (tests/_check.py), NCHW / channels_last / strided views, odd sizes, every option,
 ties, NaN and -inf for max pooling, every error path; larger shapes on the GPU."""
 import pytest
 import torch
@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dropin.ops as ops
-from _check_ops import check
+from _check import check
 from _tol import DEVICE, gpu
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
@@ -123,7 +123,7 @@ def test_global_avg_pool(dtype, layout):
     """Output size 1: ResNet's / CvT's global pool, the reduction kernel. torch computes it as a mean, whose
     gradient is contiguous; dropin's keeps the input's layout (channels_last for a channels_last model)."""
     check(_bind(ops.adaptive_avg_pool2d, output_size=1), _bind(F.adaptive_avg_pool2d, output_size=1),
-          {"x": _x((3, 7, 9, 5), dtype, layout)}, grad_layout=False)
+          {"x": _x((3, 7, 9, 5), dtype, layout)}, grad_layout=None)
 
 
 @pytest.mark.parametrize("output_size", [(3, 5), 2, (None, 4), (11, 9), (1, 3)])
@@ -170,7 +170,7 @@ def test_resnet50_shapes_gpu(dtype, layout):
     check(_bind(ops.max_pool2d, kernel_size=3, stride=2, padding=1),
           _bind(F.max_pool2d, kernel_size=3, stride=2, padding=1), {"x": _x((32, 64, 112, 112), dtype, layout)})
     check(_bind(ops.adaptive_avg_pool2d, output_size=1), _bind(F.adaptive_avg_pool2d, output_size=1),
-          {"x": _x((64, 2048, 7, 7), dtype, layout)}, grad_layout=False)
+          {"x": _x((64, 2048, 7, 7), dtype, layout)}, grad_layout=None)
     check(_bind(ops.adaptive_avg_pool2d, output_size=(5, 3)), _bind(F.adaptive_avg_pool2d, output_size=(5, 3)),
           {"x": _x((8, 256, 31, 17), dtype, layout)})
 

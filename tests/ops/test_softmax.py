@@ -1,10 +1,10 @@
 """dropin.ops.softmax / log_softmax against torch: forward and backward vs float64 and the 2x rule
-(tests/_check_ops.py), rows of 1 to 65536 elements, every dim, strided views and layouts, -inf, errors."""
+(tests/_check.py), rows of 1 to 65536 elements, every dim, strided views and layouts, -inf, errors."""
 import pytest
 import torch
 
 import dropin.ops as ops
-from _check_ops import check
+from _check import check
 from _tol import DEVICE, gpu
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
