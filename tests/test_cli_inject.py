@@ -115,6 +115,14 @@ def test_inject_resnet_weights_loaded(monkeypatch, tmp_path):
         main(["inject", "resnet18", "--image-size", "8", "--weights", str(tmp_path / "other.pt")])
 
 
+def test_inject_pruned_llama_runs_sparse(capsys):
+    """--prune 0.9 zeros 90% of the MLP projections' weights; --sparse 0.5 puts them on sparse_linear."""
+    assert main(["inject", "llama", "--prune", "0.9", "--sparse", "0.5", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"mlp\.(gate|up|down)_proj +Linear +sparse_linear \(", out)) == 3, out
+    assert "verified" in out and "swiglu_mlp" not in out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["resnet18", "--weights", "/no/such/checkpoint.pt"], "--weights /no/such/checkpoint.pt: no such file"),
     (["llama", "--weights", "/no/such/dir"], "--weights /no/such/dir: no such file"),
@@ -125,6 +133,8 @@ def test_inject_resnet_weights_loaded(monkeypatch, tmp_path):
     (["llama", "--weights", "/tmp", "--layers", "2"], "--layers cannot be combined with --weights"),
     (["resnet18", "--weights", "/tmp"], "--weights /tmp: resnet18 loads a state_dict file"),
     (["llama", "--json", "r.json"], "add --bench"),
+    (["resnet18", "--prune", "1.5"], "--prune 1.5: must be in [0, 1]"),
+    (["llama", "--sparse", "-0.1"], "--sparse -0.1: must be in [0, 1]"),
 ])
 def test_inject_bad_arguments(capsys, argv, message):
     assert main(["inject", *argv]) == 2

@@ -83,7 +83,7 @@ class Launcher:
         if compiled is None:
             compiled = self.kernel[self.grid](*args, **self.constexprs)
             if DIRECT_LAUNCH and not INTERPRET:
-                self.tail = tuple(self.constexprs[n] for n in self.kernel.arg_names[len(args):])
+                self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
                 self.device = torch.cuda.current_device()
                 self.compiled = compiled
             return

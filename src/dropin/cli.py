@@ -112,7 +112,24 @@ def _check_inject_args(args):
                 f"{'a save_pretrained directory' if directory else 'a state_dict file (torch.save)'}")
     if (args.json or args.csv) and not args.bench:
         return "--json and --csv write the --bench rows: add --bench"
+    for flag in ("prune", "sparse"):
+        value = getattr(args, flag)
+        if value is not None and not 0 <= value <= 1:
+            return f"--{flag} {value}: must be in [0, 1]"
     return None
+
+
+def _prune(model, fraction: float, mlp_only: bool) -> None:
+    """Zeros `fraction` of the weights of the model's Conv2d and Linear layers (llama: the MLP projections),
+    smallest magnitudes model-wide; permanent (plain zeros, no prune hooks left)."""
+    from torch import nn
+    from torch.nn.utils import prune
+
+    layers = [m for name, m in model.named_modules()
+              if isinstance(m, (nn.Conv2d, nn.Linear)) and (not mlp_only or ".mlp." in f".{name}")]
+    prune.global_unstructured([(m, "weight") for m in layers], pruning_method=prune.L1Unstructured, amount=fraction)
+    for m in layers:
+        prune.remove(m, "weight")
 
 
 def load_suite(name: str):
@@ -169,7 +186,7 @@ def _train(original, model, inputs) -> None:
 
 
 def _inject(args) -> int:
-    from dropin.inject import VerificationError, inject_
+    from dropin.inject import InjectConfig, VerificationError, inject_
 
     problem = _check_inject_args(args)
     if problem:
@@ -181,10 +198,12 @@ def _inject(args) -> int:
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     model = MODELS[args.model](args).train(args.train)
     model = model.to(_runtime.KERNEL_DEVICE, getattr(torch, args.dtype), memory_format=memory_format)
+    if args.prune:
+        _prune(model, args.prune, mlp_only=args.model == "llama")
     inputs = _inputs(args, model)
     original = copy.deepcopy(model) if args.train or args.bench else None
     try:
-        report = inject_(model, example_inputs=inputs, verify=args.verify)
+        report = inject_(model, InjectConfig(sparse=args.sparse), example_inputs=inputs, verify=args.verify)
     except VerificationError as e:
         print(e, file=sys.stderr)
         return 1
@@ -244,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "original and the injected model, the gradients compared")
     inject.add_argument("--bench", action="store_true", help="time original / injected, eager / torch.compile "
                         "(inference, or the training step with --train) with errors and coverage")
+    inject.add_argument("--prune", type=float, metavar="FRACTION", help="first zero this fraction of the weights of "
+                        "the model's Conv2d and Linear layers (llama: its MLPs' projections), smallest magnitudes "
+                        "model-wide (torch.nn.utils.prune.global_unstructured, made permanent)")
+    inject.add_argument("--sparse", type=float, metavar="THRESHOLD", help="InjectConfig(sparse=THRESHOLD): layers "
+                        "with at least this fraction of zeros run the sparse kernels")
     inject.add_argument("--json", metavar="PATH", help="with --bench: write the rows as JSON")
     inject.add_argument("--csv", metavar="PATH", help="with --bench: write the rows as CSV")
     inject.add_argument("--warmup", type=float, default=25, help="with --bench: warm-up time, ms (GPU)")

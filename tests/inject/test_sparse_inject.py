@@ -158,3 +158,28 @@ def test_invalid_threshold_raises(bad):
     config.sparse = bad
     with pytest.raises(ValueError, match="InjectConfig.sparse"):
         dropin.inject_(sparse_mlp(), config, verify=False)
+
+
+def test_pruned_convs_go_sparse_and_resnet_blocks_unfuse():
+    """A torchvision ResNet-18 (small input) globally magnitude-pruned to 90% with torch.nn.utils.prune: every
+    conv with at least the threshold's zeros runs sparse_conv2d (its block no longer fuses; BatchNorm and ReLU
+    run as their own kernels), the others (global pruning leaves some layers denser) stay torch with the reason,
+    verified against the original; without `sparse` every pruned conv stays torch with the reason."""
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18(num_classes=10).to(DEVICE).eval().requires_grad_(False)
+    convs = [(m, "weight") for m in model.modules() if isinstance(m, nn.Conv2d)]
+    prune.global_unstructured(convs, pruning_method=prune.L1Unstructured, amount=0.9)
+    x = torch.randn(1, 3, 32, 32, device=DEVICE)
+    plain = copy.deepcopy(model)
+    report = dropin.inject_(model, InjectConfig(sparse=0.5), example_inputs=x)
+    assert report.verification.startswith("verified")
+    sparsity = {conv: dnn.sparse.weight_sparsity(conv) for conv, _ in convs}
+    sparse = [m for m in model.modules() if isinstance(m, dnn.SparsifiedConv2d)]
+    assert {m.original for m in sparse} == {conv for conv, s in sparsity.items() if s >= 0.5}
+    assert len(sparse) >= len(convs) // 2 and not any(isinstance(m, dnn.ResidualBlock) for m in model.modules())
+    left = [e for e in report.left if e.type == "Conv2d"]
+    assert len(left) == len(convs) - len(sparse) and all("under the 50.0% threshold" in e.reason for e in left)
+    left = {e.name: e.reason for e in dropin.inject_(plain, example_inputs=x).left}
+    assert not any(isinstance(m, (dnn.SparsifiedConv2d, dnn.ResidualBlock)) for m in plain.modules())
+    assert all("torch.nn.utils.prune" in left[name] for name, m in model.named_modules()
+               if isinstance(m, dnn.SparsifiedConv2d)), left

@@ -26,9 +26,10 @@ class VerificationError(InjectError):
         self.module = module
 
 
-# The sparsity at or above which InjectConfig(sparse=True) runs a Linear on the sparse kernels. PROVISIONAL: the
-# issue asks for the measured GPU break-even point, and no GPU numbers exist yet; 0.9 is where the arithmetic in
-# docs/perf-notes.md predicts a 2-3x win at one token (fp16 weight bytes 0.158x dense) and none at 16 tokens.
+# The sparsity at or above which InjectConfig(sparse=True) runs a Linear or Conv2d on the sparse kernels. Measured
+# on the H200 (docs/perf-notes.md, benchmarks/results/h200/sparse.json): for one token (decoding) the sparse
+# linear breaks even with cuBLAS at ~80% and wins 1.3x at 90%; with 16 or more tokens it does not break even, nor
+# do batch-64 convs. 0.9 keeps a margin for the one-token case; models run with many tokens should leave it off.
 SPARSE_THRESHOLD = 0.9
 
 
@@ -41,10 +42,11 @@ class InjectConfig:
     dtypes: a module with a floating tensor of another dtype stays torch.
     input_shape: without example_inputs, verification feeds one random tensor of this shape (the dtype and
       device of the model's first floating parameter).
-    sparse: None / False (default): Linears stay dense. A threshold in [0, 1]: an nn.Linear whose weight has at
-      least that fraction of zeros (plain zeros or a torch.nn.utils.prune mask) runs the sparse kernels
-      (nn.SparsifiedLinear, weight frozen) unless it is in training mode with a weight that requires grad; the
-      report gives each Linear's sparsity and the choice. True: SPARSE_THRESHOLD (provisional, not yet measured).
+    sparse: None / False (default): Linears and Conv2ds stay dense. A threshold in [0, 1]: an nn.Linear /
+      nn.Conv2d whose weight has at least that fraction of zeros (plain zeros or a torch.nn.utils.prune mask)
+      runs the sparse kernels (nn.SparsifiedLinear / nn.SparsifiedConv2d, weight frozen, not fused with its
+      neighbours) unless it is in training mode with a weight that requires grad; the report gives each one's
+      sparsity and the choice. True: SPARSE_THRESHOLD.
     """
     ops: Optional[frozenset] = None
     fusions: bool = True

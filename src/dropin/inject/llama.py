@@ -35,6 +35,12 @@ def _register():
 
     @register(LlamaMLP, op="swiglu_mlp")
     def llama_mlp(module: nn.Module, site):
+        projections = [getattr(module, n) for n in ("gate_proj", "up_proj", "down_proj")]
+        threshold = site.config.sparse_threshold
+        if threshold is not None and any(dnn.sparse.weight_sparsity(p) >= threshold for p in projections):
+            return f"a projection has at least {threshold:.1%} zeros (sparse_linear): its modules are injected one by one"
+        if any(dnn.sparse.pruned(p) for p in projections):
+            return "a projection is pruned by torch.nn.utils.prune (only the sparse path applies the mask)"
         return _adopt(module, dnn.SwiGLUMLP.from_llama, "swiglu_mlp")
 
     @register(LlamaRMSNorm, op="rms_norm")

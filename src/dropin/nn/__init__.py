@@ -6,9 +6,9 @@ from .linear import Linear
 from .module import Adopted, DropinModule, Folded
 from .resnet import ResidualBlock
 from .rms_norm import RMSNorm
-from .sparse import SparseLinear, SparsifiedLinear
+from .sparse import SparseConv2d, SparseLinear, SparsifiedConv2d, SparsifiedLinear
 from .swiglu import SwiGLUMLP
 
 __all__ = ["Adopted", "Conv2d", "ConvBNAct", "DropinModule", "Folded", "Linear", "LlamaAttention",
-           "ResidualBlock", "RMSNorm", "SparseLinear", "SparsifiedLinear",
+           "ResidualBlock", "RMSNorm", "SparseConv2d", "SparseLinear", "SparsifiedConv2d", "SparsifiedLinear",
            "SwiGLUMLP"]

@@ -10,9 +10,10 @@ from .rms_norm import rms_norm
 from .rope import rope
 from .softmax import log_softmax, softmax
 from .sparse import SparseWeight, sparse_linear, sparsify
+from .sparse_conv2d import sparse_conv2d
 from .swiglu import swiglu_mlp
 
 __all__ = ["matmul", "bmm", "linear", "conv2d", "fold_batchnorm", "attention", "rms_norm", "rope", "swiglu_mlp",
            "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "layer_norm", "batch_norm", "softmax", "log_softmax",
            "activation", "relu", "gelu", "silu",
-           "sparse_linear", "sparsify", "SparseWeight"]
+           "sparse_linear", "sparse_conv2d", "sparsify", "SparseWeight"]

@@ -875,7 +875,7 @@ class _Conv2dFunction(torch.autograd.Function):
 
 # --- 6. Public function ----------------------------------------------------------------------------------
 
-def _pair(value, name: str, positive: bool) -> tuple:
+def _pair(op: str, value, name: str, positive: bool) -> tuple:
     if type(value) is int and (value > 0 or not positive and value == 0):  # the common case, checked fast
         return value, value
     if isinstance(value, int) and not isinstance(value, bool):
@@ -884,12 +884,12 @@ def _pair(value, name: str, positive: bool) -> tuple:
         value = (value[0], value[0])
     if not (isinstance(value, (tuple, list)) and len(value) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
-        raise RuntimeError(f"conv2d: expected '{name}' to be a single integer value or a list of 2 values, "
+        raise RuntimeError(f"{op}: expected '{name}' to be a single integer value or a list of 2 values, "
                            f"but got {name}={value!r}")
     if positive and min(value) <= 0:
-        raise RuntimeError(f"conv2d: argument '{name}' must be positive, but got {name}={list(value)}")
+        raise RuntimeError(f"{op}: argument '{name}' must be positive, but got {name}={list(value)}")
     if not positive and min(value) < 0:
-        raise RuntimeError(f"conv2d: negative '{name}' is not supported, but got {name}={list(value)}")
+        raise RuntimeError(f"{op}: negative '{name}' is not supported, but got {name}={list(value)}")
     return tuple(value)
 
 
@@ -900,6 +900,55 @@ def _same_padding(KH, KW, dilation) -> tuple:
         total = d * (k - 1)
         pads += [total // 2, total - total // 2]
     return tuple(pads)
+
+
+def conv_args(op: str, input: torch.Tensor, weight_shape, bias: Optional[torch.Tensor], stride, padding,
+              dilation, groups) -> tuple:
+    """Checks F.conv2d's shapes and geometry arguments as torch does (errors named for `op`); returns (x: input
+    as 4-D, stride, pads (top, bottom, left, right), dilation, unbatched)."""
+    if input.dim() not in (3, 4):
+        raise RuntimeError(f"{op}: expected 3-D (unbatched) or 4-D (batched) 'input', but got input of size "
+                           f"{list(input.shape)}")
+    if len(weight_shape) != 4:
+        raise RuntimeError(f"{op}: expected 4-D 'weight' [out_channels, in_channels / groups, kH, kW], but got "
+                           f"weight of size {list(weight_shape)}")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups <= 0:
+        raise RuntimeError(f"{op}: non-positive 'groups' is not supported, got groups={groups!r}")
+    stride = _pair(op, stride, "stride", True)
+    dilation = _pair(op, dilation, "dilation", True)
+    KH, KW = weight_shape[2:]
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = (0, 0, 0, 0)
+        elif padding == "same":
+            if stride != (1, 1):
+                raise RuntimeError(f"{op}: padding='same' is not supported for strided convolutions "
+                                   f"(argument 'stride' is {list(stride)})")
+            pads = _same_padding(KH, KW, dilation)
+        else:
+            raise RuntimeError(f"{op}: invalid 'padding' string {padding!r}; expected 'same' or 'valid'")
+    else:
+        ph, pw = _pair(op, padding, "padding", False)
+        pads = (ph, ph, pw, pw)
+    unbatched = input.dim() == 3
+    x = input.unsqueeze(0) if unbatched else input
+    C, H, W = x.shape[1:]
+    cout = weight_shape[0]
+    if cout % groups != 0:
+        raise RuntimeError(f"{op}: given groups={groups}, expected 'weight' to be divisible by {groups} at "
+                           f"dimension 0, but got weight of size {list(weight_shape)}")
+    if weight_shape[1] * groups != C:
+        raise RuntimeError(f"{op}: given groups={groups}, weight of size {list(weight_shape)}, expected 'input' "
+                           f"{list(input.shape)} to have {weight_shape[1] * groups} channels, but got {C}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != cout):
+        raise RuntimeError(f"{op}: expected 'bias' to be 1-dimensional with {cout} elements, but got bias of "
+                           f"size {list(bias.shape)}")
+    padded = (H + pads[0] + pads[1], W + pads[2] + pads[3])
+    if padded[0] < dilation[0] * (KH - 1) + 1 or padded[1] < dilation[1] * (KW - 1) + 1:
+        raise RuntimeError(f"{op}: calculated padded 'input' size per channel ({padded[0]} x {padded[1]}) is "
+                           f"smaller than the dilated kernel size ({dilation[0] * (KH - 1) + 1} x "
+                           f"{dilation[1] * (KW - 1) + 1}) of 'weight'")
+    return x, stride, pads, dilation, unbatched
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
@@ -917,12 +966,6 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is."""
     act = check_activation(activation)
     _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias, residual=residual)
-    if input.dim() not in (3, 4):
-        raise RuntimeError(f"conv2d: expected 3-D (unbatched) or 4-D (batched) 'input', but got input of size "
-                           f"{list(input.shape)}")
-    if weight.dim() != 4:
-        raise RuntimeError(f"conv2d: expected 4-D 'weight' [out_channels, in_channels / groups, kH, kW], but got "
-                           f"weight of size {list(weight.shape)}")
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
         if t is not None and t.dtype not in _DTYPES:
             raise RuntimeError(f"conv2d: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
@@ -930,42 +973,11 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         if t is not None and t.dtype != input.dtype:
             raise RuntimeError(f"conv2d: expected 'input' and '{name}' to have the same dtype, but got "
                                f"{input.dtype} and {t.dtype}")
-    if not isinstance(groups, int) or isinstance(groups, bool) or groups <= 0:
-        raise RuntimeError(f"conv2d: non-positive 'groups' is not supported, got groups={groups!r}")
-    stride = _pair(stride, "stride", True)
-    dilation = _pair(dilation, "dilation", True)
+    x, stride, pads, dilation, unbatched = conv_args("conv2d", input, weight.shape, bias, stride, padding,
+                                                     dilation, groups)
+    H, W = x.shape[2:]
     KH, KW = weight.shape[2:]
-    if isinstance(padding, str):
-        if padding == "valid":
-            pads = (0, 0, 0, 0)
-        elif padding == "same":
-            if stride != (1, 1):
-                raise RuntimeError("conv2d: padding='same' is not supported for strided convolutions "
-                                   f"(argument 'stride' is {list(stride)})")
-            pads = _same_padding(KH, KW, dilation)
-        else:
-            raise RuntimeError(f"conv2d: invalid 'padding' string {padding!r}; expected 'same' or 'valid'")
-    else:
-        ph, pw = _pair(padding, "padding", False)
-        pads = (ph, ph, pw, pw)
-    unbatched = input.dim() == 3
-    x = input.unsqueeze(0) if unbatched else input
-    C, H, W = x.shape[1:]
     cout = weight.shape[0]
-    if cout % groups != 0:
-        raise RuntimeError(f"conv2d: given groups={groups}, expected 'weight' to be divisible by {groups} at "
-                           f"dimension 0, but got weight of size {list(weight.shape)}")
-    if weight.shape[1] * groups != C:
-        raise RuntimeError(f"conv2d: given groups={groups}, weight of size {list(weight.shape)}, expected 'input' "
-                           f"{list(input.shape)} to have {weight.shape[1] * groups} channels, but got {C}")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != cout):
-        raise RuntimeError(f"conv2d: expected 'bias' to be 1-dimensional with {cout} elements, but got bias of "
-                           f"size {list(bias.shape)}")
-    padded = (H + pads[0] + pads[1], W + pads[2] + pads[3])
-    if padded[0] < dilation[0] * (KH - 1) + 1 or padded[1] < dilation[1] * (KW - 1) + 1:
-        raise RuntimeError(f"conv2d: calculated padded 'input' size per channel ({padded[0]} x {padded[1]}) is "
-                           f"smaller than the dilated kernel size ({dilation[0] * (KH - 1) + 1} x "
-                           f"{dilation[1] * (KW - 1) + 1}) of 'weight'")
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # the kernel reads bias with unit stride
     if residual is not None:

@@ -7,7 +7,7 @@ non-zeros) gives where each (row, chunk) run starts, C = cdiv(K, block_k). Nothi
 nnz * (itemsize + 1) + 4 * (N * C + 1), e.g. fp16 at 90% sparsity 0.158x dense (0.15x of values and offsets,
 0.008x of pointers), and a kernel reads only those bytes.
 
-Kernel (`_sparse_linear_kernel`, CUDA cores, fp32 accumulation): a program owns BLOCK_N weight rows (output
+Kernel (`_sparse_kernel`, CUDA cores, fp32 accumulation): a program owns BLOCK_N weight rows (output
 columns), BLOCK_C chunks of K and up to 16 tokens; it loads the run pointers of all its BLOCK_N * BLOCK_C
 (row, chunk) runs at once and walks them together BLOCK_P entries at a time, gathering x through its
 transpose [K, tokens] (the tokens of one entry's column are one contiguous read). Built for the memory-bound
@@ -31,6 +31,7 @@ import triton.language as tl
 from .. import _runtime
 from . import _autotune
 from ._common import FLOAT_DTYPES, launch, switch
+from .conv2d import _tap
 from .matmul import _split_sum_kernel, linear
 
 MAX_BLOCK_K = 256  # a chunk offset fits a uint8
@@ -48,12 +49,31 @@ def sparse_linear_ref(x, weight, bias=None) -> torch.Tensor:
 class SparseWeight:
     """A weight [N, K] in chunked CSR (module docstring): values [nnz] (the weight's dtype), offsets [nnz]
     uint8 (column within its chunk of block_k), chunk_ptr [N * C + 1] int32/int64, and optionally
-    `transposed`, the same format of W^T [K, N] (for the input gradient). Build with `sparsify`."""
+    `transposed`, the same format of W^T [K, N] (for the input gradient). Build with `sparsify`.
+    A conv2d weight [Cout, Cin / groups, KH, KW] has `kernel` = (KH, KW, groups) and is stored as
+    [Cout, Cin / groups * KH * KW] (torch's flattening); its `transposed` is the input gradient's weight:
+    per group, [Cin / groups, Cout / groups * KH * KW] (columns (output channel, kh, kw)), groups stacked."""
 
     def __init__(self, values: torch.Tensor, offsets: torch.Tensor, chunk_ptr: torch.Tensor, shape: tuple,
-                 block_k: int, transposed: Optional["SparseWeight"] = None):
+                 block_k: int, transposed: Optional["SparseWeight"] = None, kernel: Optional[tuple] = None):
         self.values, self.offsets, self.chunk_ptr = values, offsets, chunk_ptr
         self.shape, self.block_k, self.transposed = tuple(shape), block_k, transposed
+        self.kernel = None if kernel is None else tuple(kernel)
+
+    @property
+    def conv_shape(self) -> Optional[tuple]:
+        """[Cout, Cin / groups, KH, KW] of a conv2d weight, else None."""
+        if self.kernel is None:
+            return None
+        KH, KW, _ = self.kernel
+        return (self.shape[0], self.shape[1] // (KH * KW), KH, KW)
+
+    def _transposed_shape(self) -> tuple:
+        N, K = self.shape
+        if self.kernel is None:
+            return (K, N)
+        KH, KW, groups = self.kernel
+        return (K // (KH * KW) * groups, N // groups * KH * KW)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -87,23 +107,24 @@ class SparseWeight:
             return self
         t = self.transposed
         return SparseWeight(self.values.to(dtype), self.offsets, self.chunk_ptr, self.shape, self.block_k,
-                            None if t is None else t.to(dtype))
+                            None if t is None else t.to(dtype), self.kernel)
 
     def to_dense(self) -> torch.Tensor:
-        """The weight [N, K] with its zeros back (exactly the values that went in)."""
+        """The weight [N, K] (a conv2d weight: [Cout, Cin / groups, KH, KW]) with its zeros back (exactly the
+        values that went in)."""
         N, K = self.shape
         chunks = triton.cdiv(K, self.block_k)
         runs = torch.repeat_interleave(torch.arange(N * chunks, device=self.device), self.chunk_ptr.diff(),
                                        output_size=self.nnz)  # (no device sync)
         dense = self.values.new_zeros((N, chunks * self.block_k))
         dense[runs // chunks, (runs % chunks) * self.block_k + self.offsets.long()] = self.values
-        return dense[:, :K]
+        return dense[:, :K] if self.kernel is None else dense[:, :K].reshape(self.conv_shape)
 
     def consistent(self) -> bool:
         """Whether the tensors fit the shape (a kernel trusts them): 1-D contiguous values and uint8 offsets of
         one length, chunk_ptr with N * C + 1 integers, all on one device; and the same for `transposed`.
         Remembered for the fields it was checked with (a call costs ~7 us of CPU time otherwise)."""
-        fields = (self.values, self.offsets, self.chunk_ptr, self.shape, self.block_k, self.transposed)
+        fields = (self.values, self.offsets, self.chunk_ptr, self.shape, self.block_k, self.transposed, self.kernel)
         if getattr(self, "_checked", None) is None or any(a is not b for a, b in zip(self._checked, fields)):
             self._checked = fields if self._check_fields() else None
         return self._checked is not None
@@ -117,15 +138,19 @@ class SparseWeight:
                 and self.offsets.dtype == torch.uint8 and self.chunk_ptr.dtype in (torch.int32, torch.int64)
                 and self.offsets.numel() == self.values.numel()
                 and self.chunk_ptr.numel() == N * triton.cdiv(K, self.block_k) + 1
-                and (self.transposed is None or self.transposed.shape == (K, N) and self.transposed.consistent()))
+                and (self.kernel is None or len(self.kernel) == 3 and min(self.kernel) >= 1
+                     and K % (self.kernel[0] * self.kernel[1]) == 0 and N % self.kernel[2] == 0)
+                and (self.transposed is None or self.transposed.shape == self._transposed_shape()
+                     and self.transposed.kernel == self.kernel and self.transposed.consistent()))
 
     def __repr__(self) -> str:
         return (f"SparseWeight(shape={self.shape}, dtype={self.dtype}, density={self.density:.4f}, "
                 f"nbytes={self.nbytes} ({self.nbytes / max(1, self.dense_nbytes):.3f}x dense), "
-                f"block_k={self.block_k}, transposed={self.transposed is not None})")
+                f"block_k={self.block_k}, transposed={self.transposed is not None}"
+                + ("" if self.kernel is None else f", conv_shape={self.conv_shape}, groups={self.kernel[2]}") + ")")
 
 
-def _compress(weight: torch.Tensor, block_k: int) -> SparseWeight:
+def _compress(weight: torch.Tensor, block_k: int, kernel: Optional[tuple] = None) -> SparseWeight:
     """Chunked CSR of a 2-D weight [N, K], vectorized: torch.nonzero lists the entries in (row, chunk,
     column) order, which is the storage order."""
     N, K = weight.shape
@@ -137,48 +162,72 @@ def _compress(weight: torch.Tensor, block_k: int) -> SparseWeight:
     chunk_ptr = torch.zeros(N * chunks + 1, dtype=index_dtype, device=weight.device)
     torch.cumsum(counts, 0, out=chunk_ptr[1:])
     offsets = torch.arange(block_k, dtype=torch.uint8, device=weight.device).expand_as(padded)[nonzero]
-    return SparseWeight(padded[nonzero].contiguous(), offsets, chunk_ptr, (N, K), block_k)
+    return SparseWeight(padded[nonzero].contiguous(), offsets, chunk_ptr, (N, K), block_k, kernel=kernel)
 
 
-def sparsify(weight: torch.Tensor, block_k: int = MAX_BLOCK_K, transpose: bool = True) -> SparseWeight:
-    """Compresses a pruned weight [N, K] (nn.Linear layout; fp32 / fp16 / bf16; zeros where pruned, e.g. a
-    `torch.nn.utils.prune`d module's masked `weight`) into a SparseWeight for `sparse_linear`.
+def sparsify(weight: torch.Tensor, block_k: int = MAX_BLOCK_K, transpose: bool = True,
+             groups: int = 1) -> SparseWeight:
+    """Compresses a pruned weight into a SparseWeight (fp32 / fp16 / bf16; zeros where pruned, e.g. a
+    `torch.nn.utils.prune`d module's masked `weight`): [N, K] (nn.Linear layout) for `sparse_linear`, or
+    [Cout, Cin / groups, KH, KW] (nn.Conv2d layout, with the conv's `groups`) for `sparse_conv2d`.
 
-    block_k: the chunk width (1..256; offsets are uint8). transpose: also compress W^T, which the input
-    gradient needs (twice the compressed bytes; False for inference only). The result holds no graph."""
+    block_k: the chunk width (1..256; offsets are uint8). transpose: also compress the input gradient's
+    weight (W^T; twice the compressed bytes; False for inference only). The result holds no graph."""
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"sparsify: argument 'weight' must be a Tensor, got {type(weight).__name__}")
-    if weight.dim() != 2:
-        raise ValueError(f"sparsify: argument 'weight' must be 2-D [out_features, in_features], "
-                         f"got {weight.dim()}-D")
+    if weight.dim() not in (2, 4):
+        raise ValueError(f"sparsify: argument 'weight' must be 2-D [out_features, in_features] or 4-D "
+                         f"[out_channels, in_channels / groups, kH, kW], got {weight.dim()}-D")
     if weight.dtype not in FLOAT_DTYPES:
         raise ValueError(f"sparsify: argument 'weight' has dtype {weight.dtype}; dropin supports {FLOAT_DTYPES}")
     if isinstance(block_k, bool) or not isinstance(block_k, int) or not 1 <= block_k <= MAX_BLOCK_K:
         raise ValueError(f"sparsify: argument 'block_k' must be an int in [1, {MAX_BLOCK_K}], got {block_k!r}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or weight.shape[0] % groups \
+            or weight.dim() == 2 and groups != 1:
+        raise ValueError(f"sparsify: argument 'groups' must be a positive int dividing out_channels (1 for a 2-D "
+                         f"weight), got {groups!r} for weight of size {list(weight.shape)}")
     weight = weight.detach()
-    sparse = _compress(weight, block_k)
-    if transpose:
-        sparse.transposed = _compress(weight.t(), block_k)
+    if weight.dim() == 2:
+        sparse = _compress(weight, block_k)
+        if transpose:
+            sparse.transposed = _compress(weight.t(), block_k)
+        return sparse
+    cout, cin_g, KH, KW = weight.shape
+    kernel = (KH, KW, groups)
+    sparse = _compress(weight.reshape(cout, -1), block_k, kernel)
+    if transpose:  # per group [Cin / groups, Cout / groups * KH * KW], columns (output channel, kh, kw)
+        t = weight.reshape(groups, cout // groups, cin_g, KH * KW).permute(0, 2, 1, 3)
+        sparse.transposed = _compress(t.reshape(groups * cin_g, cout // groups * KH * KW), block_k, kernel)
     return sparse
 
 
 # --- 2. Kernel ----------------------------------------------------------------------------------------
 
 @triton.jit
-def _sparse_linear_kernel(xt_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
-                          M, N, chunks, stride_t,
-                          HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-                          BLOCK_P: tl.constexpr):
-    """y [M, N] = x @ W^T (+ bias), W in chunked CSR, x given transposed: xt [K, M] with row stride stride_t
-    (unit column stride), so the BLOCK_M tokens of one weight entry's column are one contiguous read.
-    Grid (N tiles, M tiles, splits). A program takes BLOCK_N rows x BLOCK_C chunk slots (split s: chunks
-    [s * BLOCK_C, (s + 1) * BLOCK_C)): the BLOCK_N * BLOCK_C runs at once, BLOCK_P entries of each per step,
-    so every load of a step is independent of the others (one dependent chain: run pointers -> entries ->
-    x). acc [BLOCK_N, BLOCK_C, BLOCK_P, BLOCK_M] (fp32) is summed over runs and entries once at the end.
-    y contiguous; with SPLIT, y is fp32 [splits, M, N] partial sums (the bias is left to their sum)."""
+def _sparse_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
+                   M, N, chunks, stride_t, H, W, OW, m_tiles,
+                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
+                   CONV: tl.constexpr = False, KH: tl.constexpr = 1, KW: tl.constexpr = 1,
+                   ROWS_G: tl.constexpr = 1, CH_G: tl.constexpr = 1, C_X: tl.constexpr = 1,
+                   STRIDE_H: tl.constexpr = 1, STRIDE_W: tl.constexpr = 1, PAD_H: tl.constexpr = 0,
+                   PAD_W: tl.constexpr = 0, DIL_H: tl.constexpr = 1, DIL_W: tl.constexpr = 1,
+                   TRANSPOSED: tl.constexpr = False):
+    """y = (the weight's N rows, in chunked CSR) applied to BLOCK_M tokens at a time (+ bias); fp32 sums.
+    Grid (N tiles, images * m_tiles, splits). A program takes BLOCK_N rows x BLOCK_C chunk slots (split s:
+    chunks [s * BLOCK_C, (s + 1) * BLOCK_C)): all BLOCK_N * BLOCK_C runs at once, BLOCK_P entries of each
+    per step, so the loads of a step are independent (one dependent chain: run pointers -> entries -> x).
+    acc [BLOCK_N, BLOCK_C, BLOCK_P, BLOCK_M] is summed over runs and entries once at the end.
+    - linear (CONV False): tokens are x's rows, read through x's transpose xt [K, M] (row stride stride_t,
+      unit column stride: the tokens of one entry's column are one contiguous read); y [M, N] contiguous.
+    - conv (CONV): tokens are the M = OH * OW output pixels of an image (x NCHW contiguous [images, C_X, H,
+      W]); column k of row r is input channel (r // ROWS_G) * CH_G + k // (KH * KW) at tap (k // KW % KH,
+      k % KW), read where conv2d's `_tap` says (TRANSPOSED: the input gradient, x being the output's
+      gradient); y [images, N, M] contiguous (NCHW).
+    With SPLIT, y is fp32 partial sums [splits, ...] (the bias is left to their sum)."""
     offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    image = tl.program_id(1) // m_tiles
+    offs_m = (tl.program_id(1) % m_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(2)
     offs_c = split * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_p = tl.arange(0, BLOCK_P)
@@ -187,21 +236,42 @@ def _sparse_linear_kernel(xt_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
     run_ok = n_ok[:, None] & (offs_c < chunks)[None, :]
     start = tl.load(run, mask=run_ok, other=0).to(tl.int64)
     count = (tl.load(run + 1, mask=run_ok, other=0) - start).to(tl.int32)
-    x_cols = xt_ptr + (offs_c * BLOCK_K).to(tl.int64)[None, :, None, None] * stride_t + offs_m[None, None, None, :]
+    if CONV:
+        oh = (offs_m // OW)[None, None, None, :]
+        ow = (offs_m % OW)[None, None, None, :]
+        x_img = x_ptr + image.to(tl.int64) * C_X * H * W
+        group_ch = (offs_n // ROWS_G * CH_G)[:, None, None]
+    else:
+        xt_cols = x_ptr + (offs_c * BLOCK_K).to(tl.int64)[None, :, None, None] * stride_t \
+            + offs_m[None, None, None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_C, BLOCK_P, BLOCK_M), dtype=tl.float32)
     for p in range(0, tl.max(tl.max(count, axis=1), axis=0), BLOCK_P):
         ok = (p + offs_p)[None, None, :] < count[:, :, None]
         entry = start[:, :, None] + (p + offs_p)[None, None, :]
         w = tl.load(val_ptr + entry, mask=ok, other=0.0).to(tl.float32)
-        col = tl.load(off_ptr + entry, mask=ok, other=0).to(tl.int64)
-        xv = tl.load(x_cols + col[:, :, :, None] * stride_t, mask=ok[:, :, :, None] & m_ok[None, None, None, :],
-                     other=0.0)
-        acc += xv.to(tl.float32) * w[:, :, :, None]
+        off = tl.load(off_ptr + entry, mask=ok, other=0)
+        if CONV:
+            col = offs_c[None, :, None] * BLOCK_K + off.to(tl.int32)
+            tap = col % (KH * KW)
+            ih, h_ok = _tap(oh, (tap // KW)[:, :, :, None], H, STRIDE_H, PAD_H, DIL_H, TRANSPOSED)
+            iw, w_ok = _tap(ow, (tap % KW)[:, :, :, None], W, STRIDE_W, PAD_W, DIL_W, TRANSPOSED)
+            ch = (group_ch + col // (KH * KW)).to(tl.int64)
+            x_at = x_img + ch[:, :, :, None] * H * W + ih * W + iw
+            x_ok = ok[:, :, :, None] & m_ok[None, None, None, :] & h_ok & w_ok
+        else:
+            x_at = xt_cols + off.to(tl.int64)[:, :, :, None] * stride_t
+            x_ok = ok[:, :, :, None] & m_ok[None, None, None, :]
+        acc += tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32) * w[:, :, :, None]
     acc = tl.sum(tl.sum(acc, axis=2), axis=1)  # [BLOCK_N, BLOCK_M]
-    out = offs_m[None, :] * N + offs_n[:, None]
+    if CONV:
+        out = image.to(tl.int64) * N * M + offs_n[:, None] * M + offs_m[None, :]
+        total = tl.num_programs(1) // m_tiles * N * M
+    else:
+        out = offs_m[None, :] * N + offs_n[:, None]
+        total = M * N
     mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT:
-        tl.store(y_ptr + split.to(tl.int64) * M * N + out, acc, mask=mask)
+        tl.store(y_ptr + split.to(tl.int64) * total + out, acc, mask=mask)
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
@@ -228,20 +298,20 @@ def _scatter_kernel(val_ptr, off_ptr, chunk_ptr, w_ptr, N, K, chunks,
 
 # --- 3. Launcher --------------------------------------------------------------------------------------
 
-# Candidates by token count (BLOCK_N, BLOCK_C, BLOCK_P, warps); the first is the default when not tuning.
-# BLOCK_M = min(16, M rounded up to a power of two); BLOCK_C is cut to the chunk count rounded up to a power
-# of two, and K is split over programs (fp32 partials summed by a second kernel) only beyond BLOCK_C chunks.
-# A tile holds BLOCK_N * BLOCK_C * BLOCK_P * BLOCK_M products: 2048-4096 (16-32 fp32 accumulators a thread
-# at 4 warps). One token: many rows a program, all chunks at once (4096 columns = 16 chunks). Up to 16
-# tokens: one or two rows a program. DENSE (many tokens): the weight expanded into a temporary dense [N, K]
-# (one scatter kernel) for dropin's tensor-core `linear`; the default where M * density >= 2.
+# Candidates by token count (BLOCK_N, BLOCK_C, BLOCK_P, warps), from a sweep on the H200 (docs/perf-notes.md);
+# the first is the default when not tuning. BLOCK_M = min(16, M rounded up to a power of two); BLOCK_C is cut
+# to the chunk count rounded up to a power of two, and K is split over programs (fp32 partials summed by a
+# second kernel) only beyond BLOCK_C chunks. Short steps (BLOCK_P 2-8 entries of each run) over many runs
+# (BLOCK_N * BLOCK_C = 64-512) won: 4096 to 8192 products a step. DENSE (many tokens): the weight expanded
+# into a temporary dense [N, K] (one scatter kernel) for dropin's tensor-core `linear`; the default where
+# M * density >= 2.
 def _cfg(n, c, p, warps):
     return dict(BLOCK_N=n, BLOCK_C=c, BLOCK_P=p, num_warps=warps)
 
 
 _CONFIGS = {
-    "one": [_cfg(4, 16, 32, 4), _cfg(8, 16, 16, 4), _cfg(2, 64, 32, 4), _cfg(4, 16, 32, 8), _cfg(1, 64, 64, 4)],
-    "few": [_cfg(1, 16, 16, 4), _cfg(1, 16, 16, 8), _cfg(2, 16, 8, 4), _cfg(1, 8, 32, 4), _cfg(1, 32, 8, 4)],
+    "one": [_cfg(4, 64, 8, 4), _cfg(8, 32, 8, 8), _cfg(8, 64, 8, 4), _cfg(8, 32, 8, 4), _cfg(4, 16, 32, 4)],
+    "few": [_cfg(8, 32, 4, 4), _cfg(4, 64, 2, 4), _cfg(8, 16, 4, 4), _cfg(4, 32, 4, 4), _cfg(8, 32, 4, 8)],
 }
 _CONFIGS["many"] = _CONFIGS["few"] + [dict(DENSE=True)]
 MAX_M_TILES = 65535  # the grid's second dimension; more tokens take the dense path
@@ -277,13 +347,6 @@ def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tens
     return plan(x, values, offsets, chunk_ptr, bias)
 
 
-def _transposed(x):
-    """(xt, stride_t): x [M, K] as xt [K, M] with unit column stride (x itself when it already is)."""
-    if x.shape[0] == 1 or x.stride(0) == 1:
-        return x, x.stride(1)
-    return x.t().contiguous(), x.shape[0]
-
-
 def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
     """Chooses the config for this signature (tuning on first use); returns run(x, values, offsets, chunk_ptr,
     bias) -> y."""
@@ -297,22 +360,28 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
                 x, _densify(values, offsets, chunk_ptr, N, K, block_k), bias)
         block_c = min(cfg["BLOCK_C"], triton.next_power_of_2(max(chunks, 1)))
         splits = max(1, triton.cdiv(chunks, block_c))
-        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), splits)
+        # the kernel reads x through its transpose xt [K, M] with unit column stride: x itself when one token
+        # or column-major, else a copy
+        direct = M == 1 or x.stride(0) == 1
+        stride_t = x.stride(1) if direct else M
+        m_tiles = triton.cdiv(M, block_m)
+        grid = (triton.cdiv(N, cfg["BLOCK_N"]), m_tiles, splits)
+        scalars = (M, N, chunks, stride_t, 1, 1, 1, m_tiles)
         meta = dict(cfg, BLOCK_C=block_c, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k,
                     BLOCK_M=block_m)
-        product = _runtime.Launcher(_sparse_linear_kernel, grid, meta)
+        product = _runtime.Launcher(_sparse_kernel, grid, meta)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
         split_sum = _runtime.Launcher(_split_sum_kernel, (triton.cdiv(M, 32), triton.cdiv(N, 64)), sum_meta)
 
         def run(x, values, offsets, chunk_ptr, bias):
-            xt, stride_t = _transposed(x)
+            xt = x if direct else x.t().contiguous()
             y = x.new_empty((M, N))
             bias = y if bias is None else bias
             if splits == 1:
-                product(xt, values, offsets, chunk_ptr, bias, y, M, N, chunks, stride_t)
+                product(xt, values, offsets, chunk_ptr, bias, y, *scalars)
                 return y
             partial = torch.empty((splits, M, N), device=x.device, dtype=torch.float32)
-            product(xt, values, offsets, chunk_ptr, bias, partial, M, N, chunks, stride_t)
+            product(xt, values, offsets, chunk_ptr, bias, partial, *scalars)
             split_sum(partial, y, bias, y, M, N)
             return y
         return run
@@ -374,21 +443,31 @@ class _SparseLinearFunction(torch.autograd.Function):
 
 # --- 6. Public function ---------------------------------------------------------------------------------
 
-def _check(x, weight, bias) -> None:
+def check_operands(op: str, x, weight, bias, x_name: str, conv: bool) -> None:
+    """The checks that sparse_linear and sparse_conv2d share: a consistent SparseWeight of the right kind,
+    one device, one float dtype."""
     if not isinstance(weight, SparseWeight):
-        raise TypeError(f"sparse_linear: argument 'weight' must be a SparseWeight (from dropin.ops.sparsify), "
+        raise TypeError(f"{op}: argument 'weight' must be a SparseWeight (from dropin.ops.sparsify), "
                         f"got {type(weight).__name__}")
     if not weight.consistent():
-        raise ValueError(f"sparse_linear: argument 'weight' {weight.shape} has tensors that do not fit its shape "
+        raise ValueError(f"{op}: argument 'weight' {weight.shape} has tensors that do not fit its shape "
                          f"(see SparseWeight.consistent); build it with dropin.ops.sparsify")
-    _runtime.check_kernel_device("sparse_linear", x=x, weight=weight.values, bias=bias)
-    for name, t in (("x", x), ("bias", bias)):
+    if (weight.kernel is not None) != conv:
+        kind = "a 2-D [out_features, in_features]" if conv else "a conv2d"
+        raise ValueError(f"{op}: argument 'weight' is {kind} weight; use "
+                         f"{'sparse_linear' if conv else 'sparse_conv2d'}")
+    _runtime.check_kernel_device(op, **{x_name: x}, weight=weight.values, bias=bias)
+    for name, t in ((x_name, x), ("bias", bias)):
         if t is not None and t.dtype not in FLOAT_DTYPES:
-            raise RuntimeError(f"sparse_linear: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
+            raise RuntimeError(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != x.dtype:
-            raise RuntimeError(f"sparse_linear: expected 'x' and '{name}' to have the same dtype, "
+            raise RuntimeError(f"{op}: expected '{x_name}' and '{name}' to have the same dtype, "
                                f"but got {x.dtype} and {t.dtype}")
+
+
+def _check(x, weight, bias) -> None:
+    check_operands("sparse_linear", x, weight, bias, "x", conv=False)
     if x.dim() == 0:
         raise RuntimeError("sparse_linear: argument 'x' must be at least 1-D, got 0-D")
     N, K = weight.shape
