@@ -23,13 +23,13 @@ DIRECT_LAUNCH = (3, 6) <= TRITON_VERSION <= (3, 8)
 KERNEL_DEVICE = "cpu" if INTERPRET else "cuda"
 
 
-@functools.lru_cache(maxsize=None)
 def capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (where a device sync, e.g. timing, is not
     allowed); False without CUDA."""
     return not INTERPRET and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+@functools.lru_cache(maxsize=None)
 def num_sms(device_index: int = 0) -> int:
     if INTERPRET:
         return 4

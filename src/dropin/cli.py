@@ -197,9 +197,9 @@ def _inject(args) -> int:
               "torch.compile rows skipped)")
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     model = MODELS[args.model](args).train(args.train)
-    model = model.to(_runtime.KERNEL_DEVICE, getattr(torch, args.dtype), memory_format=memory_format)
-    if args.prune:
+    if args.prune:  # (before channels_last: torch's global pruning flattens the weights with view)
         _prune(model, args.prune, mlp_only=args.model == "llama")
+    model = model.to(_runtime.KERNEL_DEVICE, getattr(torch, args.dtype), memory_format=memory_format)
     inputs = _inputs(args, model)
     original = copy.deepcopy(model) if args.train or args.bench else None
     try:
