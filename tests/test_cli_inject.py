@@ -65,7 +65,9 @@ def test_inject_hf_models_verified(capsys, model, flags, kernel):
 
 
 @pytest.mark.parametrize("model, flags", [("llama", TINY_LLAMA), ("cvt-13", ["--image-size", "16", "--batch", "2"])])
-def test_inject_train_step_gradients_match(capsys, model, flags):
+def test_inject_train_step_gradients_match(capsys, true_fp32, model, flags):
+    """Gradients within 1e-4 of the original's in true fp32 (with cuDNN's default TF32 both sides round, and
+    a LayerNorm weight's gradient differed by 8e-3 on the GPU)."""
     pytest.importorskip("transformers")
     assert main(["inject", model, "--train", *flags]) == 0
     out = capsys.readouterr().out

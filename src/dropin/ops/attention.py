@@ -416,10 +416,14 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool) -> list:
+def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, masked: bool) -> list:
     """The table's list for this dtype and head dim, less tiles larger than the bucketed lengths (the
-    smallest candidate if none fits); with `tma`, each with TMA loads first, then with pointer loads."""
+    smallest candidate if none fits); with `tma`, each with TMA loads first, then with pointer loads.
+    masked: at most 2 stages where the head dim is 128 or more (the mask tiles take shared memory too: the
+    3-stage 128x128 bf16 tile asked 234 KB of the H200's 227 KB, so the untuned default did not launch)."""
     configs = table[(min(q.element_size(), 4), max(64, _block_d(q.shape[-1])))]
+    if masked and _block_d(q.shape[-1]) >= 128:
+        configs = [dict(c, num_stages=min(c["num_stages"], 2)) for c in configs]
     bm, bn = _autotune.bucket(Lq), _autotune.bucket(Lk)
     configs = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn] or configs[-1:]
     return [dict(c, TMA=True) for c in configs if tma] + [dict(c, TMA=False) for c in configs]
@@ -510,7 +514,7 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
         tma = _tma_ok(q, k, v)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
         launch = _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
-                        _candidates(_FWD_CONFIGS, q, Lq, Lk, tma), lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H),
+                        _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, mask_kind != "none"), lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H),
                         meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides))
         return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, out, stats, *fixed, qk_scale, *strides)
 
@@ -542,10 +546,10 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
         key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
         launch_delta = _runtime.Launcher(_delta_kernel, (triton.cdiv(Lq, _DELTA_BLOCK_M), B * H),
                                          dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M))
-        launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma),
+        launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, mask_kind != "none"),
                              lambda c: (triton.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
                              (q, k, v, mask_t, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides))
-        launch_dq = _tuned(_dq_kernel, "attention_dq", key, _candidates(_DQ_CONFIGS, q, Lq, Lk, tma),
+        launch_dq = _tuned(_dq_kernel, "attention_dq", key, _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, mask_kind != "none"),
                            lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
                            (q, k, v, mask_t, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides))
 
