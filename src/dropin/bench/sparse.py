@@ -21,7 +21,7 @@ import triton
 from dropin import ops
 from dropin.ops.sparse import MAX_BLOCK_K, sparse_linear_ref
 
-from .harness import TORCH_DTYPES, Case, randn
+from .harness import TORCH_DTYPES, Case, allow_tf32, randn
 
 
 def _reference(x, weight, sparse):
@@ -97,7 +97,8 @@ def sparse_conv_case(batch: int, channels: int, size: int, dtype: str, sparsity:
              f"(w {weight_bytes / (itemsize * channels * k):.3f}x dense)",
         dtype=dtype, make_inputs=make_inputs, reference=_conv_reference,
         providers={"dropin": _conv_dropin, "torch": _conv_torch, "dropin_dense": _conv_dropin_dense},
-        flops=2 * batch * size * size * channels * k, bytes=2 * itemsize * batch * channels * size * size + weight_bytes)
+        flops=2 * batch * size * size * channels * k, bytes=2 * itemsize * batch * channels * size * size + weight_bytes,
+        context=lambda: allow_tf32(False, torch.backends.cudnn))  # fp32 is true fp32 (cuDNN's default is TF32)
 
 
 def sparse_cases(quick: bool) -> list[Case]:
