@@ -57,36 +57,30 @@ def fold_reason(bn: nn.Module, conv: Optional[nn.Module] = None) -> Optional[str
     return None
 
 
-def sparse_choice(module: nn.Module, site, sparsified: type):
-    """(the sparse drop-in, "") where the config's threshold asks for it and the weight is frozen; else (None,
-    a note on the sparsity and why it stays dense, "" without a threshold)."""
-    threshold = site.config.sparse_threshold
-    if threshold is None:
-        return None, ""
-    sparsity = dnn.sparse.weight_sparsity(module)
-    if sparsity >= threshold and not dnn.sparse.trains_weight(module):
-        return sparsified(module), ""
-    why = dnn.sparse.NO_WEIGHT_GRAD if sparsity >= threshold else f"under the {threshold:.1%} threshold"
-    return None, f" ({sparsity:.1%} zeros, dense: {why})"
-
-
-def _pruned_reason(module: nn.Module, note: str) -> Optional[str]:
+def _sparse_or_pruned(module: nn.Module, site, sparsified: type) -> tuple:
+    """(the sparse drop-in where the config's threshold asks for it and the weight is frozen, or the reason a
+    torch.nn.utils.prune'd module stays torch, or None; the note for a dense drop-in's description: the
+    sparsity and why it stays dense, "" without a threshold)."""
+    threshold, note = site.config.sparse_threshold, ""
+    if threshold is not None:
+        sparsity = dnn.sparse.weight_sparsity(module)
+        if sparsity >= threshold and not dnn.sparse.trains_weight(module):
+            return sparsified(module), ""
+        why = dnn.sparse.NO_WEIGHT_GRAD if sparsity >= threshold else f"under the {threshold:.1%} threshold"
+        note = f" ({sparsity:.1%} zeros, dense: {why})"
     if dnn.sparse.pruned(module):
         return ("pruned by torch.nn.utils.prune (a forward pre-hook masks its weight): only the sparse path "
-                "(InjectConfig.sparse) applies the mask" + note)
-    return None
+                "(InjectConfig.sparse) applies the mask" + note), note
+    return None, note
 
 
 @register(nn.Linear, op="linear")
 def linear(module: nn.Linear, site):
     """Sparse kernels where the config's threshold asks for them and the weight is frozen, else dense (with the
     sparsity and the reason in the kernel's description when the config has a threshold)."""
-    sparse, note = sparse_choice(module, site, dnn.SparsifiedLinear)
-    if sparse is not None:
-        return sparse
-    reason = _pruned_reason(module, note)
-    if reason:
-        return reason
+    done, note = _sparse_or_pruned(module, site, dnn.SparsifiedLinear)
+    if done is not None:
+        return done
     act, absorbs = _activation(site.following(), site.config)
     new = dnn.Linear(module, act, absorbs)
     new.kernel += note
@@ -100,12 +94,9 @@ def conv2d(module: nn.Conv2d, site):
     reason = conv_reason(module)
     if reason:
         return reason
-    sparse, note = sparse_choice(module, site, dnn.SparsifiedConv2d)
-    if sparse is not None:
-        return sparse
-    reason = _pruned_reason(module, note)
-    if reason:
-        return reason
+    done, note = _sparse_or_pruned(module, site, dnn.SparsifiedConv2d)
+    if done is not None:
+        return done
     following = site.following() if site.config.fusions else []
     if following and fold_reason(following[0][1], module) is None:
         (bn_name, bn), following = following[0], following[1:]
