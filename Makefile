@@ -18,7 +18,7 @@ $(BIN)/.ready: pyproject.toml
 	touch $@
 
 run: setup
-	$(BIN)/dropin bench matmul
+	$(BIN)/dropin inject resnet18 --verify --bench
 
 test: setup
 	$(BIN)/python -m pytest -q -n auto
