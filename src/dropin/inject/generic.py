@@ -74,6 +74,17 @@ def _sparse_or_pruned(module: nn.Module, site, sparsified: type) -> tuple:
     return None, note
 
 
+def sparse_layers_reason(layers: list, config, what: str, kernel: str) -> Optional[str]:
+    """Why a fusing handler leaves these layers of its module to their own handlers (the sparse kernels, or the
+    reason a pruned layer stays torch), or None."""
+    threshold = config.sparse_threshold
+    if threshold is not None and any(dnn.sparse.weight_sparsity(m) >= threshold for m in layers):
+        return f"{what} has at least {threshold:.1%} zeros ({kernel})"
+    if any(dnn.sparse.pruned(m) for m in layers):
+        return f"{what} is pruned by torch.nn.utils.prune (only the sparse path applies the mask)"
+    return None
+
+
 @register(nn.Linear, op="linear")
 def linear(module: nn.Linear, site):
     """Sparse kernels where the config's threshold asks for them and the weight is frozen, else dense (with the

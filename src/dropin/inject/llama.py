@@ -4,6 +4,7 @@ dropin op for them; lm_head is an nn.Linear, which the generic handler takes.)""
 from torch import nn
 
 from .. import nn as dnn
+from .generic import sparse_layers_reason
 from .registry import register, when_imported
 
 
@@ -36,11 +37,9 @@ def _register():
     @register(LlamaMLP, op="swiglu_mlp")
     def llama_mlp(module: nn.Module, site):
         projections = [getattr(module, n) for n in ("gate_proj", "up_proj", "down_proj")]
-        threshold = site.config.sparse_threshold
-        if threshold is not None and any(dnn.sparse.weight_sparsity(p) >= threshold for p in projections):
-            return f"a projection has at least {threshold:.1%} zeros (sparse_linear): its modules are injected one by one"
-        if any(dnn.sparse.pruned(p) for p in projections):
-            return "a projection is pruned by torch.nn.utils.prune (only the sparse path applies the mask)"
+        reason = sparse_layers_reason(projections, site.config, "a projection", "sparse_linear")
+        if reason:
+            return f"{reason}: its modules are injected one by one"
         return _adopt(module, dnn.SwiGLUMLP.from_llama, "swiglu_mlp")
 
     @register(LlamaRMSNorm, op="rms_norm")

@@ -3,8 +3,7 @@ stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses 
 from torch import nn
 
 from .. import nn as dnn
-from ..nn.sparse import pruned, weight_sparsity
-from .generic import conv_reason, fold_reason
+from .generic import conv_reason, fold_reason, sparse_layers_reason
 from .registry import chain, register
 
 
@@ -23,12 +22,7 @@ def _block_reason(block: nn.Module, pairs: list, config):
         reason = conv_reason(conv) or fold_reason(bn, conv)
         if reason:
             return reason
-    threshold = config.sparse_threshold
-    if threshold is not None and any(weight_sparsity(conv) >= threshold for conv, _ in convs):
-        return f"a conv has at least {threshold:.1%} zeros (sparse_conv2d, unfused)"
-    if any(pruned(conv) for conv, _ in convs):
-        return "a conv is pruned by torch.nn.utils.prune (only the sparse path applies the mask)"
-    return None
+    return sparse_layers_reason([conv for conv, _ in convs], config, "a conv", "sparse_conv2d, unfused")
 
 
 try:

@@ -58,7 +58,6 @@ class _Sparse(torch.nn.Module):
         self.register_buffer("offsets", weight.offsets)
         self.register_buffer("chunk_ptr", weight.chunk_ptr)
         t = weight.transposed
-        self.t_shape = t and t.shape
         for name, tensor in (("t_values", t and t.values), ("t_offsets", t and t.offsets),
                              ("t_chunk_ptr", t and t.chunk_ptr)):
             self.register_buffer(name, tensor)
@@ -67,9 +66,12 @@ class _Sparse(torch.nn.Module):
     @property
     def weight(self) -> SparseWeight:
         """The compressed weight (a view of the buffers)."""
-        t = None if self.t_values is None else SparseWeight(self.t_values, self.t_offsets, self.t_chunk_ptr,
-                                                              self.t_shape, self.block_k, kernel=self.kernel)
-        return SparseWeight(self.values, self.offsets, self.chunk_ptr, self.shape, self.block_k, t, self.kernel)
+        weight = SparseWeight(self.values, self.offsets, self.chunk_ptr, self.shape, self.block_k,
+                              kernel=self.kernel)
+        if self.t_values is not None:
+            weight.transposed = SparseWeight(self.t_values, self.t_offsets, self.t_chunk_ptr,
+                                             weight._transposed_shape(), self.block_k, kernel=self.kernel)
+        return weight
 
     @property
     def nbytes(self) -> int:

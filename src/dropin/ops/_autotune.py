@@ -74,9 +74,9 @@ def pick(name: str, key: tuple, configs: list, prepare) -> dict:
             _memory[full_key] = remembered
             return remembered
     config = configs[0]
-    if TUNING and len(configs) > 1 and _runtime.capturing():
-        return config
     if TUNING and len(configs) > 1:
+        if _runtime.capturing():
+            return config
         times = [_time(prepare, c) for c in configs]
         config = configs[min(range(len(configs)), key=times.__getitem__)]
         _save_disk(full_key, config)

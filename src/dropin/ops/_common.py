@@ -8,6 +8,17 @@ from .. import _runtime
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def cached_plan(plans: dict, key, make):
+    """plans[key], made by make() on first use (tuning then) and reused: a small op's launch costs about as
+    much CPU time as its kernel takes GPU time. The cache is emptied past 4096 signatures (ever-new shapes)."""
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) > 4096:
+            plans.clear()
+        plan = plans[key] = make()
+    return plan
+
+
 def switch(op, impl):
     """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
     return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)

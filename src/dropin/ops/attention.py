@@ -32,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
 from . import _autotune
+from ._common import cached_plan
 from .matmul import _autocast, _dot, _dot_acc, _precision, switch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -467,17 +468,6 @@ def _tune_key(q, k, mask_kind, is_causal, precision, tma):
 _plans: dict = {}
 
 
-def _plan(key, make):
-    """The launch plan for this signature, made once (tuning on first use) and reused: small attentions are
-    bound by launch cost."""
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) > 4096:
-            _plans.clear()
-        plan = _plans[key] = make()
-    return plan
-
-
 def _signature(*tensors) -> tuple:
     return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16) for t in tensors)
 
@@ -513,12 +503,13 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
         strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *out.stride())
         tma = _tma_ok(q, k, v)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
+        configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, mask_kind != "none")
         launch = _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
-                        _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, mask_kind != "none"), lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H),
+                        configs, lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H),
                         meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides))
         return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, out, stats, *fixed, qk_scale, *strides)
 
-    _plan(("fwd", _signature(q, k, v, mask), q.device, is_causal, precision), make)(
+    cached_plan(_plans, ("fwd", _signature(q, k, v, mask), q.device, is_causal, precision), make)(
         q, k, v, mask_t, out, stats, qk_scale)
     return out, stats
 
@@ -544,12 +535,13 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
         tma = _tma_ok(q, k, v, grad_out)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
         key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
+        masked = mask_kind != "none"
         launch_delta = _runtime.Launcher(_delta_kernel, (triton.cdiv(Lq, _DELTA_BLOCK_M), B * H),
                                          dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M))
-        launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, mask_kind != "none"),
+        launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, masked),
                              lambda c: (triton.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
                              (q, k, v, mask_t, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides))
-        launch_dq = _tuned(_dq_kernel, "attention_dq", key, _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, mask_kind != "none"),
+        launch_dq = _tuned(_dq_kernel, "attention_dq", key, _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked),
                            lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
                            (q, k, v, mask_t, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides))
 
@@ -559,7 +551,8 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
             launch_dq(q, k, v, m, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides)
         return run
 
-    _plan(("bwd", _signature(grad_out, q, k, v, mask, out), q.device, is_causal, precision), make)(
+    plan_key = ("bwd", _signature(grad_out, q, k, v, mask, out), q.device, is_causal, precision)
+    cached_plan(_plans, plan_key, make)(
         grad_out, q, k, v, mask_t, out, stats, delta, dq, dk, dv, qk_scale, scale)
     return dq, dk, dv
 

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._common import switch
+from ._common import cached_plan, switch
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -387,11 +387,7 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
         a, b, precision = _tf32_operand(a, 2), _tf32_operand(b, 1), "tf32_rounded"
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16, b.data_ptr() % 16,
            None if bias is None else bias.data_ptr() % 16, activation, save_preact, precision, tma)
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) > 4096:
-            _plans.clear()
-        plan = _plans[key] = _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision)
+    plan = cached_plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision))
     plan(a, b, c, c if bias is None else bias, z)
     return c, z if save_preact else None
 

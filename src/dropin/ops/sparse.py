@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._common import FLOAT_DTYPES, launch, switch
+from ._common import FLOAT_DTYPES, cached_plan, launch, switch
 from .conv2d import _tap
 from .matmul import _split_sum_kernel, linear
 
@@ -339,11 +339,7 @@ def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tens
         return x.new_empty((M, N))
     key = (x.shape, x.stride(), x.dtype, x.device, values.numel(), chunk_ptr.dtype, N, block_k, bias is None,
            *(t.data_ptr() % 16 for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) > 4096:
-            _plans.clear()
-        plan = _plans[key] = _make_plan(x, values, offsets, chunk_ptr, bias, N, block_k)
+    plan = cached_plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, N, block_k))
     return plan(x, values, offsets, chunk_ptr, bias)
 
 

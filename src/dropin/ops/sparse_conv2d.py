@@ -17,7 +17,7 @@ import triton
 
 from .. import _runtime
 from . import _autotune
-from ._common import switch
+from ._common import cached_plan, switch
 from .conv2d import _channels_last, _out_hw, conv_args
 from .sparse import SparseWeight, _sparse_kernel, check_operands
 
@@ -52,12 +52,8 @@ def _conv_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], rows
     key = (x.shape, x.dtype, x.device, values.numel(), chunk_ptr.dtype, rows, block_k, *kernel, *stride, *pads,
            *dilation, *out_hw, transposed, bias is None,
            *(t.data_ptr() % 16 for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) > 4096:
-            _plans.clear()
-        plan = _plans[key] = _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, stride,
-                                        pads, dilation, transposed)
+    plan = cached_plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k,
+                                                       kernel, stride, pads, dilation, transposed))
     plan(x, values, offsets, chunk_ptr, bias, y)
     return y
 
