@@ -451,6 +451,7 @@ DEPTHWISE = {  # id: (x shape, multiplier, kernel, stride, padding, dilation, ch
     "m2-s21-d12-k35-cl-fp32": ((2, 10, 9, 11), 2, (3, 5), (2, 1), (1, 2), (1, 2), True, torch.float32),
     "m1-s1-nchw-bf16": ((2, 16, 7, 9), 1, (3, 3), 1, 1, 1, False, torch.bfloat16),
     "m3-s1-cl-fp32": ((2, 3, 12, 10), 3, (3, 3), 1, 1, 1, True, torch.float32),
+    "m1-s1-wide-cl-fp16": ((1, 8, 5, 37), 1, (3, 3), 1, 1, 1, True, torch.float16),  # 3 tile columns, ragged
 }  # long fp32 weight-gradient sums (20000 pixels) through the direct kernel: test_seed003_single_channel_3x3
 
 
@@ -468,3 +469,22 @@ def test_depthwise_direct(case, monkeypatch):
         assert {k: v[0] for k, v in seen.items()} == {"fwd": "direct", "dgrad": "direct", "wgrad": "direct"}
     finally:
         cv._plans.clear()
+
+
+def test_depthwise_weight_changed_in_place():
+    """The direct kernels read a copy of the weight with the output channel innermost (_co_major), kept while the
+    weight lives: an in-place change of the weight must reach the next call."""
+    x = torch.randn(2, 16, 9, 7, device=DEVICE).to(memory_format=torch.channels_last)
+    w = torch.randn(16, 1, 3, 3, device=DEVICE)
+    for _ in range(2):
+        ref = F.conv2d(x.double(), w.double(), padding=1, groups=16)
+        assert_close(dropin.conv2d(x, w, padding=1, groups=16), ref, torch.float32, "fwd", what="depthwise")
+        w.mul_(-0.5).add_(1.0)
+
+
+def test_direct_kernel_needs_int32_offsets():
+    """The direct depthwise kernels address one image with int32 offsets: a tensor whose image spans 2^31
+    elements or more is left to the implicit GEMM."""
+    small = torch.empty((2, 8, 5, 5), device="meta")
+    huge = torch.empty((2, 8, 5, 5), device="meta").as_strided((2, 8, 5, 5), (2**33, 1, 2**29, 8))
+    assert cv._direct_fits(small, small) and not cv._direct_fits(small, huge)
