@@ -15,6 +15,6 @@ for step in "$@"; do
   grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|Traceback|Error:" "$OUT/step$i.log" | tail -20 >> "$OUT/summary.txt"
   echo "rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$OUT/summary.txt"
   slug=$(python3 -c "import dropin._runtime as r; print(r.gpu_slug())" 2>/dev/null)
-  mkdir -p "$OUT/results"; cp benchmarks/results/"$slug"/*.json "$OUT/results/" 2>/dev/null
+  mkdir -p "$OUT/results"; cp benchmarks/results/"$slug"/*.json benchmarks/results/"$slug"/*.png "$OUT/results/" 2>/dev/null
   archive=$(mktemp) && tar czf "$archive" -C "$OUT" --exclude all.tgz . && mv "$archive" "$OUT/all.tgz"
 done

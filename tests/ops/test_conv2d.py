@@ -247,18 +247,18 @@ def _configs():
 @pytest.mark.parametrize("cfg", cv._FWD_TMA_CONFIGS, ids=lambda c: f"{c['TH']}x{c['TW']}x{c['BLOCK_N']}")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_tma_forward_resnet_shapes(dtype, cfg, monkeypatch):
-    """Each TMA tile on ResNet-50's stride-1 3x3 shapes (8 images): vs float64 and the 2x rule."""
+    """Each TMA tile on ResNet-50's 3x3 shapes (8 images): vs float64 and the 2x rule."""
     monkeypatch.setattr(cv._autotune, "pick", lambda name, key, configs, prepare: dict(cfg, KERNEL="tma"))
     cv._plans.clear()
     try:
-        for c, hw in ((64, 56), (256, 14), (512, 7)):
+        for c, hw, s in ((64, 56, 1), (256, 14, 1), (512, 7, 1), (128, 56, 2)):
             x = torch.randn(8, c, hw, hw, device=DEVICE, dtype=dtype).to(memory_format=torch.channels_last)
             w = (torch.randn(c, c, 3, 3, device=DEVICE, dtype=dtype) / (9 * c) ** 0.5).to(
                 memory_format=torch.channels_last)
             b = torch.randn(c, device=DEVICE, dtype=dtype)
-            ref = F.conv2d(x.cpu().double(), w.cpu().double(), b.cpu().double(), padding=1).to(DEVICE)
-            assert_close(dropin.conv2d(x, w, b, padding=1), ref, dtype, "fwd", torch_out=F.conv2d(x, w, b, padding=1),
-                         what=f"{c} channels at {hw}x{hw}")
+            ref = F.conv2d(x.cpu().double(), w.cpu().double(), b.cpu().double(), s, 1).to(DEVICE)
+            assert_close(dropin.conv2d(x, w, b, s, 1), ref, dtype, "fwd", torch_out=F.conv2d(x, w, b, s, 1),
+                         what=f"{c} channels at {hw}x{hw}, stride {s}")
     finally:
         cv._plans.clear()
 
@@ -277,12 +277,14 @@ def test_every_config(which, cfg, monkeypatch):
     monkeypatch.setattr(cv._autotune, "pick", pick)
     cv._plans.clear()
     try:
-        if cfg.get("KERNEL") == "tma":  # stride 1, one group, channels_last x and w; an NCHW residual
-            kw = dict(padding=(1, 2), dilation=(1, 2))
-            inputs = leaves((2, 32, 9, 11), (24, 32, 3, 2), channels_last=True, weight_channels_last=True)
-            inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE)
-            check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
-                  lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
+        if cfg.get("KERNEL") == "tma":  # one group, channels_last x and w; an NCHW residual
+            # stride 1 with channels past C in a box (32 of 64), then strides 2 and 3 (x viewed by phase)
+            for x_shape, stride in (((2, 32, 9, 11), 1), ((2, 64, 10, 12), (2, 2)), ((1, 64, 9, 8), (3, 2))):
+                kw = dict(stride=stride, padding=(1, 2), dilation=(1, 2))
+                inputs = leaves(x_shape, (24, x_shape[1], 3, 2), channels_last=True, weight_channels_last=True)
+                inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE)
+                check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
+                      lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
             return
         if cfg.get("KERNEL") == "direct":  # depthwise, channel multiplier 2: 40 channels, 80 outputs
             kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=40)

@@ -161,18 +161,24 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
 @triton.jit
 def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                          N, C, H, W, COUT, OH, OW, syn, syc, syh, syw, srn, src, srh, srw,
-                         PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-                         KH: tl.constexpr, KW: tl.constexpr,
+                         STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                         DIL_H: tl.constexpr, DIL_W: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
                          PRECISION: tl.constexpr,
                          TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """_conv_fwd_kernel's result for stride 1, one group, x and w dense channels_last (Hopper TMA): a tile is
-    TH x TW output pixels of one image x BLOCK_N output channels; per (tap, channel block) one box
-    [1, TH, TW, BLOCK_K] of x at the tap's offset (its parts outside the image read as zeros: the padding,
-    without masks) and one [BLOCK_N, BLOCK_K] box of w viewed as [COUT, KH*KW*C]. Channels past C read zeros
-    from x, so the w columns there (the next tap's) add nothing. Grid (N * pixel tiles, channel tiles)."""
-    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[N, H, W, C], strides=[H * W * C, W * C, C, 1],
-                                       block_shape=[1, TH, TW, BLOCK_K])
+    """_conv_fwd_kernel's result for one group, x and w dense channels_last (Hopper TMA): a tile is TH x TW
+    output pixels of one image x BLOCK_N output channels; per (tap, channel block) one box of x and one
+    [BLOCK_N, BLOCK_K] box of w viewed as [COUT, KH*KW*C]. x is viewed by stride phase, [N, H / STRIDE_H,
+    STRIDE_H, W / STRIDE_W, STRIDE_W * C] (the caller checks that the strides divide H and W): the input row
+    STRIDE_H * oh + d is row oh + d // STRIDE_H of phase d % STRIDE_H, so a tap reads one box [1, TH, 1, TW,
+    BLOCK_K] of consecutive rows and columns of one phase, its parts outside the image as zeros (the padding,
+    without masks). Channels past C read zeros where STRIDE_W is 1, so the w columns there (the next tap's) add
+    nothing; with a larger STRIDE_W the caller takes BLOCK_K dividing C. Grid (N * pixel tiles, channel tiles)."""
+    H2 = H // STRIDE_H
+    W2 = W // STRIDE_W
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[N, H2, STRIDE_H, W2, STRIDE_W * C],
+                                       strides=[H * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
+                                       block_shape=[1, TH, 1, TW, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[COUT, KH * KW * C], strides=[KH * KW * C, 1],
                                        block_shape=[BLOCK_N, BLOCK_K])
     tiles_w = tl.cdiv(OW, TW)
@@ -188,7 +194,10 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
         c0 = (step - tap * c_blocks) * BLOCK_K
         kh = tap // KW
         kw = tap - kh * KW
-        a = x_desc.load([n, oh0 - PAD_H + kh * DIL_H, ow0 - PAD_W + kw * DIL_W, c0]).reshape(TH * TW, BLOCK_K)
+        dh = kh * DIL_H + STRIDE_H * PAD_H - PAD_H  # the tap's row offset, shifted to be >= 0 (as is dw)
+        dw = kw * DIL_W + STRIDE_W * PAD_W - PAD_W
+        a = x_desc.load([n, oh0 + dh // STRIDE_H - PAD_H, dh % STRIDE_H, ow0 + dw // STRIDE_W - PAD_W,
+                         dw % STRIDE_W * C + c0]).reshape(TH * TW, BLOCK_K)
         b = w_desc.load([co0, tap * C + c0])
         acc = _dot_acc(acc, a, tl.trans(b), PRECISION)
     offs = tl.arange(0, TH * TW)
@@ -659,13 +668,17 @@ def _pick(name, key, configs, launcher, args):
     return launcher(_autotune.pick(name, key, configs, prepare))
 
 
-def _tma_fwd_applies(x, w, stride, groups: int) -> bool:
-    """Whether _conv_fwd_tma_kernel takes this forward: Hopper, stride 1, one group, at least 16 channels,
-    x and w dense channels_last with 16-byte aligned pointers and channel rows."""
-    size = x.element_size()
-    return (_runtime.is_hopper(x.device.index or 0) and tuple(stride) == (1, 1) and groups == 1
-            and x.shape[1] >= 16 and x.shape[1] * size % 16 == 0
-            and all(t.is_contiguous(memory_format=torch.channels_last) and t.data_ptr() % 16 == 0 for t in (x, w)))
+def _tma_fwd_configs(x, w, stride, groups: int) -> list:
+    """_conv_fwd_tma_kernel's candidates for this forward, none where it does not apply. It takes: Hopper, one
+    group, at least 16 channels, x and w dense channels_last with 16-byte aligned pointers and channel rows,
+    strides dividing H and W (its view of x by stride phase), and with a column stride over 1 only channel
+    blocks that divide C (a box never reaches into the next phase's channels)."""
+    size, C, H, W = x.element_size(), *x.shape[1:]
+    if not (_runtime.is_hopper(x.device.index or 0) and groups == 1 and C >= 16 and C * size % 16 == 0
+            and H % stride[0] == 0 and W % stride[1] == 0
+            and all(t.is_contiguous(memory_format=torch.channels_last) and t.data_ptr() % 16 == 0 for t in (x, w))):
+        return []
+    return [dict(c, KERNEL="tma") for c in _FWD_TMA_CONFIGS if stride[1] == 1 or C % c["BLOCK_K"] == 0]
 
 
 def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, activation: str, save_preact: bool):
@@ -703,7 +716,6 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 grid = (tiles, triton.cdiv(COUT_G, cfg["BLOCK_N"]))
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue,
                             **cfg)
-                del meta["STRIDE_H"], meta["STRIDE_W"]  # (both 1 here)
                 launch = _runtime.Launcher(_conv_fwd_tma_kernel, grid, meta, scratch=True)
                 tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride())
                 return lambda *tensors: launch(*tensors, *tma_scalars)
@@ -723,9 +735,9 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
         gemm = _configs(_FWD_CONFIGS, P, COUT_G, C_G * (KH * KW if flat_k else 1), x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(x, y, r)
         configs = _candidates(_DW_CONFIGS, gemm, direct, OH, OW, COUT_G * groups)
-        tma = _tma_fwd_applies(x, w, stride, groups)
-        if tma:
-            configs = [dict(c, KERNEL="tma") for c in _FWD_TMA_CONFIGS] + configs
+        tma_configs = _tma_fwd_configs(x, w, stride, groups)
+        tma = bool(tma_configs)
+        configs = tma_configs + configs
         # one channel per group is told apart from 2-15 (same bucket): only there is the direct kernel a candidate
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, flat_k, residual is not None,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, OH, OW),
