@@ -164,7 +164,7 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                          STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
                          DIL_H: tl.constexpr, DIL_W: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
-                         PRECISION: tl.constexpr,
+                         PRECISION: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
                          TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """_conv_fwd_kernel's result for one group, x and w dense channels_last (Hopper TMA): a tile is TH x TW
     output pixels of one image x BLOCK_N output channels; per (tap, channel block) one box of x and one
@@ -173,7 +173,9 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     STRIDE_H * oh + d is row oh + d // STRIDE_H of phase d % STRIDE_H, so a tap reads one box [1, TH, 1, TW,
     BLOCK_K] of consecutive rows and columns of one phase, its parts outside the image as zeros (the padding,
     without masks). Channels past C read zeros where STRIDE_W is 1, so the w columns there (the next tap's) add
-    nothing; with a larger STRIDE_W the caller takes BLOCK_K dividing C. Grid (N * pixel tiles, channel tiles)."""
+    nothing; with a larger STRIDE_W the caller takes BLOCK_K dividing C. Persistent, as matmul's TMA kernel:
+    NUM_PROGRAMS programs walk the (image, pixel tile, channel tile) tiles in one flattened loop, so a tile's
+    loads start while the previous tile's epilogue runs."""
     H2 = H // STRIDE_H
     W2 = W // STRIDE_W
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[N, H2, STRIDE_H, W2, STRIDE_W * C],
@@ -182,31 +184,41 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[COUT, KH * KW * C], strides=[KH * KW * C, 1],
                                        block_shape=[BLOCK_N, BLOCK_K])
     tiles_w = tl.cdiv(OW, TW)
-    tiles = tl.cdiv(OH, TH) * tiles_w
-    n = tl.program_id(0) // tiles
-    oh0 = (tl.program_id(0) % tiles) // tiles_w * TH
-    ow0 = (tl.program_id(0) % tiles_w) * TW
-    co0 = tl.program_id(1) * BLOCK_N
+    tiles_hw = tl.cdiv(OH, TH) * tiles_w
+    tiles_n = tl.cdiv(COUT, BLOCK_N)
     c_blocks = tl.cdiv(C, BLOCK_K)
-    acc = tl.zeros((TH * TW, BLOCK_N), dtype=tl.float32)
-    for step in range(0, KH * KW * c_blocks):
-        tap = step // c_blocks
-        c0 = (step - tap * c_blocks) * BLOCK_K
-        kh = tap // KW
-        kw = tap - kh * KW
-        dh = kh * DIL_H + STRIDE_H * PAD_H - PAD_H  # the tap's row offset, shifted to be >= 0 (as is dw)
-        dw = kw * DIL_W + STRIDE_W * PAD_W - PAD_W
-        a = x_desc.load([n, oh0 + dh // STRIDE_H - PAD_H, dh % STRIDE_H, ow0 + dw // STRIDE_W - PAD_W,
-                         dw % STRIDE_W * C + c0]).reshape(TH * TW, BLOCK_K)
-        b = w_desc.load([co0, tap * C + c0])
-        acc = _dot_acc(acc, a, tl.trans(b), PRECISION)
-    offs = tl.arange(0, TH * TW)
-    oh = oh0 + offs // TW
-    ow = ow0 + offs % TW
-    co = co0 + tl.arange(0, BLOCK_N)
-    n = n.to(tl.int64)
-    _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
-              co, (oh < OH) & (ow < OW), co < COUT, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
+    tile_c = tl.program_id(0) - NUM_PROGRAMS  # the epilogue's own counter keeps it out of the load pipeline
+    for tile in tl.range(tl.program_id(0), N * tiles_hw * tiles_n, NUM_PROGRAMS, flatten=True):
+        n, oh0, ow0, co0 = _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
+        acc = tl.zeros((TH * TW, BLOCK_N), dtype=tl.float32)
+        for step in range(0, KH * KW * c_blocks):
+            tap = step // c_blocks
+            c0 = (step - tap * c_blocks) * BLOCK_K
+            kh = tap // KW
+            kw = tap - kh * KW
+            dh = kh * DIL_H + STRIDE_H * PAD_H - PAD_H  # the tap's row offset, shifted to be >= 0 (as is dw)
+            dw = kw * DIL_W + STRIDE_W * PAD_W - PAD_W
+            a = x_desc.load([n, oh0 + dh // STRIDE_H - PAD_H, dh % STRIDE_H, ow0 + dw // STRIDE_W - PAD_W,
+                             dw % STRIDE_W * C + c0]).reshape(TH * TW, BLOCK_K)
+            b = w_desc.load([co0, tap * C + c0])
+            acc = _dot_acc(acc, a, tl.trans(b), PRECISION)
+        tile_c += NUM_PROGRAMS
+        n, oh0, ow0, co0 = _tma_tile(tile_c, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
+        offs = tl.arange(0, TH * TW)
+        oh = oh0 + offs // TW
+        ow = ow0 + offs % TW
+        co = co0 + tl.arange(0, BLOCK_N)
+        n = n.to(tl.int64)
+        _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
+                  co, (oh < OH) & (ow < OW), co < COUT, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
+
+
+@triton.jit
+def _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Image, first output row and column, first output channel of _conv_fwd_tma_kernel's tile `tile` (channel
+    tiles innermost: programs running together share their x boxes through L2)."""
+    pix = tile // tiles_n
+    return pix // tiles_hw, (pix % tiles_hw) // tiles_w * TH, (pix % tiles_w) * TW, (tile % tiles_n) * BLOCK_N
 
 
 @triton.jit
@@ -489,9 +501,11 @@ _FWD_CONFIGS = [
 # they gave 4-15x the error of the others on the 14x14 ResNet shape (fp16 3.0e-3, torch 2.1e-4), not yet
 # understood; test_tma_forward_resnet_shapes holds every config to the 2x rule there.
 _FWD_TMA_CONFIGS = [
-    dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
-    dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4),
-    dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
+    dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=1),
+    dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, OCC=1),
+    dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, OCC=1),
+    dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=2),
+    dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, OCC=2),
 ]
 _DGRAD_CONFIGS = _FWD_CONFIGS
 # The direct kernels for one input channel per group (depthwise): spatial tiles of TH x TW pixels x BLOCK_N
@@ -712,10 +726,10 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
             cfg = dict(cfg)
             kernel = cfg.pop("KERNEL")
             if kernel == "tma":
-                tiles = N * triton.cdiv(OH, cfg["TH"]) * triton.cdiv(OW, cfg["TW"])
-                grid = (tiles, triton.cdiv(COUT_G, cfg["BLOCK_N"]))
+                programs = cfg.pop("OCC") * _runtime.num_sms(x.device.index or 0)
+                grid = (min(programs, N * _tiles(OH, OW, cfg) * triton.cdiv(COUT_G, cfg["BLOCK_N"])),)
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue,
-                            **cfg)
+                            NUM_PROGRAMS=programs, **cfg)
                 launch = _runtime.Launcher(_conv_fwd_tma_kernel, grid, meta, scratch=True)
                 tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride())
                 return lambda *tensors: launch(*tensors, *tma_scalars)
