@@ -160,11 +160,11 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
 
 @triton.jit
 def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
-                         N, C, H, W, COUT, OH, OW, syn, syc, syh, syw, srn, src, srh, srw,
+                         N, C, H, W, COUT, OH, OW, syn, syc, syh, syw, srn, src, srh, srw, programs,
                          STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
                          DIL_H: tl.constexpr, DIL_W: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
-                         PRECISION: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                         PRECISION: tl.constexpr,
                          TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """_conv_fwd_kernel's result for one group, x and w dense channels_last (Hopper TMA): a tile is TH x TW
     output pixels of one image x BLOCK_N output channels; per (tap, channel block) one box of x and one
@@ -173,9 +173,10 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     STRIDE_H * oh + d is row oh + d // STRIDE_H of phase d % STRIDE_H, so a tap reads one box [1, TH, 1, TW,
     BLOCK_K] of consecutive rows and columns of one phase, its parts outside the image as zeros (the padding,
     without masks). Channels past C read zeros where STRIDE_W is 1, so the w columns there (the next tap's) add
-    nothing; with a larger STRIDE_W the caller takes BLOCK_K dividing C. Persistent, as matmul's TMA kernel:
-    NUM_PROGRAMS programs walk the (image, pixel tile, channel tile) tiles in one flattened loop, so a tile's
-    loads start while the previous tile's epilogue runs."""
+    nothing; with a larger STRIDE_W the caller takes BLOCK_K dividing C. `programs` programs walk the (image,
+    pixel tile, channel tile) tiles in one flattened loop: persistent, as matmul's TMA kernel, where they are
+    fewer than the tiles (a tile's loads start while the previous tile's epilogue runs), one tile each where
+    they are as many (more programs resident per SM: measured faster on small images)."""
     H2 = H // STRIDE_H
     W2 = W // STRIDE_W
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[N, H2, STRIDE_H, W2, STRIDE_W * C],
@@ -187,8 +188,8 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     tiles_hw = tl.cdiv(OH, TH) * tiles_w
     tiles_n = tl.cdiv(COUT, BLOCK_N)
     c_blocks = tl.cdiv(C, BLOCK_K)
-    tile_c = tl.program_id(0) - NUM_PROGRAMS  # the epilogue's own counter keeps it out of the load pipeline
-    for tile in tl.range(tl.program_id(0), N * tiles_hw * tiles_n, NUM_PROGRAMS, flatten=True):
+    tile_c = tl.program_id(0) - programs  # the epilogue's own counter keeps it out of the load pipeline
+    for tile in tl.range(tl.program_id(0), N * tiles_hw * tiles_n, programs, flatten=True):
         n, oh0, ow0, co0 = _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
         acc = tl.zeros((TH * TW, BLOCK_N), dtype=tl.float32)
         for step in range(0, KH * KW * c_blocks):
@@ -202,7 +203,7 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                              dw % STRIDE_W * C + c0]).reshape(TH * TW, BLOCK_K)
             b = w_desc.load([co0, tap * C + c0])
             acc = _dot_acc(acc, a, tl.trans(b), PRECISION)
-        tile_c += NUM_PROGRAMS
+        tile_c += programs
         n, oh0, ow0, co0 = _tma_tile(tile_c, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
         offs = tl.arange(0, TH * TW)
         oh = oh0 + offs // TW
@@ -501,9 +502,11 @@ _FWD_CONFIGS = [
 # they gave 4-15x the error of the others on the 14x14 ResNet shape (fp16 3.0e-3, torch 2.1e-4), not yet
 # understood; test_tma_forward_resnet_shapes holds every config to the 2x rule there.
 _FWD_TMA_CONFIGS = [
+    dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=0),
+    dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, OCC=0),
+    dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, OCC=0),
     dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=1),
     dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, OCC=1),
-    dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, OCC=1),
     dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=2),
     dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, OCC=2),
 ]
@@ -726,12 +729,13 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
             cfg = dict(cfg)
             kernel = cfg.pop("KERNEL")
             if kernel == "tma":
-                programs = cfg.pop("OCC") * _runtime.num_sms(x.device.index or 0)
-                grid = (min(programs, N * _tiles(OH, OW, cfg) * triton.cdiv(COUT_G, cfg["BLOCK_N"])),)
+                tiles = N * _tiles(OH, OW, cfg) * triton.cdiv(COUT_G, cfg["BLOCK_N"])
+                occupancy = cfg.pop("OCC")  # programs per SM; 0: one program per tile
+                programs = min(tiles, occupancy * _runtime.num_sms(x.device.index or 0)) if occupancy else tiles
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue,
-                            NUM_PROGRAMS=programs, **cfg)
-                launch = _runtime.Launcher(_conv_fwd_tma_kernel, grid, meta, scratch=True)
-                tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride())
+                            **cfg)
+                launch = _runtime.Launcher(_conv_fwd_tma_kernel, (programs,), meta, scratch=True)
+                tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride(), programs)
                 return lambda *tensors: launch(*tensors, *tma_scalars)
             if kernel == "direct":
                 ws = _co_major(w).stride()
