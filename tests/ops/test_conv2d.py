@@ -490,3 +490,22 @@ def test_direct_kernel_needs_int32_offsets():
     small = torch.empty((2, 8, 5, 5), device="meta")
     huge = torch.empty((2, 8, 5, 5), device="meta").as_strided((2, 8, 5, 5), (2**33, 1, 2**29, 8))
     assert cv._direct_fits(small, small) and not cv._direct_fits(small, huge)
+
+
+@pytest.mark.parametrize("kw", [dict(padding=1), dict(padding="same", dilation=2), dict(padding=(0, 2))],
+                         ids=["p1", "same-d2", "p02"])
+def test_input_gradient_as_tma_convolution(kw, monkeypatch):
+    """Stride 1, one group, channels_last: the input gradient is the stride-1 convolution of dz by the mirrored,
+    transposed weight (_dgrad_conv_padding), run by the TMA forward (forced here on any device: the
+    interpreter runs it on the CPU); even kernel widths ('same' pads them asymmetrically), dilation."""
+    monkeypatch.setattr(cv._runtime, "is_hopper", lambda index=0: True)
+    routed = []
+    real = cv._dgrad_conv_padding
+    monkeypatch.setattr(cv, "_dgrad_conv_padding", lambda *a: routed.append(real(*a)) or routed[-1])
+    cv._plans.clear()
+    try:
+        check(dropin_conv(**kw), torch_conv(**kw),
+              leaves((2, 16, 7, 9), (32, 16, 3, 4), channels_last=True, weight_channels_last=True))
+    finally:
+        cv._plans.clear()
+    assert routed and all(p is not None for p in routed)

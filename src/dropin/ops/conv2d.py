@@ -497,17 +497,19 @@ _FWD_CONFIGS = [
     _autotune.config(128, 256, 64, 8, 3),
 ]
 # The TMA forward (_conv_fwd_tma_kernel): TH x TW output pixels, BLOCK_N channels, BLOCK_K input channels a
-# step; on Hopper the untuned default where it applies (probe of 2026-11-22: 0.60-0.88x cuDNN on ResNet's
-# stride-1 3x3 convs, where the pointer kernel gave 0.42-0.56x). No 8-warp tiles: in the first bench run
-# they gave 4-15x the error of the others on the 14x14 ResNet shape (fp16 3.0e-3, torch 2.1e-4), not yet
-# understood; test_tma_forward_resnet_shapes holds every config to the 2x rule there.
+# step, OCC programs per SM (0: one per tile); on Hopper the untuned default where it applies (0.64-0.73x
+# cuDNN on ResNet's stride-1 3x3 convs, where the pointer kernel gave 0.42-0.56x). The 8-warp tile, once set
+# aside for 4-15x the error of the others on the 14x14 shape, now gives cuDNN's error on all four ResNet
+# shapes (scratch/probe_tma8.py, fp16 2.1e-4) and is the fastest there (41 us vs 45); test_tma_forward_resnet_shapes
+# holds every config to the 2x rule.
 _FWD_TMA_CONFIGS = [
     dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=0),
     dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, OCC=0),
     dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, OCC=0),
+    dict(TH=8, TW=16, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, OCC=0),
+    dict(TH=8, TW=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3, OCC=0),
     dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=1),
     dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, OCC=1),
-    dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=2),
     dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, OCC=2),
 ]
 _DGRAD_CONFIGS = _FWD_CONFIGS
@@ -653,25 +655,48 @@ def _direct_fits(*ts) -> bool:
     return all(sum((size - 1) * abs(st) for size, st in zip(t.shape[1:], t.stride()[1:])) < 2**31 for t in ts)
 
 
-_CO_MAJOR: dict = {}
+_DERIVED: dict = {}
+
+
+def _derived(w: torch.Tensor, kind: str, make) -> torch.Tensor:
+    """make(w): a copy of a weight in the layout a kernel reads fastest, made once per weight version and kept
+    while the weight lives (an inference tensor has no version: made on every call)."""
+    key = (id(w), kind)
+    hit = _DERIVED.get(key)
+    version = None if w.is_inference() else w._version
+    if hit is not None and hit[0]() is w and version is not None and hit[1] == version:
+        return hit[2]
+    out = make(w)
+    if version is not None:
+        _DERIVED[key] = (weakref.ref(w, lambda _, key=key: _DERIVED.pop(key, None)), version, out)
+    return out
 
 
 def _co_major(w: torch.Tensor) -> torch.Tensor:
     """The depthwise weight [COUT, 1, KH, KW] with the output channel innermost (stride 1), so that the direct
     kernels read a tap's weights as one vector instead of a scalar load per channel (measured: 15-20% of the
-    depthwise forward). Any other layout is copied once per weight version while the weight lives (an
-    inference tensor has no version: copied on every call)."""
+    depthwise forward)."""
     if w.stride(0) == 1 or w.shape[0] == 1:
         return w
-    key = id(w)
-    hit = _CO_MAJOR.get(key)
-    version = None if w.is_inference() else w._version
-    if hit is not None and hit[0]() is w and version is not None and hit[1] == version:
-        return hit[2]
-    co = w.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2)
-    if version is not None:
-        _CO_MAJOR[key] = (weakref.ref(w, lambda _, key=key: _CO_MAJOR.pop(key, None)), version, co)
-    return co
+    return _derived(w, "co_major", lambda w: w.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2))
+
+
+def _flipped(w: torch.Tensor) -> torch.Tensor:
+    """The weight of the convolution that is the input gradient of a stride-1 one: [C, COUT, KH, KW], the taps
+    mirrored, channels_last (the TMA forward's layout)."""
+    return _derived(w, "flipped", lambda w: w.flip(2, 3).transpose(0, 1).contiguous(memory_format=torch.channels_last))
+
+
+def _dgrad_conv_padding(dz, x, w, stride, padding, dilation, groups: int):
+    """The padding of the stride-1 convolution of dz by _flipped(w) that gives the input gradient (top, bottom,
+    left, right: dilation * (K - 1) - the forward's), where the TMA forward takes it: one group, stride 1,
+    channels_last x and dz, the forward's padding at most the kernel's reach. None elsewhere."""
+    if tuple(stride) != (1, 1) or groups != 1 or not x.is_contiguous(memory_format=torch.channels_last):
+        return None
+    reach = [dilation[0] * (w.shape[2] - 1)] * 2 + [dilation[1] * (w.shape[3] - 1)] * 2
+    if any(p > r for p, r in zip(padding, reach)) or not _tma_fwd_configs(dz, _flipped(w), (1, 1), 1):
+        return None
+    return tuple(r - p for p, r in zip(padding, reach))
 
 
 def _align(*ts):
@@ -767,7 +792,13 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
 
 
 def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
-    """The gradient of the input x (same strides as x where x is dense, else contiguous)."""
+    """The gradient of the input x (same strides as x where x is dense, else contiguous). Where the TMA forward
+    takes it (_dgrad_conv_padding), a stride-1 convolution of dz; else _conv_dgrad_kernel or the direct kernel."""
+    if x.is_contiguous(memory_format=torch.channels_last):  # (a channels_last model's dz is; a copy otherwise)
+        dz = dz.contiguous(memory_format=torch.channels_last)
+    conv_padding = _dgrad_conv_padding(dz, x, w, stride, padding, dilation, groups)
+    if conv_padding is not None:
+        return _fwd_impl(dz, _flipped(w), None, None, (1, 1), conv_padding, dilation, 1, "none", False)[0]
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
     dx = torch.empty_like(x)
     if dx.numel() == 0:
