@@ -239,8 +239,9 @@ def _configs():
     for name, cfgs in (("fwd", cv._DW_CONFIGS), ("dgrad", cv._DW_DGRAD_CONFIGS), ("wgrad", cv._DW_WGRAD_CONFIGS)):
         for i, c in enumerate(cfgs):
             yield pytest.param(name, dict(c, KERNEL="direct"), id=f"{name}-direct-{i}")
-    for i, c in enumerate(cv._FWD_TMA_CONFIGS):
-        yield pytest.param("fwd", dict(c, KERNEL="tma"), id=f"fwd-tma-{i}")
+    for name, cfgs in (("fwd", cv._FWD_TMA_CONFIGS), ("wgrad", cv._WGRAD_TMA_CONFIGS)):
+        for i, c in enumerate(cfgs):
+            yield pytest.param(name, dict(c, KERNEL="tma"), id=f"{name}-tma-{i}")
 
 
 @gpu
@@ -277,9 +278,11 @@ def test_every_config(which, cfg, monkeypatch):
     monkeypatch.setattr(cv._autotune, "pick", pick)
     cv._plans.clear()
     try:
-        if cfg.get("KERNEL") == "tma":  # one group, channels_last x and w; an NCHW residual
+        if cfg.get("KERNEL") == "tma":  # one group, channels_last x and w; an NCHW residual (fwd or wgrad)
             # stride 1 with channels past C in a box (32 of 64), then strides 2 and 3 (x viewed by phase)
             for x_shape, stride in (((2, 32, 9, 11), 1), ((2, 64, 10, 12), (2, 2)), ((1, 64, 9, 8), (3, 2))):
+                if stride != 1 and x_shape[1] % cfg.get("BLOCK_K", cfg["BLOCK_N"]):
+                    continue  # _tma_fwd_configs / _tma_wgrad_configs offer no such config there
                 kw = dict(stride=stride, padding=(1, 2), dilation=(1, 2))
                 inputs = leaves(x_shape, (24, x_shape[1], 3, 2), channels_last=True, weight_channels_last=True)
                 inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE)
@@ -492,20 +495,24 @@ def test_direct_kernel_needs_int32_offsets():
     assert cv._direct_fits(small, small) and not cv._direct_fits(small, huge)
 
 
-@pytest.mark.parametrize("kw", [dict(padding=1), dict(padding="same", dilation=2), dict(padding=(0, 2))],
-                         ids=["p1", "same-d2", "p02"])
-def test_input_gradient_as_tma_convolution(kw, monkeypatch):
-    """Stride 1, one group, channels_last: the input gradient is the stride-1 convolution of dz by the mirrored,
-    transposed weight (_dgrad_conv_padding), run by the TMA forward (forced here on any device: the
-    interpreter runs it on the CPU); even kernel widths ('same' pads them asymmetrically), dilation."""
+@pytest.mark.parametrize("kw", [dict(padding=1), dict(padding="same", dilation=2), dict(padding=(0, 2)),
+                                dict(stride=2, padding=(1, 2))], ids=["p1", "same-d2", "p02", "s2"])
+def test_backward_through_tma_kernels(kw, monkeypatch):
+    """One group, channels_last, the TMA kernels forced on any device (the interpreter runs them on the CPU): the
+    weight gradient by _conv_wgrad_tma_kernel (any stride dividing the image), and at stride 1 the input gradient
+    as the stride-1 convolution of dz by the mirrored, transposed weight (_dgrad_conv_padding); even kernel widths
+    ('same' pads them asymmetrically), dilation."""
     monkeypatch.setattr(cv._runtime, "is_hopper", lambda index=0: True)
-    routed = []
-    real = cv._dgrad_conv_padding
-    monkeypatch.setattr(cv, "_dgrad_conv_padding", lambda *a: routed.append(real(*a)) or routed[-1])
+    kernels = []
+    real_pick = cv._autotune.pick
+    monkeypatch.setattr(cv._autotune, "pick", lambda name, key, configs, prepare: kernels.append(
+        (key[0], configs[0]["KERNEL"])) or real_pick(name, key, configs, prepare))
     cv._plans.clear()
     try:
+        c = 64 if "stride" in kw else 16  # a column stride over 1 takes channel blocks (of 64) that divide C
         check(dropin_conv(**kw), torch_conv(**kw),
-              leaves((2, 16, 7, 9), (32, 16, 3, 4), channels_last=True, weight_channels_last=True))
+              leaves((2, c, 8, 10), (32, c, 3, 4), channels_last=True, weight_channels_last=True))
     finally:
         cv._plans.clear()
-    assert routed and all(p is not None for p in routed)
+    dgrad = ("fwd", "tma") if "stride" not in kw else ("dgrad", "gemm")  # the input gradient's plan
+    assert set(kernels) == {("fwd", "tma"), ("wgrad", "tma"), dgrad}

@@ -215,6 +215,55 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
 
 
 @triton.jit
+def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
+                           N, C, H, W, COUT, OH, OW, tiles_per_split,
+                           STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr,
+                           PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+                           KH: tl.constexpr, KW: tl.constexpr, PRECISION: tl.constexpr,
+                           TH: tl.constexpr, TW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The weight gradient for one group, x and dz dense channels_last (Hopper TMA), one split's share:
+    part[split, co, kh, kw, c] = sum over this split's output pixel tiles of dz[n, oh, ow, co] * x at the pixel
+    tap (kh, kw) reads, in fp32. Per TH x TW pixel tile one box of dz [1, TH, TW, BLOCK_M] (zeros past the
+    image) and one box of x read as _conv_fwd_kernel's TMA forward reads it (by stride phase, the padding as
+    zeros): acc[BLOCK_M, BLOCK_N] += dz^T @ x. Grid (taps * output-channel tiles * input-channel tiles,
+    splits of the N * pixel tiles)."""
+    H2 = H // STRIDE_H
+    W2 = W // STRIDE_W
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[N, H2, STRIDE_H, W2, STRIDE_W * C],
+                                       strides=[H * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
+                                       block_shape=[1, TH, 1, TW, BLOCK_N])
+    dz_desc = tl.make_tensor_descriptor(dz_ptr, shape=[N, OH, OW, COUT], strides=[OH * OW * COUT, OW * COUT, COUT, 1],
+                                        block_shape=[1, TH, TW, BLOCK_M])
+    m_blocks = tl.cdiv(COUT, BLOCK_M)
+    n_blocks = tl.cdiv(C, BLOCK_N)
+    pid = tl.program_id(0)
+    tap = pid // (m_blocks * n_blocks)
+    co0 = pid // n_blocks % m_blocks * BLOCK_M
+    c0 = pid % n_blocks * BLOCK_N
+    kh = tap // KW
+    kw = tap - kh * KW
+    dh = kh * DIL_H + STRIDE_H * PAD_H - PAD_H  # as in _conv_fwd_tma_kernel
+    dw = kw * DIL_W + STRIDE_W * PAD_W - PAD_W
+    tiles_w = tl.cdiv(OW, TW)
+    tiles_hw = tl.cdiv(OH, TH) * tiles_w
+    first = tl.program_id(1) * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, N * tiles_hw)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(first, last):
+        n = t // tiles_hw
+        oh0 = (t % tiles_hw) // tiles_w * TH
+        ow0 = (t % tiles_w) * TW
+        a = dz_desc.load([n, oh0, ow0, co0]).reshape(TH * TW, BLOCK_M)
+        b = x_desc.load([n, oh0 + dh // STRIDE_H - PAD_H, dh % STRIDE_H, ow0 + dw // STRIDE_W - PAD_W,
+                         dw % STRIDE_W * C + c0]).reshape(TH * TW, BLOCK_N)
+        acc = _dot_acc(acc, tl.trans(a), b, PRECISION)
+    co = co0 + tl.arange(0, BLOCK_M)
+    c = c0 + tl.arange(0, BLOCK_N)
+    offs = ((tl.program_id(1).to(tl.int64) * COUT + co[:, None]) * (KH * KW) + tap) * C + c[None, :]
+    tl.store(part_ptr + offs, acc, mask=(co < COUT)[:, None] & (c < C)[None, :])
+
+
+@triton.jit
 def _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr):
     """Image, first output row and column, first output channel of _conv_fwd_tma_kernel's tile `tile` (channel
     tiles innermost: programs running together share their x boxes through L2)."""
@@ -537,13 +586,6 @@ _DW_WGRAD_CONFIGS = [
     dict(TH=16, TW=16, BLOCK_N=64, num_warps=8),
 ]
 _WGRAD_CONFIGS = [
-    dict(BLOCK_M=128, BLOCK_N=32, num_warps=4),
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8),
-    dict(BLOCK_M=256, BLOCK_N=32, num_warps=4),
-    dict(BLOCK_M=256, BLOCK_N=64, num_warps=8),
-]
-_WGRAD_CONFIGS = [
     _autotune.config(32, 64, 64, 4, 3, SPLIT_K=1),
     _autotune.config(64, 64, 64, 4, 3, SPLIT_K=1),
     _autotune.config(64, 128, 64, 8, 3, SPLIT_K=1),
@@ -552,6 +594,15 @@ _WGRAD_CONFIGS = [
     _autotune.config(64, 64, 64, 4, 3, SPLIT_K=64),
     _autotune.config(128, 128, 64, 8, 3, SPLIT_K=64),
     _autotune.config(128, 64, 64, 4, 3, SPLIT_K=32),
+]
+# The TMA weight gradient (_conv_wgrad_tma_kernel): BLOCK_M output x BLOCK_N input channels of one tap, TH x TW
+# pixels a step; the N * pixel tiles split so that about OCC programs per SM run.
+_WGRAD_TMA_CONFIGS = [
+    dict(TH=8, TW=16, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4, OCC=2),
+    dict(TH=8, TW=16, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, OCC=2),
+    dict(TH=8, TW=8, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=4, OCC=2),
+    dict(TH=8, TW=16, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4, OCC=4),
+    dict(TH=8, TW=16, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, OCC=1),
 ]
 
 _plans: dict = {}
@@ -685,6 +736,15 @@ def _flipped(w: torch.Tensor) -> torch.Tensor:
     """The weight of the convolution that is the input gradient of a stride-1 one: [C, COUT, KH, KW], the taps
     mirrored, channels_last (the TMA forward's layout)."""
     return _derived(w, "flipped", lambda w: w.flip(2, 3).transpose(0, 1).contiguous(memory_format=torch.channels_last))
+
+
+def _tma_wgrad_configs(dz, x, stride, groups: int) -> list:
+    """_conv_wgrad_tma_kernel's candidates, none where it does not apply: the TMA forward's conditions on x
+    (_tma_fwd_configs), and dz dense channels_last with at least 16 channels in 16-byte rows."""
+    size, cout = dz.element_size(), dz.shape[1]  # (dz's layout checked in w's place)
+    if not (_tma_fwd_configs(x, dz, stride, groups) and cout >= 16 and cout * size % 16 == 0):
+        return []
+    return [dict(c, KERNEL="tma") for c in _WGRAD_TMA_CONFIGS if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
 
 
 def _dgrad_conv_padding(dz, x, w, stride, padding, dilation, groups: int):
@@ -839,6 +899,8 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
 
 def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
     """The gradient of the weight w (same strides as w where w is dense, else contiguous)."""
+    if x.is_contiguous(memory_format=torch.channels_last):  # (a channels_last model's dz is; a copy otherwise)
+        dz = dz.contiguous(memory_format=torch.channels_last)
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
     dw = torch.empty_like(w)
     if dw.numel() == 0:
@@ -861,7 +923,23 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
 
         def launcher(cfg):
             cfg = dict(cfg)
-            if cfg.pop("KERNEL") == "direct":  # fp32 partial sums per pixel tile, then one sum over the tiles
+            kernel = cfg.pop("KERNEL")
+            if kernel == "tma":  # fp32 partials per split [splits, COUT, KH, KW, C], summed
+                out_tiles = KH * KW * triton.cdiv(COUT_G, cfg["BLOCK_M"]) * triton.cdiv(C_G, cfg["BLOCK_N"])
+                pixel_tiles = N * _tiles(OH, OW, cfg)
+                programs = cfg.pop("OCC") * _runtime.num_sms(x.device.index or 0)
+                per_split = triton.cdiv(pixel_tiles, max(1, min(pixel_tiles, programs // out_tiles)))
+                splits = triton.cdiv(pixel_tiles, per_split)
+                launch = _runtime.Launcher(_conv_wgrad_tma_kernel, (out_tiles, splits),
+                                           dict(meta0, KH=KH, KW=KW, **cfg), scratch=True)
+                tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, per_split)
+
+                def run_tma(dz, x, dw):
+                    part = torch.empty((splits, COUT_G, KH, KW, C_G), device=dz.device, dtype=torch.float32)
+                    launch(dz, x, part, *tma_scalars)
+                    dw.copy_(part.sum(0).permute(0, 3, 1, 2))
+                return run_tma
+            if kernel == "direct":  # fp32 partial sums per pixel tile, then one sum over the tiles
                 grid = (N * _tiles(OH, OW, cfg), triton.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
                 launch = _runtime.Launcher(_conv_dw_wgrad_kernel, grid,
                                            dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg))
@@ -895,9 +973,11 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
 
         gemm = _configs(_WGRAD_CONFIGS, COUT_G, cols, P, x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(dz, x)
-        configs = _candidates(_DW_WGRAD_CONFIGS, gemm, direct, OH, OW, groups * COUT_G)
+        tma_configs = _tma_wgrad_configs(dz, x, stride, groups)
+        configs = tma_configs + _candidates(_DW_WGRAD_CONFIGS, gemm, direct, OH, OW, groups * COUT_G)
         tkey = ("wgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
-                *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, OH, OW))
+                *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, OH, OW),
+                *(("tma",) if tma_configs else ()))
         plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, (dz, x, dw))
     plan(dz, x, dw)
     return dw
