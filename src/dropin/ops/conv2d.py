@@ -744,7 +744,8 @@ def _tma_wgrad_configs(dz, x, stride, groups: int) -> list:
     size, cout = dz.element_size(), dz.shape[1]  # (dz's layout checked in w's place)
     if not (_tma_fwd_configs(x, dz, stride, groups) and cout >= 16 and cout * size % 16 == 0):
         return []
-    return [dict(c, KERNEL="tma") for c in _WGRAD_TMA_CONFIGS if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
+    fitting = [dict(c, KERNEL="tma") for c in _WGRAD_TMA_CONFIGS if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
+    return _staged(fitting, lambda c: c["TH"] * c["TW"] * (c["BLOCK_M"] + c["BLOCK_N"]) * size)
 
 
 def _dgrad_conv_padding(dz, x, w, stride, padding, dilation, groups: int):
@@ -780,7 +781,19 @@ def _tma_fwd_configs(x, w, stride, groups: int) -> list:
             and H % stride[0] == 0 and W % stride[1] == 0
             and all(t.is_contiguous(memory_format=torch.channels_last) and t.data_ptr() % 16 == 0 for t in (x, w))):
         return []
-    return [dict(c, KERNEL="tma") for c in _FWD_TMA_CONFIGS if stride[1] == 1 or C % c["BLOCK_K"] == 0]
+    return _staged([dict(c, KERNEL="tma") for c in _FWD_TMA_CONFIGS if stride[1] == 1 or C % c["BLOCK_K"] == 0],
+                   lambda c: (c["TH"] * c["TW"] + c["BLOCK_N"]) * c["BLOCK_K"] * size)
+
+
+def _staged(configs: list, stage_bytes) -> list:
+    """The TMA configs with their pipeline stages cut to what 200 KB of shared memory holds (stage_bytes(config):
+    one stage's boxes; fp32 doubles them), those with fewer than 2 stages left out."""
+    out = []
+    for c in configs:
+        stages = min(c["num_stages"], 200 * 1024 // stage_bytes(c))
+        if stages >= 2 and dict(c, num_stages=stages) not in out:
+            out.append(dict(c, num_stages=stages))
+    return out
 
 
 def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, activation: str, save_preact: bool):
