@@ -159,6 +159,31 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
 
 
 @triton.jit
+def _phase_desc(x_ptr, N, C, H, W, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, TH: tl.constexpr,
+                TW: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A TMA descriptor of dense channels_last x viewed by stride phase, [N, H / STRIDE_H, STRIDE_H, W / STRIDE_W,
+    STRIDE_W * C] (the caller checks that the strides divide H and W), boxes [1, TH, 1, TW, BLOCK_C]."""
+    return tl.make_tensor_descriptor(x_ptr, shape=[N, H // STRIDE_H, STRIDE_H, W // STRIDE_W, STRIDE_W * C],
+                                     strides=[H * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
+                                     block_shape=[1, TH, 1, TW, BLOCK_C])
+
+
+@triton.jit
+def _tap_box(x_desc, n, oh0, ow0, kh, kw, c0, C, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+             PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+             TH: tl.constexpr, TW: tl.constexpr, BLOCK_C: tl.constexpr):
+    """[TH * TW, BLOCK_C]: what tap (kh, kw) reads for output pixels (oh0.., ow0..) of image n, channels c0..,
+    through _phase_desc: input row STRIDE_H * oh + d is row oh + d // STRIDE_H of phase d % STRIDE_H, so the
+    tap's pixels are one box of consecutive rows and columns of one phase; its parts outside the image read as
+    zeros (the padding, without masks). d is shifted by STRIDE * PAD to stay >= 0 (integer division truncates)."""
+    dh = kh * DIL_H + STRIDE_H * PAD_H - PAD_H
+    dw = kw * DIL_W + STRIDE_W * PAD_W - PAD_W
+    box = x_desc.load([n, oh0 + dh // STRIDE_H - PAD_H, dh % STRIDE_H, ow0 + dw // STRIDE_W - PAD_W,
+                       dw % STRIDE_W * C + c0])
+    return box.reshape(TH * TW, BLOCK_C)
+
+
+@triton.jit
 def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                          N, C, H, W, COUT, OH, OW, syn, syc, syh, syw, srn, src, srh, srw, programs,
                          STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
@@ -168,20 +193,13 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                          TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """_conv_fwd_kernel's result for one group, x and w dense channels_last (Hopper TMA): a tile is TH x TW
     output pixels of one image x BLOCK_N output channels; per (tap, channel block) one box of x and one
-    [BLOCK_N, BLOCK_K] box of w viewed as [COUT, KH*KW*C]. x is viewed by stride phase, [N, H / STRIDE_H,
-    STRIDE_H, W / STRIDE_W, STRIDE_W * C] (the caller checks that the strides divide H and W): the input row
-    STRIDE_H * oh + d is row oh + d // STRIDE_H of phase d % STRIDE_H, so a tap reads one box [1, TH, 1, TW,
-    BLOCK_K] of consecutive rows and columns of one phase, its parts outside the image as zeros (the padding,
-    without masks). Channels past C read zeros where STRIDE_W is 1, so the w columns there (the next tap's) add
+    [BLOCK_N, BLOCK_K] box of w viewed as [COUT, KH*KW*C] (_tap_box: the x box, by stride phase, the padding
+    read as zeros). Channels past C read zeros where STRIDE_W is 1, so the w columns there (the next tap's) add
     nothing; with a larger STRIDE_W the caller takes BLOCK_K dividing C. `programs` programs walk the (image,
     pixel tile, channel tile) tiles in one flattened loop: persistent, as matmul's TMA kernel, where they are
     fewer than the tiles (a tile's loads start while the previous tile's epilogue runs), one tile each where
     they are as many (more programs resident per SM: measured faster on small images)."""
-    H2 = H // STRIDE_H
-    W2 = W // STRIDE_W
-    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[N, H2, STRIDE_H, W2, STRIDE_W * C],
-                                       strides=[H * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
-                                       block_shape=[1, TH, 1, TW, BLOCK_K])
+    x_desc = _phase_desc(x_ptr, N, C, H, W, STRIDE_H, STRIDE_W, TH, TW, BLOCK_K)
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[COUT, KH * KW * C], strides=[KH * KW * C, 1],
                                        block_shape=[BLOCK_N, BLOCK_K])
     tiles_w = tl.cdiv(OW, TW)
@@ -196,11 +214,8 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
             tap = step // c_blocks
             c0 = (step - tap * c_blocks) * BLOCK_K
             kh = tap // KW
-            kw = tap - kh * KW
-            dh = kh * DIL_H + STRIDE_H * PAD_H - PAD_H  # the tap's row offset, shifted to be >= 0 (as is dw)
-            dw = kw * DIL_W + STRIDE_W * PAD_W - PAD_W
-            a = x_desc.load([n, oh0 + dh // STRIDE_H - PAD_H, dh % STRIDE_H, ow0 + dw // STRIDE_W - PAD_W,
-                             dw % STRIDE_W * C + c0]).reshape(TH * TW, BLOCK_K)
+            a = _tap_box(x_desc, n, oh0, ow0, kh, tap - kh * KW, c0, C, STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H,
+                         DIL_W, TH, TW, BLOCK_K)
             b = w_desc.load([co0, tap * C + c0])
             acc = _dot_acc(acc, a, tl.trans(b), PRECISION)
         tile_c += programs
@@ -224,14 +239,9 @@ def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
     """The weight gradient for one group, x and dz dense channels_last (Hopper TMA), one split's share:
     part[split, co, kh, kw, c] = sum over this split's output pixel tiles of dz[n, oh, ow, co] * x at the pixel
     tap (kh, kw) reads, in fp32. Per TH x TW pixel tile one box of dz [1, TH, TW, BLOCK_M] (zeros past the
-    image) and one box of x read as _conv_fwd_kernel's TMA forward reads it (by stride phase, the padding as
-    zeros): acc[BLOCK_M, BLOCK_N] += dz^T @ x. Grid (taps * output-channel tiles * input-channel tiles,
-    splits of the N * pixel tiles)."""
-    H2 = H // STRIDE_H
-    W2 = W // STRIDE_W
-    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[N, H2, STRIDE_H, W2, STRIDE_W * C],
-                                       strides=[H * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
-                                       block_shape=[1, TH, 1, TW, BLOCK_N])
+    image) and the tap's box of x (_tap_box): acc[BLOCK_M, BLOCK_N] += dz^T @ x. Grid (taps * output-channel
+    tiles * input-channel tiles, splits of the N * pixel tiles)."""
+    x_desc = _phase_desc(x_ptr, N, C, H, W, STRIDE_H, STRIDE_W, TH, TW, BLOCK_N)
     dz_desc = tl.make_tensor_descriptor(dz_ptr, shape=[N, OH, OW, COUT], strides=[OH * OW * COUT, OW * COUT, COUT, 1],
                                         block_shape=[1, TH, TW, BLOCK_M])
     m_blocks = tl.cdiv(COUT, BLOCK_M)
@@ -241,21 +251,16 @@ def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
     co0 = pid // n_blocks % m_blocks * BLOCK_M
     c0 = pid % n_blocks * BLOCK_N
     kh = tap // KW
-    kw = tap - kh * KW
-    dh = kh * DIL_H + STRIDE_H * PAD_H - PAD_H  # as in _conv_fwd_tma_kernel
-    dw = kw * DIL_W + STRIDE_W * PAD_W - PAD_W
     tiles_w = tl.cdiv(OW, TW)
     tiles_hw = tl.cdiv(OH, TH) * tiles_w
     first = tl.program_id(1) * tiles_per_split
     last = tl.minimum(first + tiles_per_split, N * tiles_hw)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(first, last):
-        n = t // tiles_hw
-        oh0 = (t % tiles_hw) // tiles_w * TH
-        ow0 = (t % tiles_w) * TW
+        n, oh0, ow0, _ = _tma_tile(t, 1, tiles_hw, tiles_w, TH, TW, 1)
         a = dz_desc.load([n, oh0, ow0, co0]).reshape(TH * TW, BLOCK_M)
-        b = x_desc.load([n, oh0 + dh // STRIDE_H - PAD_H, dh % STRIDE_H, ow0 + dw // STRIDE_W - PAD_W,
-                         dw % STRIDE_W * C + c0]).reshape(TH * TW, BLOCK_N)
+        b = _tap_box(x_desc, n, oh0, ow0, kh, tap - kh * KW, c0, C, STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W,
+                     TH, TW, BLOCK_N)
         acc = _dot_acc(acc, tl.trans(a), b, PRECISION)
     co = co0 + tl.arange(0, BLOCK_M)
     c = c0 + tl.arange(0, BLOCK_N)
@@ -265,8 +270,8 @@ def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
 
 @triton.jit
 def _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Image, first output row and column, first output channel of _conv_fwd_tma_kernel's tile `tile` (channel
-    tiles innermost: programs running together share their x boxes through L2)."""
+    """Image, first output row and column, first output channel of the TMA kernels' tile `tile` (channel tiles
+    innermost: programs running together share their x boxes through L2)."""
     pix = tile // tiles_n
     return pix // tiles_hw, (pix % tiles_hw) // tiles_w * TH, (pix % tiles_w) * TW, (tile % tiles_n) * BLOCK_N
 
@@ -549,8 +554,8 @@ _FWD_CONFIGS = [
 # step, OCC programs per SM (0: one per tile); on Hopper the untuned default where it applies (0.64-0.73x
 # cuDNN on ResNet's stride-1 3x3 convs, where the pointer kernel gave 0.42-0.56x). The 8-warp tile, once set
 # aside for 4-15x the error of the others on the 14x14 shape, now gives cuDNN's error on all four ResNet
-# shapes (scratch/probe_tma8.py, fp16 2.1e-4) and is the fastest there (41 us vs 45); test_tma_forward_resnet_shapes
-# holds every config to the 2x rule.
+# shapes (scratch/probe_tma8.py, fp16 2.1e-4) and is the fastest there (41 us vs 45);
+# test_tma_forward_resnet_shapes holds every config to the 2x rule.
 _FWD_TMA_CONFIGS = [
     dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=0),
     dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, OCC=0),
@@ -563,7 +568,7 @@ _FWD_TMA_CONFIGS = [
 ]
 _DGRAD_CONFIGS = _FWD_CONFIGS
 # The direct kernels for one input channel per group (depthwise): spatial tiles of TH x TW pixels x BLOCK_N
-# channels, clamped to the image by _fit_tile. Forward order from the probe of 2026-11-22 (scratch/probe_dw.py,
+# channels, clamped to the image by _candidates. Forward order from the probe of 2026-11-22 (scratch/probe_dw.py,
 # CvT-13's depthwise shapes, bf16 batch 64 on the H200): (2, 16) x 64 won or came within 5% on all six.
 _DW_CONFIGS = [
     dict(TH=2, TW=16, BLOCK_N=64, num_warps=4),
