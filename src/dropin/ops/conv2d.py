@@ -30,6 +30,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import _runtime
 from . import _autotune
+from ._common import cached_plan
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _dot_acc, _split_range, linear, switch
 from .matmul import _precision as _matmul_precision
@@ -818,10 +819,9 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
     r = y if residual is None else residual
     key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), r.stride(), x.dtype, _align(x, w, y, bias, residual),
            stride, padding, dilation, groups, activation, save_preact, precision, fmt)
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) > 4096:
-            _plans.clear()
+    tensors = (x, w, y, y if bias is None else bias, z if save_preact else y, r)
+
+    def make():
         P = N * OH * OW
         scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *x.stride(), *w.stride(), *y.stride(), *r.stride())
         flat_k = C_G < 16  # see _conv_fwd_kernel
@@ -863,9 +863,9 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, flat_k, residual is not None,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, OH, OW),
                 *(("tma",) if tma else ()))
-        tensors = (x, w, y, y if bias is None else bias, z if save_preact else y, r)
-        plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, tensors)
-    plan(x, w, y, y if bias is None else bias, z if save_preact else y, r)
+        return _pick("conv2d", tkey, configs, launcher, tensors)
+
+    cached_plan(_plans, key, make)(*tensors)
     return y, z
 
 
@@ -886,8 +886,8 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
     precision = _precision(x.dtype)
     key = ("dgrad", dz.shape, dz.stride(), dx.stride(), w.shape, w.stride(), x.shape, x.dtype,
            _align(dz, w, dx), stride, padding, dilation, groups, precision)
-    plan = _plans.get(key)
-    if plan is None:
+
+    def make():
         P = N * H * W
 
         def launcher(cfg):
@@ -910,8 +910,9 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
         configs = _candidates(_DW_DGRAD_CONFIGS, gemm, direct, H, W, groups)
         tkey = ("dgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, H, W))
-        plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, (dz, w, dx))
-    plan(dz, w, dx)
+        return _pick("conv2d", tkey, configs, launcher, (dz, w, dx))
+
+    cached_plan(_plans, key, make)(dz, w, dx)
     return dx
 
 
@@ -928,8 +929,8 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
     precision = _precision(x.dtype)
     key = ("wgrad", dz.shape, dz.stride(), x.shape, x.stride(), w.shape, dw.stride(), x.dtype,
            _align(dz, x, dw), stride, padding, dilation, groups, precision)
-    plan = _plans.get(key)
-    if plan is None:
+
+    def make():
         P = N * OH * OW
         if P >= 2**31:
             raise RuntimeError(f"conv2d: dropin's weight gradient takes fewer than 2^31 output pixels, got N*OH*OW "
@@ -996,8 +997,9 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
         tkey = ("wgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, OH, OW),
                 *(("tma",) if tma_configs else ()))
-        plan = _plans[key] = _pick("conv2d", tkey, configs, launcher, (dz, x, dw))
-    plan(dz, x, dw)
+        return _pick("conv2d", tkey, configs, launcher, (dz, x, dw))
+
+    cached_plan(_plans, key, make)(dz, x, dw)
     return dw
 
 
