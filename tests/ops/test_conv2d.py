@@ -482,15 +482,17 @@ def test_depthwise_direct(case, monkeypatch):
         cv._plans.clear()
 
 
-def test_depthwise_weight_changed_in_place():
+def test_depthwise_weight_changed():
     """The direct kernels read a copy of the weight with the output channel innermost (_co_major), kept while the
-    weight lives: an in-place change of the weight must reach the next call."""
+    weight lives: an in-place change of the weight, or new data under it, must reach the next call."""
     x = torch.randn(2, 16, 9, 7, device=DEVICE).to(memory_format=torch.channels_last)
-    w = torch.randn(16, 1, 3, 3, device=DEVICE)
-    for _ in range(2):
+    w = torch.nn.Parameter(torch.randn(16, 1, 3, 3, device=DEVICE))
+    for change in (lambda: w.mul_(-0.5).add_(1.0), lambda: setattr(w, "data", torch.randn_like(w)), None):
         ref = F.conv2d(x.double(), w.double(), padding=1, groups=16)
-        assert_close(dropin.conv2d(x, w, padding=1, groups=16), ref, torch.float32, "fwd", what="depthwise")
-        w.mul_(-0.5).add_(1.0)
+        with torch.no_grad():
+            assert_close(dropin.conv2d(x, w, padding=1, groups=16), ref, torch.float32, "fwd", what="depthwise")
+            if change:
+                change()
 
 
 def test_direct_kernel_needs_int32_offsets():

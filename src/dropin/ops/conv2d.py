@@ -716,11 +716,13 @@ _DERIVED: dict = {}
 
 
 def _derived(w: torch.Tensor, kind: str, make) -> torch.Tensor:
-    """make(w): a copy of a weight in the layout a kernel reads fastest, made once per weight version and kept
-    while the weight lives (an inference tensor has no version: made on every call)."""
+    """make(w): a copy of a weight in the layout a kernel reads fastest, made once per version of the weight's
+    data and kept while the weight lives. A change is seen as autograd sees one: in-place ops bump the tensor's
+    version, a new `.data` moves its storage; edits through a `.data` alias are invisible to both. An inference
+    tensor has no version: made on every call."""
     key = (id(w), kind)
     hit = _DERIVED.get(key)
-    version = None if w.is_inference() else w._version
+    version = None if w.is_inference() else (w._version, w.data_ptr())
     if hit is not None and hit[0]() is w and version is not None and hit[1] == version:
         return hit[2]
     out = make(w)
