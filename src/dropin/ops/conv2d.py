@@ -1222,12 +1222,11 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
             raise RuntimeError(f"conv2d: expected 'residual' of the output's size {out_shape[unbatched:]}, but got "
                                f"{list(residual.shape)}")
         residual = r
-    rows = x.permute(0, 2, 3, 1)
-    if ((KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and rows.is_contiguous()
-            and residual is None and _precision(x.dtype) == _matmul_precision(x.dtype)):
+    if ((KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and residual is None
+            and x.permute(0, 2, 3, 1).is_contiguous() and _precision(x.dtype) == _matmul_precision(x.dtype)):
         # A 1x1 conv over channels_last pixels is a GEMM [N*H*W, C] x [C, Cout]: matmul's kernels (TMA on Hopper),
         # bias and activation fused, autograd through linear; the output is channels_last as torch's is.
-        y = linear(rows, weight.flatten(1), bias, activation).permute(0, 3, 1, 2)
+        y = linear(x.permute(0, 2, 3, 1), weight.flatten(1), bias, activation).permute(0, 3, 1, 2)
         return y.squeeze(0) if unbatched else y
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)):
         y = _Conv2dFunction.apply(x, weight, bias, residual, stride, pads, dilation, groups, act)
