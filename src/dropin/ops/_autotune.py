@@ -24,7 +24,7 @@ _disk: dict | None = None
 
 def bucket(n: int) -> int:
     """Sizes that share a config: the next power of two (at least 16)."""
-    return max(16, triton.next_power_of_2(n))
+    return max(16, _runtime.next_power_of_2(n))
 
 
 def _cache_file(folder: pathlib.Path | None = None) -> pathlib.Path:

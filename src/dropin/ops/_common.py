@@ -1,7 +1,6 @@
 """Helpers shared by the ops: the eager / compile switch, and for the memory-bound ops (pooling, norms,
 softmax, activations) dtype checks, strided views, the launch heuristic for row-wise kernels, cached launches."""
 import torch
-import triton
 
 from .. import _runtime
 
@@ -63,7 +62,7 @@ def row_config(n: int) -> dict:
     """Launch settings for a kernel holding BLOCK_M whole rows of n elements in registers: about 2048+
     elements per program, 8 per thread (up to 8192-element rows; longer rows hold more per thread and spill
     in the backward kernels), contiguous along the row for vectorized loads."""
-    block_n = triton.next_power_of_2(max(n, 1))
+    block_n = _runtime.next_power_of_2(max(n, 1))
     block_m = max(1, 2048 // block_n)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=min(32, block_m * block_n // 256))
 

@@ -148,7 +148,7 @@ def _act_impl(x, dy, act: str):
     dims = [(1, (0, 0, 0))] * (4 - len(dims)) + dims
     strides = [st[k] for k in range(3) for _, st in dims]
     block = 2048
-    launch(_act_kernel, (triton.cdiv(x.numel(), block),), *tensors, x.numel(), *(s for s, _ in dims[1:]),
+    launch(_act_kernel, (_runtime.cdiv(x.numel(), block),), *tensors, x.numel(), *(s for s, _ in dims[1:]),
            *strides, ACT=act, GRAD=dy is not None, FLAT=flat, BLOCK=block, num_warps=8)
     return out
 

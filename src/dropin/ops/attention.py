@@ -414,7 +414,7 @@ _DELTA_BLOCK_M = 64
 
 
 def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, _runtime.next_power_of_2(head_dim))
 
 
 def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, masked: bool) -> list:
@@ -505,7 +505,7 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
         configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, mask_kind != "none")
         launch = _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
-                        configs, lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H),
+                        configs, lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H),
                         meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides))
         return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, out, stats, *fixed, qk_scale, *strides)
 
@@ -536,13 +536,13 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
         key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
         masked = mask_kind != "none"
-        launch_delta = _runtime.Launcher(_delta_kernel, (triton.cdiv(Lq, _DELTA_BLOCK_M), B * H),
+        launch_delta = _runtime.Launcher(_delta_kernel, (_runtime.cdiv(Lq, _DELTA_BLOCK_M), B * H),
                                          dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M))
         launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, masked),
-                             lambda c: (triton.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
+                             lambda c: (_runtime.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
                              (q, k, v, mask_t, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides))
         launch_dq = _tuned(_dq_kernel, "attention_dq", key, _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked),
-                           lambda c: (triton.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
+                           lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
                            (q, k, v, mask_t, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides))
 
         def run(grad_out, q, k, v, m, out, stats, delta, dq, dk, dv, qk_scale, scale):

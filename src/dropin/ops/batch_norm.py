@@ -231,7 +231,7 @@ def _apply(u, v, coef, out):
     v, _, sv = _as4d(v) if has_v else (u, None, su)
     P = N * H * W
     block_p, block_c = _tiles(P, C, su[1] == 1 and C > 1)
-    launch(_bn_apply_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), u, v, out, coef, C, H, W, P,
+    launch(_bn_apply_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), u, v, out, coef, C, H, W, P,
            *su, *sv, *so, HAS_V=has_v, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
 
 
@@ -242,10 +242,10 @@ def _reduce(x, dy, center):
     dy, _, sd = _as4d(dy) if grad else (x, None, sx)
     P = N * H * W
     block_p, block_c = _tiles(P, C, sx[1] == 1 and C > 1)
-    c_tiles = triton.cdiv(C, block_c)
-    splits = max(1, min(triton.cdiv(4 * _runtime.num_sms(x.device.index or 0), c_tiles), triton.cdiv(P, block_p)))
-    per_split = triton.cdiv(triton.cdiv(P, splits), block_p) * block_p
-    splits = triton.cdiv(P, per_split)
+    c_tiles = _runtime.cdiv(C, block_c)
+    splits = max(1, min(_runtime.cdiv(4 * _runtime.num_sms(x.device.index or 0), c_tiles), _runtime.cdiv(P, block_p)))
+    per_split = _runtime.cdiv(_runtime.cdiv(P, splits), block_p) * block_p
+    splits = _runtime.cdiv(P, per_split)
     part = torch.empty((2, splits, C), device=x.device, dtype=torch.float32)
     launch(_bn_reduce_kernel, (c_tiles, splits), x, dy, center, part, C, H, W, P, per_split, *sx, *sd,
            GRAD=grad, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
@@ -255,9 +255,9 @@ def _reduce(x, dy, center):
 def _finalize(part, P, per_split, C, w, b, rm, rv, center, invstd, dwb, eps, momentum, grad, training):
     """The coefficients [7, C] for _bn_apply_kernel; part None: no partials to merge (inference)."""
     coef = torch.empty((7, C), device=invstd.device, dtype=torch.float32)
-    block_c = min(triton.next_power_of_2(C), 256)
+    block_c = min(_runtime.next_power_of_2(C), 256)
     dummy = lambda t: coef if t is None else t  # noqa: E731  (never read: its HAS_ / mode flag is off)
-    launch(_bn_finalize_kernel, (triton.cdiv(C, block_c),), dummy(part), dummy(w), dummy(b), dummy(rm), dummy(rv),
+    launch(_bn_finalize_kernel, (_runtime.cdiv(C, block_c),), dummy(part), dummy(w), dummy(b), dummy(rm), dummy(rv),
            center, invstd, coef, dummy(dwb), C, P, per_split, 0 if part is None else part.shape[1], eps, momentum,
            GRAD=grad, TRAINING=training, HAS_W=w is not None, HAS_B=b is not None,
            UPDATE=training and rm is not None, BLOCK_C=block_c, num_warps=4)

@@ -625,7 +625,7 @@ def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
     """cfg with its blocks shrunk to the problem (powers of two, at least 16 for tl.dot)."""
     cfg = dict(cfg)
     for name, extent in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
-        cfg[name] = max(16, min(cfg[name], triton.next_power_of_2(max(extent, 1))))
+        cfg[name] = max(16, min(cfg[name], _runtime.next_power_of_2(max(extent, 1))))
     if precision == "ieee" and size == 4:
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], 64)  # bounds the inner sum of true fp32 (_dot_acc)
     return cfg
@@ -687,9 +687,9 @@ def _candidates(direct, gemm, depthwise: bool, oh: int, ow: int, channels: int):
         return gemm
     fitted = []
     for cfg in direct:
-        cfg = dict(cfg, KERNEL="direct", TH=min(cfg["TH"], triton.next_power_of_2(oh)),
-                   TW=min(cfg["TW"], triton.next_power_of_2(ow)),
-                   BLOCK_N=max(16, min(cfg["BLOCK_N"], triton.next_power_of_2(channels))))
+        cfg = dict(cfg, KERNEL="direct", TH=min(cfg["TH"], _runtime.next_power_of_2(oh)),
+                   TW=min(cfg["TW"], _runtime.next_power_of_2(ow)),
+                   BLOCK_N=max(16, min(cfg["BLOCK_N"], _runtime.next_power_of_2(channels))))
         if cfg not in fitted:
             fitted.append(cfg)
     return fitted + gemm
@@ -697,13 +697,13 @@ def _candidates(direct, gemm, depthwise: bool, oh: int, ow: int, channels: int):
 
 def _tiles(oh: int, ow: int, cfg: dict) -> int:
     """Spatial tiles of the direct kernels in one oh x ow image (_spatial_tile)."""
-    return triton.cdiv(oh, cfg["TH"]) * triton.cdiv(ow, cfg["TW"])
+    return _runtime.cdiv(oh, cfg["TH"]) * _runtime.cdiv(ow, cfg["TW"])
 
 
 def _direct_tag(direct: bool, oh: int, ow: int) -> tuple:
     """The tuning key's part for the direct kernel: whether it is a candidate, and the image size its tiles
     are clamped to."""
-    return ("direct", triton.next_power_of_2(oh), triton.next_power_of_2(ow)) if direct else ()
+    return ("direct", _runtime.next_power_of_2(oh), _runtime.next_power_of_2(ow)) if direct else ()
 
 
 def _direct_fits(*ts) -> bool:
@@ -834,7 +834,7 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
             cfg = dict(cfg)
             kernel = cfg.pop("KERNEL")
             if kernel == "tma":
-                tiles = N * _tiles(OH, OW, cfg) * triton.cdiv(COUT_G, cfg["BLOCK_N"])
+                tiles = N * _tiles(OH, OW, cfg) * _runtime.cdiv(COUT_G, cfg["BLOCK_N"])
                 occupancy = cfg.pop("OCC")  # programs per SM; 0: one program per tile
                 programs = min(tiles, occupancy * _runtime.num_sms(x.device.index or 0)) if occupancy else tiles
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue,
@@ -846,11 +846,11 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 ws = _co_major(w).stride()
                 dw_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), ws[0], *ws[2:], *y.stride(),
                               *r.stride())
-                grid = (N * _tiles(OH, OW, cfg), triton.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
+                grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **epilogue, **cfg)
                 launch = _runtime.Launcher(_conv_dw_fwd_kernel, grid, meta)
                 return lambda x, w, *tensors: launch(x, _co_major(w), *tensors, *dw_scalars)
-            grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
+            grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), _runtime.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
             meta = dict(_conv_meta(stride, padding, dilation, precision), FLAT_K=flat_k, **epilogue, **cfg)
             launch = _runtime.Launcher(_conv_fwd_kernel, grid, meta)
             return lambda *tensors: launch(*tensors, *scalars)
@@ -897,12 +897,12 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
             if cfg.pop("KERNEL") == "direct":
                 ws = _co_major(w).stride()
                 scalars = (groups, H, W, COUT_G, OH, OW, *dz.stride(), ws[0], *ws[2:], *dx.stride())
-                grid = (N * _tiles(H, W, cfg), triton.cdiv(groups, cfg["BLOCK_N"]))
+                grid = (N * _tiles(H, W, cfg), _runtime.cdiv(groups, cfg["BLOCK_N"]))
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg)
                 launch = _runtime.Launcher(_conv_dw_dgrad_kernel, grid, meta)
                 return lambda dz, w, dx: launch(dz, _co_major(w), dx, *scalars)
             scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *w.stride(), *dx.stride())
-            grid = (triton.cdiv(P, cfg["BLOCK_M"]), triton.cdiv(C_G, cfg["BLOCK_N"]), groups)
+            grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), _runtime.cdiv(C_G, cfg["BLOCK_N"]), groups)
             launch = _runtime.Launcher(_conv_dgrad_kernel, grid,
                                        dict(_conv_meta(stride, padding, dilation, precision), **cfg))
             return lambda dz, w, dx: launch(dz, w, dx, *scalars)
@@ -946,11 +946,11 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
             cfg = dict(cfg)
             kernel = cfg.pop("KERNEL")
             if kernel == "tma":  # fp32 partials per split [splits, COUT, KH, KW, C], summed
-                out_tiles = KH * KW * triton.cdiv(COUT_G, cfg["BLOCK_M"]) * triton.cdiv(C_G, cfg["BLOCK_N"])
+                out_tiles = KH * KW * _runtime.cdiv(COUT_G, cfg["BLOCK_M"]) * _runtime.cdiv(C_G, cfg["BLOCK_N"])
                 pixel_tiles = N * _tiles(OH, OW, cfg)
                 programs = cfg.pop("OCC") * _runtime.num_sms(x.device.index or 0)
-                per_split = triton.cdiv(pixel_tiles, max(1, min(pixel_tiles, programs // out_tiles)))
-                splits = triton.cdiv(pixel_tiles, per_split)
+                per_split = _runtime.cdiv(pixel_tiles, max(1, min(pixel_tiles, programs // out_tiles)))
+                splits = _runtime.cdiv(pixel_tiles, per_split)
                 launch = _runtime.Launcher(_conv_wgrad_tma_kernel, (out_tiles, splits),
                                            dict(meta0, KH=KH, KW=KW, **cfg), scratch=True)
                 tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, per_split)
@@ -961,7 +961,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                     dw.copy_(part.sum(0).permute(0, 3, 1, 2))
                 return run_tma
             if kernel == "direct":  # fp32 partial sums per pixel tile, then one sum over the tiles
-                grid = (N * _tiles(OH, OW, cfg), triton.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
+                grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
                 launch = _runtime.Launcher(_conv_dw_wgrad_kernel, grid,
                                            dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg))
                 dw_scalars = (H, W, groups * COUT_G, COUT_G, OH, OW, *dz.stride(), *x.stride())
@@ -972,8 +972,8 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                     launch(dz, x, part, *dw_scalars)
                     dw.copy_(part.sum(0).t().reshape(dw.shape))
                 return run_direct
-            splits = max(1, min(cfg.pop("SPLIT_K"), triton.cdiv(P, cfg["BLOCK_K"])))
-            grid = (triton.cdiv(COUT_G, cfg["BLOCK_M"]) * triton.cdiv(cols, cfg["BLOCK_N"]), groups, splits)
+            splits = max(1, min(cfg.pop("SPLIT_K"), _runtime.cdiv(P, cfg["BLOCK_K"])))
+            grid = (_runtime.cdiv(COUT_G, cfg["BLOCK_M"]) * _runtime.cdiv(cols, cfg["BLOCK_N"]), groups, splits)
             one_tap = tap_major and C_G % cfg["BLOCK_N"] == 0
             launch = _runtime.Launcher(_conv_wgrad_kernel, grid, dict(meta0, TAP_MAJOR=tap_major, ONE_TAP=one_tap,
                                                                       **cfg))
@@ -1011,12 +1011,12 @@ def _act_grad_impl(dy, z, activation: str, bias_grad: bool):
     N, COUT, OH, OW = dy.shape
     dz = torch.empty_like(z) if activation != "none" else dy.new_empty(0)
     P = N * OH * OW
-    block_p, block_c = 64, min(64, triton.next_power_of_2(max(COUT, 1)))
-    tiles_p = triton.cdiv(P, block_p)
+    block_p, block_c = 64, min(64, _runtime.next_power_of_2(max(COUT, 1)))
+    tiles_p = _runtime.cdiv(P, block_p)
     part = torch.empty((tiles_p, COUT) if bias_grad else (0,), device=dy.device, dtype=torch.float32)
     if P * COUT > 0:
         zz = z if activation != "none" else dy
-        _conv_act_grad_kernel[(tiles_p, triton.cdiv(COUT, block_c))](
+        _conv_act_grad_kernel[(tiles_p, _runtime.cdiv(COUT, block_c))](
             dy, zz, dz if activation != "none" else dy, part, COUT, OH, OW, P, *dy.stride(), *zz.stride(),
             ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c)
     dbias = part.sum(0).to(dy.dtype) if bias_grad else dy.new_empty(0)

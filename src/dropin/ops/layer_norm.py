@@ -128,7 +128,7 @@ def _fwd_impl(x, n_last: int, w, b, eps: float):
     if x.numel() == 0:
         return y, mean, rstd
     cfg = row_config(N)
-    launch(_ln_fwd_kernel, (triton.cdiv(M, cfg["BLOCK_M"]),), x, y if w is None else w, y if b is None else b,
+    launch(_ln_fwd_kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), x, y if w is None else w, y if b is None else b,
            y, mean, rstd, M, M1, N, s0, s1, sn, eps, HAS_W=w is not None, HAS_B=b is not None, **cfg)
     return y, mean, rstd
 
@@ -144,13 +144,13 @@ def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype]
     if x.numel() == 0:
         return dx, dwb
     cfg = row_config(N)
-    G = min(triton.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
+    G = min(_runtime.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
     part = torch.empty((G, 2, N) if need_wb else (0,), device=x.device, dtype=torch.float32)
     launch(_ln_bwd_kernel, (G,), x, dx if w is None else w, dy, dx, mean, rstd, part if need_wb else mean,
            M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn, HAS_W=w is not None, PARTIALS=need_wb, **cfg)
     if need_wb:
-        block_n = min(triton.next_power_of_2(N), 256)
-        launch(_colsum_kernel, (triton.cdiv(2 * N, block_n),), part, dwb, G, 2 * N, BLOCK_G=8, BLOCK_N=block_n,
+        block_n = min(_runtime.next_power_of_2(N), 256)
+        launch(_colsum_kernel, (_runtime.cdiv(2 * N, block_n),), part, dwb, G, 2 * N, BLOCK_G=8, BLOCK_N=block_n,
                num_warps=4)
     return dx, dwb
 

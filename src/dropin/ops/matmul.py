@@ -397,7 +397,7 @@ def _tf32_operand(t: torch.Tensor, k_dim: int) -> torch.Tensor:
     """A copy of t [batch, R, C] rounded to tf32, with dimension k_dim (1 or 2) contiguous."""
     batch, R, C = t.shape
     y = t.new_empty((batch, R, C)) if k_dim == 2 else t.new_empty((batch, C, R)).mT
-    grid = (triton.cdiv(R, 64) * triton.cdiv(C, 64), batch)
+    grid = (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch)
     _tf32_copy_kernel[grid](t, y, R, C, *t.stride(), *y.stride(), BLOCK_R=64, BLOCK_C=64)
     return y
 
@@ -431,7 +431,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision):
     def launcher(cfg):
         cfg = dict(cfg)
         kernel, splits = cfg.pop("KERNEL"), cfg.pop("SPLIT_K", 1)
-        tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+        tiles = _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
         if kernel == "fma":
             meta = dict(HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact, BLOCK_M=cfg["BLOCK_M"],
                         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
@@ -457,7 +457,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision):
         sum_meta = dict(SPLITS=splits, HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
                         BLOCK_R=32, BLOCK_N=64)
         launch_partial = _runtime.Launcher(_mm_kernel, (tiles, batch, splits), partial_meta)
-        sum_grid = (triton.cdiv(batch * M, 32), triton.cdiv(N, 64))
+        sum_grid = (_runtime.cdiv(batch * M, 32), _runtime.cdiv(N, 64))
         launch_sum = _runtime.Launcher(_split_sum_kernel, sum_grid, sum_meta)
 
         def run_split(a, b, c, bias, z):
@@ -488,11 +488,11 @@ def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool):
     grad_bias = grad_y.new_empty(N if bias_grad else 0)
     if R * N == 0:
         return grad_z, grad_bias.zero_()
-    block_r, block_n = 32, min(128, triton.next_power_of_2(N))
-    n_blocks = triton.cdiv(N, block_n)
-    splits = min(triton.cdiv(R, block_r), max(1, 2 * _runtime.num_sms(grad_y.device.index or 0) // n_blocks))
-    rows = triton.cdiv(triton.cdiv(R, splits), block_r) * block_r
-    splits = triton.cdiv(R, rows)
+    block_r, block_n = 32, min(128, _runtime.next_power_of_2(N))
+    n_blocks = _runtime.cdiv(N, block_n)
+    splits = min(_runtime.cdiv(R, block_r), max(1, 2 * _runtime.num_sms(grad_y.device.index or 0) // n_blocks))
+    rows = _runtime.cdiv(_runtime.cdiv(R, splits), block_r) * block_r
+    splits = _runtime.cdiv(R, rows)
     partial = grad_bias.view(1, N) if (splits == 1 and bias_grad) else \
         torch.empty((splits, N) if bias_grad else (0,), device=grad_y.device, dtype=torch.float32)
     _act_grad_kernel[(n_blocks, splits)](g2, g2 if z is None else z, grad_z, partial, R, N, *g2.stride(), rows,

@@ -202,10 +202,10 @@ def _global_avg_kernel(x_ptr, y_ptr,
 def _tiles(P: int, C: int, channels_last: bool) -> tuple:
     """(BLOCK_P, BLOCK_C): about 1024 elements, the unit-stride axis (channels or pixels) the long one."""
     if channels_last:
-        block_c = min(triton.next_power_of_2(C), 128)
-        return max(2, min(1024 // block_c, triton.next_power_of_2(P))), block_c
-    block_p = min(triton.next_power_of_2(P), 256)
-    return block_p, max(1, min(1024 // block_p, triton.next_power_of_2(C)))
+        block_c = min(_runtime.next_power_of_2(C), 128)
+        return max(2, min(1024 // block_c, _runtime.next_power_of_2(P))), block_c
+    block_p = min(_runtime.next_power_of_2(P), 256)
+    return block_p, max(1, min(1024 // block_p, _runtime.next_power_of_2(C)))
 
 
 def _adaptive_span(I: int, O: int) -> tuple:
@@ -235,14 +235,14 @@ def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad
         # merge H and W into one strided axis where the layout allows (NCHW: the plane is one unit-stride run)
         sxh, sxw = (0, x.stride(3)) if x.stride(2) == W * x.stride(3) else x.stride()[2:]
         ww = H * W if sxh == 0 else W
-        block_c = min(triton.next_power_of_2(C), 64) if cl else min(triton.next_power_of_2(C), 4)
-        block_hw = max(2, min(triton.next_power_of_2(H * W), 2048 // block_c))
-        launch(_global_avg_kernel, (N, triton.cdiv(C, block_c)), x, y, C, H * W, ww, x.stride(0), x.stride(1),
+        block_c = min(_runtime.next_power_of_2(C), 64) if cl else min(_runtime.next_power_of_2(C), 4)
+        block_hw = max(2, min(_runtime.next_power_of_2(H * W), 2048 // block_c))
+        launch(_global_avg_kernel, (N, _runtime.cdiv(C, block_c)), x, y, C, H * W, ww, x.stride(0), x.stride(1),
                sxh, sxw, y.stride(0), y.stride(1), BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=4)
         return y, idx
     P = N * OH * OW
     block_p, block_c = _tiles(P, C, cl)
-    launch(_pool_fwd_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), x, y, idx if store_idx else y,
+    launch(_pool_fwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), x, y, idx if store_idx else y,
            C, H, W, OH, OW, P, *x.stride(), *y.stride(),
            **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), STORE_IDX=store_idx,
            BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
@@ -266,7 +266,7 @@ def _bwd_impl(dy, idx, x_shape, channels_last: bool, mode: str, kernel, stride, 
     P = N * H * W
     block_p, block_c = _tiles(P, C, channels_last)
     i = idx if mode == "max" else dy
-    launch(_pool_bwd_kernel, (triton.cdiv(P, block_p), triton.cdiv(C, block_c)), dy, i, dx,
+    launch(_pool_bwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), dy, i, dx,
            C, H, W, OH, OW, P, *dy.stride(), *i.stride(), *dx.stride(),
            **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), TH=th, TW=tw,
            BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)

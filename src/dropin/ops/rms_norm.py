@@ -97,7 +97,7 @@ def _rms_norm_bwd_kernel(dy_ptr, ds_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
 def _launch_settings(N: int):
     """(BLOCK_N, BLOCK_R, num_warps): the whole row in one block, rows stacked up to 4096 numbers a tile,
     4 warps up to 2048 numbers, 8 up to 8192, 16 beyond."""
-    block_n = triton.next_power_of_2(N)
+    block_n = _runtime.next_power_of_2(N)
     block_r = max(1, min(16, 4096 // block_n))
     tile = block_n * block_r
     return block_n, block_r, 4 if tile <= 2048 else 8 if tile <= 8192 else 16
@@ -114,7 +114,7 @@ def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float):
         return y, s, rstd
     block_n, block_r, warps = _launch_settings(N)
     res = x if residual is None else residual
-    _rms_norm_fwd_kernel[(triton.cdiv(R, block_r),)](
+    _rms_norm_fwd_kernel[(_runtime.cdiv(R, block_r),)](
         x, res, weight, y, s, rstd, R, N, *x.stride(), *res.stride(), weight.stride(0), eps,
         HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
     return y, s, rstd
@@ -129,9 +129,9 @@ def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd):
         return dx, torch.zeros_like(weight)
     block_n, block_r, warps = _launch_settings(N)
     # 4 programs per SM keep loads in flight; their fp32 partial sums of dw cost 4 * SMs * N * 4 bytes.
-    programs = min(triton.cdiv(R, block_r), 4 * _runtime.num_sms(x.device.index or 0))
-    rows = triton.cdiv(triton.cdiv(R, programs), block_r) * block_r
-    programs = triton.cdiv(R, rows)
+    programs = min(_runtime.cdiv(R, block_r), 4 * _runtime.num_sms(x.device.index or 0))
+    rows = _runtime.cdiv(_runtime.cdiv(R, programs), block_r) * block_r
+    programs = _runtime.cdiv(R, rows)
     partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
     dsv = dy if ds is None else ds
     _rms_norm_bwd_kernel[(programs,)](

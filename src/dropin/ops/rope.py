@@ -111,10 +111,10 @@ def _rope_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_ou
     pos = q if position_ids is None else position_ids
     # position_ids [S] or [B or 1, S] read as a table of one column: (batch stride, seq stride)
     pos_strides = (0, 0) if position_ids is None else _table_strides(position_ids[..., None], B)[:2]
-    block_half = triton.next_power_of_2(half)
+    block_half = _runtime.next_power_of_2(half)
     block_t = max(1, 2048 // block_half)  # rows per program: tiles of 2 x 2048 elements
-    q_tiles = triton.cdiv(B * HQ * S, block_t)
-    _rope_kernel[(q_tiles + triton.cdiv(B * HK * S, block_t),)](
+    q_tiles = _runtime.cdiv(B * HQ * S, block_t)
+    _rope_kernel[(q_tiles + _runtime.cdiv(B * HK * S, block_t),)](
         q, k, q_out, k_out, cos, sin, pos, B, S, HQ, HK, half, q_tiles,
         *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
         *_table_strides(cos, B), *_table_strides(sin, B), *pos_strides,

@@ -77,7 +77,7 @@ def _launch(kernel, a, y, out, dim: int, log: bool):
     M = a.numel() // max(N, 1)
     cfg = row_config(N)
     tensors = (a, out) if y is None else (a, y, out)
-    launch(kernel, (triton.cdiv(M, cfg["BLOCK_M"]),), *tensors, M, N, M1a, sa0, sa1, san, M1o, so0, so1, son,
+    launch(kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), *tensors, M, N, M1a, sa0, sa1, san, M1o, so0, so1, son,
            LOG=log, **cfg)
 
 

@@ -113,7 +113,7 @@ class SparseWeight:
         """The weight [N, K] (a conv2d weight: [Cout, Cin / groups, KH, KW]) with its zeros back (exactly the
         values that went in)."""
         N, K = self.shape
-        chunks = triton.cdiv(K, self.block_k)
+        chunks = _runtime.cdiv(K, self.block_k)
         runs = torch.repeat_interleave(torch.arange(N * chunks, device=self.device), self.chunk_ptr.diff(),
                                        output_size=self.nnz)  # (no device sync)
         dense = self.values.new_zeros((N, chunks * self.block_k))
@@ -137,7 +137,7 @@ class SparseWeight:
                         and t.device == self.values.device for t in tensors)
                 and self.offsets.dtype == torch.uint8 and self.chunk_ptr.dtype in (torch.int32, torch.int64)
                 and self.offsets.numel() == self.values.numel()
-                and self.chunk_ptr.numel() == N * triton.cdiv(K, self.block_k) + 1
+                and self.chunk_ptr.numel() == N * _runtime.cdiv(K, self.block_k) + 1
                 and (self.kernel is None or len(self.kernel) == 3 and min(self.kernel) >= 1
                      and K % (self.kernel[0] * self.kernel[1]) == 0 and N % self.kernel[2] == 0)
                 and (self.transposed is None or self.transposed.shape == self._transposed_shape()
@@ -154,7 +154,7 @@ def _compress(weight: torch.Tensor, block_k: int, kernel: Optional[tuple] = None
     """Chunked CSR of a 2-D weight [N, K], vectorized: torch.nonzero lists the entries in (row, chunk,
     column) order, which is the storage order."""
     N, K = weight.shape
-    chunks = triton.cdiv(K, block_k)
+    chunks = _runtime.cdiv(K, block_k)
     padded = F.pad(weight, (0, chunks * block_k - K)).reshape(N, chunks, block_k)
     nonzero = padded != 0
     counts = nonzero.sum(-1).flatten()
@@ -320,9 +320,9 @@ MAX_M_TILES = 65535  # the grid's second dimension; more tokens take the dense p
 def _densify(values, offsets, chunk_ptr, N: int, K: int, block_k: int) -> torch.Tensor:
     """The dense weight [N, K] of a chunked CSR (zeros, then one scatter of the entries)."""
     dense = torch.zeros((N, K), device=values.device, dtype=values.dtype)
-    chunks = triton.cdiv(K, block_k)
+    chunks = _runtime.cdiv(K, block_k)
     if N * chunks:
-        launch(_scatter_kernel, (triton.cdiv(N, 32), chunks), values, offsets, chunk_ptr, dense, N, K, chunks,
+        launch(_scatter_kernel, (_runtime.cdiv(N, 32), chunks), values, offsets, chunk_ptr, dense, N, K, chunks,
                BLOCK_K=block_k, BLOCK_N=32, BLOCK_P=32)
     return dense
 
@@ -347,27 +347,27 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
     """Chooses the config for this signature (tuning on first use); returns run(x, values, offsets, chunk_ptr,
     bias) -> y."""
     M, K = x.shape
-    chunks = triton.cdiv(K, block_k)
-    block_m = min(16, triton.next_power_of_2(M))
+    chunks = _runtime.cdiv(K, block_k)
+    block_m = min(16, _runtime.next_power_of_2(M))
 
     def runner(cfg):
         if cfg.get("DENSE"):
             return lambda x, values, offsets, chunk_ptr, bias: linear(
                 x, _densify(values, offsets, chunk_ptr, N, K, block_k), bias)
-        block_c = min(cfg["BLOCK_C"], triton.next_power_of_2(max(chunks, 1)))
-        splits = max(1, triton.cdiv(chunks, block_c))
+        block_c = min(cfg["BLOCK_C"], _runtime.next_power_of_2(max(chunks, 1)))
+        splits = max(1, _runtime.cdiv(chunks, block_c))
         # the kernel reads x through its transpose xt [K, M] with unit column stride: x itself when one token
         # or column-major, else a copy
         direct = M == 1 or x.stride(0) == 1
         stride_t = x.stride(1) if direct else M
-        m_tiles = triton.cdiv(M, block_m)
-        grid = (triton.cdiv(N, cfg["BLOCK_N"]), m_tiles, splits)
+        m_tiles = _runtime.cdiv(M, block_m)
+        grid = (_runtime.cdiv(N, cfg["BLOCK_N"]), m_tiles, splits)
         scalars = (M, N, chunks, stride_t, 1, 1, 1, m_tiles)
         meta = dict(cfg, BLOCK_C=block_c, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k,
                     BLOCK_M=block_m)
         product = _runtime.Launcher(_sparse_kernel, grid, meta)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
-        split_sum = _runtime.Launcher(_split_sum_kernel, (triton.cdiv(M, 32), triton.cdiv(N, 64)), sum_meta)
+        split_sum = _runtime.Launcher(_split_sum_kernel, (_runtime.cdiv(M, 32), _runtime.cdiv(N, 64)), sum_meta)
 
         def run(x, values, offsets, chunk_ptr, bias):
             xt = x if direct else x.t().contiguous()
@@ -385,7 +385,7 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
     tokens = "one" if M == 1 else "few" if M <= 16 else "many"
     density = values.numel() / max(1, N * K)
     configs = _CONFIGS[tokens]
-    if triton.cdiv(M, block_m) > MAX_M_TILES:
+    if _runtime.cdiv(M, block_m) > MAX_M_TILES:
         configs = configs[-1:]
     elif tokens == "many" and M * density >= 2 and not _runtime.INTERPRET:
         # the dense product is predicted faster (docs/perf-notes.md); not under the interpreter, where speed

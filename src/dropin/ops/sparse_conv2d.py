@@ -13,7 +13,6 @@ dense tensor-core conv is faster (docs/perf-notes.md has the measurements).
 from typing import Optional
 
 import torch
-import triton
 
 from .. import _runtime
 from . import _autotune
@@ -64,8 +63,8 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, st
     KH, KW, groups = kernel
     M = OH * OW
     chunks = (chunk_ptr.numel() - 1) // rows
-    block_c = min(MAX_BLOCK_C, triton.next_power_of_2(max(chunks, 1)))
-    splits = max(1, triton.cdiv(chunks, block_c))
+    block_c = min(MAX_BLOCK_C, _runtime.next_power_of_2(max(chunks, 1)))
+    splits = max(1, _runtime.cdiv(chunks, block_c))
     geometry = dict(CONV=True, KH=KH, KW=KW, ROWS_G=rows // groups, CH_G=C // groups, C_X=C,
                     STRIDE_H=stride[0], STRIDE_W=stride[1], PAD_H=pads[0], PAD_W=pads[2],
                     DIL_H=dilation[0], DIL_W=dilation[1], TRANSPOSED=transposed,
@@ -75,8 +74,8 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, st
         block_n, block_m, products, warps = cfg
         per_step = products // (block_n * block_c * block_m)
         block_p = 1 << max(0, per_step.bit_length() - 1)  # the power of two at most per_step, at least 1
-        m_tiles = triton.cdiv(M, block_m)
-        launch = _runtime.Launcher(_sparse_kernel, (triton.cdiv(rows, block_n), B * m_tiles, splits),
+        m_tiles = _runtime.cdiv(M, block_m)
+        launch = _runtime.Launcher(_sparse_kernel, (_runtime.cdiv(rows, block_n), B * m_tiles, splits),
                                    dict(geometry, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_P=block_p,
                                         num_warps=warps))
         scalars = (M, rows, chunks, 0, H, W, OW, m_tiles)

@@ -154,7 +154,7 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
             *up_weight.stride())
 
     def launcher(cfg, args):
-        grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+        grid = (_runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"]),)
         meta = dict(cfg, BACKWARD=backward, SAVE=save, SAVED=saved, PRECISION=precision, GROUP_M=8)
         launch = _runtime.Launcher(_swiglu_kernel, grid, meta, scratch=cfg["TMA"])
         return lambda: launch(*args)
