@@ -373,6 +373,18 @@ def test_errors_match_torch_types():
             dropin.conv2d(x, w, **kw)
 
 
+def test_errors_after_a_checked_call():
+    """A repeat call skips the checks (they are remembered per shapes, dtypes, devices and arguments): arguments
+    that equal a checked one as dict keys (True == 1, 1.0 == 1) are still refused."""
+    x, w = _t(1, 4, 8, 8), _t(6, 4, 3, 3)
+    dropin.conv2d(x, w, None, (1, 1), 1, 1, 1)
+    for bad in (dict(stride=(True, 1)), dict(stride=(1.0, 1)), dict(stride=True), dict(dilation=1.0)):
+        with pytest.raises(RuntimeError, match=f"'{next(iter(bad))}'"):
+            dropin.conv2d(x, w, **dict(dict(stride=(1, 1), padding=1, dilation=1), **bad))
+    with pytest.raises(RuntimeError, match="'groups'"):
+        dropin.conv2d(x, w, None, (1, 1), 1, 1, True)
+
+
 @pytest.mark.skipif(ON_GPU, reason="needs the interpreter (CPU tensors are the kernel device)")
 def test_error_device_meta():
     with pytest.raises(RuntimeError, match="'weight'"):

@@ -18,6 +18,27 @@ def cached_plan(plans: dict, key, make):
     return plan
 
 
+def signature(tensors: tuple, args: tuple = ()):
+    """A key for a call's argument checks (whose outcome depends on nothing else): each tensor's shape, dtype and
+    device, and the other arguments; None where a check cannot be keyed: a tensor argument that is no Tensor, or an
+    argument that is not None, a str, an int or a tuple of ints (as keys True == 1 and 1.0 == 1, which the checks
+    tell apart). A public function runs its checks once per key (`cached_plan`), a repeat call skips them."""
+    key = []
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif isinstance(t, torch.Tensor):
+            key.append((t.shape, t.dtype, t.device))
+        else:
+            return None
+    for a in args:
+        if not (a is None or type(a) is int or type(a) is str
+                or type(a) is tuple and all(type(v) is int for v in a)):
+            return None
+        key.append(a)
+    return tuple(key)
+
+
 def switch(op, impl):
     """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
     return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)

@@ -30,7 +30,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan
+from ._common import cached_plan, signature
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _dot_acc, _split_range, linear, switch
 from .matmul import _precision as _matmul_precision
@@ -1186,6 +1186,30 @@ def conv_args(op: str, input: torch.Tensor, weight_shape, bias: Optional[torch.T
     return x, stride, pads, dilation, unbatched
 
 
+def _check_conv2d(input, weight, bias, residual, stride, padding, dilation, groups, activation) -> tuple:
+    """conv2d's argument checks; (act, stride, pads, dilation, unbatched)."""
+    act = check_activation(activation)
+    _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias, residual=residual)
+    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in _DTYPES:
+            raise RuntimeError(f"conv2d: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is not None and t.dtype != input.dtype:
+            raise RuntimeError(f"conv2d: expected 'input' and '{name}' to have the same dtype, but got "
+                               f"{input.dtype} and {t.dtype}")
+    x, stride, pads, dilation, unbatched = conv_args("conv2d", input, weight.shape, bias, stride, padding,
+                                                     dilation, groups)
+    if residual is not None:
+        out_shape = [x.shape[0], weight.shape[0], *_out_hw(*x.shape[2:], *weight.shape[2:], stride, pads, dilation)]
+        if list(residual.shape) != out_shape[unbatched:]:
+            raise RuntimeError(f"conv2d: expected 'residual' of the output's size {out_shape[unbatched:]}, but got "
+                               f"{list(residual.shape)}")
+    return act, stride, pads, dilation, unbatched
+
+
+_checked: dict = {}
+
+
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
            dilation=1, groups: int = 1, activation: Optional[str] = None,
            residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -1199,29 +1223,16 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     (+ identity) -> relu is this one call. float32 / float16 / bfloat16 (all the same),
     fp32 accumulation; float32 uses tf32 only where torch's convolutions would
     (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is."""
-    act = check_activation(activation)
-    _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias, residual=residual)
-    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype not in _DTYPES:
-            raise RuntimeError(f"conv2d: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
-    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
-        if t is not None and t.dtype != input.dtype:
-            raise RuntimeError(f"conv2d: expected 'input' and '{name}' to have the same dtype, but got "
-                               f"{input.dtype} and {t.dtype}")
-    x, stride, pads, dilation, unbatched = conv_args("conv2d", input, weight.shape, bias, stride, padding,
-                                                     dilation, groups)
-    H, W = x.shape[2:]
+    key = signature((input, weight, bias, residual), (stride, padding, dilation, groups, activation))
+    check = lambda: _check_conv2d(input, weight, bias, residual, stride, padding, dilation, groups,  # noqa: E731
+                                  activation)
+    act, stride, pads, dilation, unbatched = check() if key is None else cached_plan(_checked, key, check)
+    x = input.unsqueeze(0) if unbatched else input
     KH, KW = weight.shape[2:]
-    cout = weight.shape[0]
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # the kernel reads bias with unit stride
-    if residual is not None:
-        out_shape = [x.shape[0], cout, *_out_hw(H, W, KH, KW, stride, pads, dilation)]
-        r = residual.unsqueeze(0) if unbatched else residual
-        if list(r.shape) != out_shape:
-            raise RuntimeError(f"conv2d: expected 'residual' of the output's size {out_shape[unbatched:]}, but got "
-                               f"{list(residual.shape)}")
-        residual = r
+    if residual is not None and unbatched:
+        residual = residual.unsqueeze(0)
     if ((KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and residual is None
             and x.permute(0, 2, 3, 1).is_contiguous() and _precision(x.dtype) == _matmul_precision(x.dtype)):
         # A 1x1 conv over channels_last pixels is a GEMM [N*H*W, C] x [C, Cout]: matmul's kernels (TMA on Hopper),

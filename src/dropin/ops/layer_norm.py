@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, launch, row_config, row_view, switch
+from ._common import MAX_ROW, cached_plan, check_float, launch, row_config, row_view, signature, switch
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -217,14 +217,8 @@ def _flat_param(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.reshape(-1).contiguous()
 
 
-def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
-               bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
-    """`F.layer_norm(input, normalized_shape, weight, bias, eps)`: normalizes over the last
-    len(normalized_shape) dims (prod(normalized_shape) <= 65536) with fp32 mean and variance (biased, as
-    torch), then * weight + bias (each None or of normalized_shape).
-
-    input of any shape ending in normalized_shape, float32 / float16 / bfloat16, read through its strides;
-    weight / bias any of those dtypes. The output (and the input's gradient) is contiguous, in input's dtype."""
+def _check_layer_norm(input, normalized_shape, weight, bias) -> int:
+    """layer_norm's argument checks; the number of normalized dims."""
     op = "layer_norm"
     _runtime.check_kernel_device(op, input=input, weight=weight, bias=bias)
     check_float(op, input=input, weight=weight, bias=bias)
@@ -245,6 +239,23 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
     if math.prod(shape) > MAX_ROW:
         raise RuntimeError(f"{op}: dropin normalizes rows of at most {MAX_ROW} elements, but 'normalized_shape' "
                            f"{shape} has {math.prod(shape)}")
+    return n_last
+
+
+_checked: dict = {}
+
+
+def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
+               bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+    """`F.layer_norm(input, normalized_shape, weight, bias, eps)`: normalizes over the last
+    len(normalized_shape) dims (prod(normalized_shape) <= 65536) with fp32 mean and variance (biased, as
+    torch), then * weight + bias (each None or of normalized_shape).
+
+    input of any shape ending in normalized_shape, float32 / float16 / bfloat16, read through its strides;
+    weight / bias any of those dtypes. The output (and the input's gradient) is contiguous, in input's dtype."""
+    key = signature((input, weight, bias), (normalized_shape,))
+    check = lambda: _check_layer_norm(input, normalized_shape, weight, bias)  # noqa: E731
+    n_last = check() if key is None else cached_plan(_checked, key, check)
     w, b = _flat_param(weight), _flat_param(bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
         y = _LayerNormFunction.apply(input, n_last, w, b, float(eps))

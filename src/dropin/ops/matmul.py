@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, switch
+from ._common import cached_plan, signature, switch
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -651,26 +651,38 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _product(a, b, None, "none")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           activation: Optional[str] = None) -> torch.Tensor:
-    """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
-    bias [N] or None; activation None, "relu", "gelu", "gelu_tanh" or "silu"."""
+def _check_linear(x, weight, bias, activation) -> str:
     act = check_activation(activation)
     if isinstance(x, torch.Tensor) and x.dim() == 0:
         raise RuntimeError("linear: argument 'x' must be at least 1-D, got 0-D")
     if isinstance(weight, torch.Tensor) and weight.dim() not in (1, 2):
         raise RuntimeError(f"linear: argument 'weight' must be 1-D or 2-D, got {weight.dim()}-D")
     _check("linear", x=x, weight=weight, bias=bias)
-    x, weight, bias = _autocast(x, weight, bias)
-    w2 = weight.unsqueeze(0) if weight.dim() == 1 else weight
-    N, K = w2.shape
+    K = weight.shape[-1]
     if x.shape[-1] != K:
         raise RuntimeError(f"linear: 'x' {tuple(x.shape)} and 'weight' {tuple(weight.shape)} cannot be "
                            f"multiplied (in_features {x.shape[-1]} and {K})")
+    N = weight.shape[0] if weight.dim() == 2 else 1
+    if bias is not None and (bias.dim() > 1 or bias.numel() != N):
+        raise RuntimeError(f"linear: argument 'bias' must have {N} elements (out_features), "
+                           f"got shape {tuple(bias.shape)}")
+    return act
+
+
+_checked: dict = {}
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None) -> torch.Tensor:
+    """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
+    bias [N] or None; activation None, "relu", "gelu", "gelu_tanh" or "silu"."""
+    key = signature((x, weight, bias), (activation,))
+    check = lambda: _check_linear(x, weight, bias, activation)  # noqa: E731
+    act = check() if key is None else cached_plan(_checked, key, check)
+    x, weight, bias = _autocast(x, weight, bias)
+    w2 = weight.unsqueeze(0) if weight.dim() == 1 else weight
+    N, K = w2.shape
     if bias is not None:
-        if bias.dim() > 1 or bias.numel() != N:
-            raise RuntimeError(f"linear: argument 'bias' must have {N} elements (out_features), "
-                               f"got shape {tuple(bias.shape)}")
         bias = bias.reshape(N).contiguous()  # the kernels read bias with unit stride
     y = _product(x.reshape(1, math.prod(x.shape[:-1]), K), w2.t().unsqueeze(0), bias, act)
     return y.view(*x.shape[:-1], N) if weight.dim() == 2 else y.view(x.shape[:-1])
