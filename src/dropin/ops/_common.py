@@ -22,7 +22,10 @@ def signature(tensors: tuple, args: tuple = ()):
     """A key for a call's argument checks (whose outcome depends on nothing else): each tensor's shape, dtype and
     device, and the other arguments; None where a check cannot be keyed: a tensor argument that is no Tensor, or an
     argument that is not None, a str, an int or a tuple of ints (as keys True == 1 and 1.0 == 1, which the checks
-    tell apart). A public function runs its checks once per key (`cached_plan`), a repeat call skips them."""
+    tell apart), and while torch.compile traces (checked once per graph there; shapes may be symbolic). A public
+    function runs its checks once per key (`cached_plan`), a repeat call skips them."""
+    if torch.compiler.is_compiling():
+        return None
     key = []
     for t in tensors:
         if t is None:
