@@ -18,12 +18,19 @@ def cached_plan(plans: dict, key, make):
     return plan
 
 
+def checked_once(cache: dict, tensors: tuple, args: tuple, check):
+    """check()'s result (a public function's argument checks, whose outcome depends on nothing but `tensors`'
+    shapes, dtypes and devices and `args`): run once per signature and reused from `cache` on a repeat call;
+    run on every call that has no signature."""
+    key = signature(tensors, args)
+    return check() if key is None else cached_plan(cache, key, check)
+
+
 def signature(tensors: tuple, args: tuple = ()):
-    """A key for a call's argument checks (whose outcome depends on nothing else): each tensor's shape, dtype and
-    device, and the other arguments; None where a check cannot be keyed: a tensor argument that is no Tensor, or an
-    argument that is not None, a str, an int or a tuple of ints (as keys True == 1 and 1.0 == 1, which the checks
-    tell apart), and while torch.compile traces (checked once per graph there; shapes may be symbolic). A public
-    function runs its checks once per key (`cached_plan`), a repeat call skips them."""
+    """A key for a call's argument checks (checked_once): each tensor's shape, dtype and device, and the other
+    arguments; None where a check cannot be keyed: a tensor argument that is no Tensor, or an argument that is not
+    None, a str, an int or a tuple of ints (as keys True == 1 and 1.0 == 1, which the checks tell apart), and while
+    torch.compile traces (checked once per graph there; shapes may be symbolic)."""
     if torch.compiler.is_compiling():
         return None
     key = []

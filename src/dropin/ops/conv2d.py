@@ -30,7 +30,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, signature
+from ._common import cached_plan, checked_once
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _dot_acc, _split_range, linear, switch
 from .matmul import _precision as _matmul_precision
@@ -1223,10 +1223,9 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     (+ identity) -> relu is this one call. float32 / float16 / bfloat16 (all the same),
     fp32 accumulation; float32 uses tf32 only where torch's convolutions would
     (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is."""
-    key = signature((input, weight, bias, residual), (stride, padding, dilation, groups, activation))
-    check = lambda: _check_conv2d(input, weight, bias, residual, stride, padding, dilation, groups,  # noqa: E731
-                                  activation)
-    act, stride, pads, dilation, unbatched = check() if key is None else cached_plan(_checked, key, check)
+    act, stride, pads, dilation, unbatched = checked_once(
+        _checked, (input, weight, bias, residual), (stride, padding, dilation, groups, activation),
+        lambda: _check_conv2d(input, weight, bias, residual, stride, padding, dilation, groups, activation))
     x = input.unsqueeze(0) if unbatched else input
     KH, KW = weight.shape[2:]
     if bias is not None and bias.stride(0) != 1:

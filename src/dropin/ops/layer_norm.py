@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, cached_plan, check_float, launch, row_config, row_view, signature, switch
+from ._common import MAX_ROW, check_float, checked_once, launch, row_config, row_view, switch
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -253,9 +253,8 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
 
     input of any shape ending in normalized_shape, float32 / float16 / bfloat16, read through its strides;
     weight / bias any of those dtypes. The output (and the input's gradient) is contiguous, in input's dtype."""
-    key = signature((input, weight, bias), (normalized_shape,))
-    check = lambda: _check_layer_norm(input, normalized_shape, weight, bias)  # noqa: E731
-    n_last = check() if key is None else cached_plan(_checked, key, check)
+    n_last = checked_once(_checked, (input, weight, bias), (normalized_shape,),
+                          lambda: _check_layer_norm(input, normalized_shape, weight, bias))
     w, b = _flat_param(weight), _flat_param(bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
         y = _LayerNormFunction.apply(input, n_last, w, b, float(eps))

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, signature, switch
+from ._common import cached_plan, checked_once, switch
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -676,9 +676,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            activation: Optional[str] = None) -> torch.Tensor:
     """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
     bias [N] or None; activation None, "relu", "gelu", "gelu_tanh" or "silu"."""
-    key = signature((x, weight, bias), (activation,))
-    check = lambda: _check_linear(x, weight, bias, activation)  # noqa: E731
-    act = check() if key is None else cached_plan(_checked, key, check)
+    act = checked_once(_checked, (x, weight, bias), (activation,), lambda: _check_linear(x, weight, bias, activation))
     x, weight, bias = _autocast(x, weight, bias)
     w2 = weight.unsqueeze(0) if weight.dim() == 1 else weight
     N, K = w2.shape
