@@ -242,6 +242,8 @@ def _configs():
     for name, cfgs in (("fwd", cv._FWD_TMA_CONFIGS), ("wgrad", cv._WGRAD_TMA_CONFIGS)):
         for i, c in enumerate(cfgs):
             yield pytest.param(name, dict(c, KERNEL="tma"), id=f"{name}-tma-{i}")
+    for i, c in enumerate(cv._ROWS_CONFIGS):
+        yield pytest.param("fwd", dict(c, KERNEL="rows"), id=f"fwd-rows-{i}")
 
 
 @gpu
@@ -292,6 +294,20 @@ def test_every_config(which, cfg, monkeypatch):
                                 weight_channels_last=True)  # (fp32 cuts the 128 x 128 weight-gradient tiles)
                 inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE,
                                           dtype=torch.float16)
+                check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
+                      lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
+            return
+        if cfg.get("KERNEL") == "rows":  # fewer than 16 channels a group, over a padded copy of x
+            # a stem (3 channels, 7x7, stride 2, channels_last: 28-column rows padded to 32, ragged last tile);
+            # 2 groups of 3 channels, NCHW, dilation and asymmetric padding with a residual; 9 channels a group
+            # in a 1x9 row (9 x 16 columns: chunked where BLOCK_K is shorter)
+            for x_shape, w_shape, kw, channels_last in (
+                    ((2, 3, 19, 17), (16, 3, 7, 7), dict(stride=2, padding=3), True),
+                    ((2, 6, 11, 13), (10, 3, 3, 2), dict(stride=(1, 2), padding=(2, 1), dilation=(2, 3), groups=2),
+                     False),
+                    ((1, 9, 5, 12), (4, 9, 1, 9), dict(padding=(0, 4)), True)):
+                inputs = leaves(x_shape, w_shape, channels_last=channels_last)
+                inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE)
                 check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
                       lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
             return
@@ -461,8 +477,9 @@ def test_depthwise_plan_offers_direct_kernel(monkeypatch):
         for w_shape, groups, kernels in (((4, 1, 3, 3), 4, ["direct", "gemm"]), ((4, 2, 3, 3), 2, ["gemm"])):
             x, w = _t(1, 4, 6, 6).requires_grad_(), _t(*w_shape).requires_grad_()
             dropin.conv2d(x, w, groups=groups).sum().backward()
+            fwd = [{"gemm": "rows"}.get(k, k) for k in kernels]  # few channels a group: the rows kernel's GEMM
             assert {k: sorted(set(v), key=v.index) for k, v in seen.items()} == \
-                {"fwd": kernels, "dgrad": kernels, "wgrad": kernels}
+                {"fwd": fwd, "dgrad": kernels, "wgrad": kernels}
     finally:
         cv._plans.clear()
 

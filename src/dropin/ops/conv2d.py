@@ -99,13 +99,9 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                      STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
                      DIL_H: tl.constexpr, DIL_W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                      ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
-                     FLAT_K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y[n, g*COUT_G + co, oh, ow] = act(sum_{kh, kw, c} x[n, g*C_G + c, ih, iw] * w[g*COUT_G + co, c, kh, kw]
-    + bias + residual); grid (pixel tiles, channel tiles, groups). z (when STORE_Z) has y's strides.
-    FLAT_K (few channels per group, e.g. a 3-channel stem): the reduction runs over the flat
-    (kh, kw, c) index in BLOCK_K chunks, each column gathering its own tap, instead of one tap per step
-    with the channels padded up to BLOCK_K."""
+    + bias + residual); grid (pixel tiles, channel tiles, groups). z (when STORE_Z) has y's strides."""
     g = tl.program_id(2).to(tl.int64)
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -117,44 +113,84 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     co = g * COUT_G + offs_n
     w_base = w_ptr + co.to(tl.int64)[None, :] * swo
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FLAT_K:
-        # Separable addressing: a row part (pixel) plus a column part (tap, channel), so the 2-D work per
-        # element is one add for the address and int32 compares for the mask.
-        ih0 = (oh * STRIDE_H - PAD_H).to(tl.int32)
-        iw0 = (ow * STRIDE_W - PAD_W).to(tl.int32)
-        row_ptrs = x_base + ih0 * sxh + iw0 * sxw
-        k_total = KH * KW * C_G
-        for k0 in range(0, k_total, BLOCK_K):
-            kk = k0 + offs_k
-            tap = kk // C_G
-            c = kk - tap * C_G
-            kh = tap // KW
-            kw = tap - kh * KW
-            ih = ih0[:, None] + (kh * DIL_H)[None, :]
-            iw = iw0[:, None] + (kw * DIL_W)[None, :]
-            k_ok = kk < k_total
-            a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            col = kh * DIL_H * sxh + kw * DIL_W * sxw + c * sxc
-            a = tl.load(row_ptrs[:, None] + col[None, :], mask=a_ok, other=0.0)
-            b = tl.load(w_base + (c * swc + kh * swh + kw * sww)[:, None], mask=k_ok[:, None] & n_ok[None, :],
-                        other=0.0)
-            acc = _dot_acc(acc, a, b, PRECISION)
-    else:  # one flat loop over (kh, kw, channel block), so that num_stages pipelines loads across taps too
-        c_blocks = tl.cdiv(C_G, BLOCK_K)
-        for step in range(0, KH * KW * c_blocks):
-            tap = step // c_blocks
-            c0 = (step - tap * c_blocks) * BLOCK_K
-            kh = tap // KW
-            kw = tap - kh * KW
-            ih = oh * STRIDE_H - PAD_H + kh * DIL_H
-            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-            row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            k_ok = offs_k < C_G - c0
-            a_ptrs = (x_base + ih * sxh + iw * sxw)[:, None] + (c0 + offs_k)[None, :] * sxc
-            b_ptrs = w_base + kh * swh + kw * sww + (c0 + offs_k)[:, None] * swc
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            acc = _dot_acc(acc, a, b, PRECISION)
+    # one flat loop over (kh, kw, channel block), so that num_stages pipelines loads across taps too
+    c_blocks = tl.cdiv(C_G, BLOCK_K)
+    for step in range(0, KH * KW * c_blocks):
+        tap = step // c_blocks
+        c0 = (step - tap * c_blocks) * BLOCK_K
+        kh = tap // KW
+        kw = tap - kh * KW
+        ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+        iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+        row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        k_ok = offs_k < C_G - c0
+        a_ptrs = (x_base + ih * sxh + iw * sxw)[:, None] + (c0 + offs_k)[None, :] * sxc
+        b_ptrs = w_base + kh * swh + kw * sww + (c0 + offs_k)[:, None] * swc
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _dot_acc(acc, a, b, PRECISION)
+    _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
+              co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
+
+
+@triton.jit
+def _pad_kernel(x_ptr, xp_ptr, C_G, H, W, HP, WP, GC, sxn, sxc, sxh, sxw,
+                PAD_H: tl.constexpr, PAD_W: tl.constexpr, CP: tl.constexpr, BLOCK_W: tl.constexpr,
+                BLOCK_C: tl.constexpr):
+    """xp[n, hp, wp, g * CP + c] = x[n, g * C_G + c, hp - PAD_H, wp - PAD_W], zero outside x and for c >= C_G:
+    the padded channels_last copy that _conv_fwd_rows_kernel reads. Grid (N * HP, wp tiles, channel tiles)."""
+    row = tl.program_id(0)
+    n = (row // HP).to(tl.int64)
+    ih = row % HP - PAD_H
+    wp = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    gc = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c = gc % CP
+    iw = wp - PAD_W
+    src = x_ptr + n * sxn + ih * sxh + (iw * sxw)[:, None] + ((gc // CP) * C_G + c).to(tl.int64)[None, :] * sxc
+    ok = (ih >= 0) & (ih < H) & ((iw >= 0) & (iw < W))[:, None] & ((c < C_G) & (gc < GC))[None, :]
+    v = tl.load(src, mask=ok, other=0.0)
+    dst = xp_ptr + row.to(tl.int64) * WP * GC + (wp * GC)[:, None] + gc[None, :]
+    tl.store(dst, v, mask=(wp < WP)[:, None] & (gc < GC)[None, :])
+
+
+@triton.jit
+def _conv_fwd_rows_kernel(xp_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
+                          C_G, G, HP, WP, COUT_G, OH, OW, P, KH, KW,
+                          swo, swc, swh, sww, syn, syc, syh, syw, srn, src, srh, srw,
+                          STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                          PRECISION: tl.constexpr, CP: tl.constexpr, ROW_PAD: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_conv_fwd_kernel's result for few channels per group (C_G < 16, e.g. a 3-channel stem), read from xp, x
+    padded by _pad_kernel: [N, HP, WP, G * CP], CP >= C_G channels a group (a power of two), the conv's padding
+    already in place. A kernel row's KW x CP (kw, c) values lie in one contiguous run of xp, so the reduction
+    runs over whole rows, padded to ROW_PAD columns (chunks of ROW_PAD where a row is longer), BLOCK_K // ROW_PAD
+    rows a step: no edge masks, CP-wide vector loads; the padding channels are zeros and their weights masked."""
+    ROWS: tl.constexpr = BLOCK_K // ROW_PAD
+    g = tl.program_id(2).to(tl.int64)
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < P
+    n_ok = offs_n < COUT_G
+    n, oh, ow = _pixel(offs_m, OH, OW)
+    row_ptrs = xp_ptr + (((n * HP + oh * STRIDE_H) * WP + ow * STRIDE_W) * G + g) * CP
+    co = g * COUT_G + offs_n
+    w_base = w_ptr + co.to(tl.int64)[None, :] * swo
+    rows = tl.arange(0, ROWS)
+    offs_j = tl.arange(0, ROW_PAD)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j0 in range(0, KW * CP, ROW_PAD):
+        kw = (j0 + offs_j) // CP
+        c = offs_j % CP
+        col = (kw * DIL_W * G * CP + c)[None, :] + (rows * (DIL_H * WP * G * CP))[:, None]  # [ROWS, ROW_PAD]
+        for kh0 in range(0, KH, ROWS):
+            tap_ok = ((kh0 + rows) < KH)[:, None] & (kw < KW)[None, :]
+            a = tl.load(row_ptrs[:, None, None] + (col + kh0 * DIL_H * WP * G * CP)[None, :, :],
+                        mask=m_ok[:, None, None] & tap_ok[None, :, :], other=0.0)
+            w_off = ((kh0 + rows) * swh)[:, None] + (kw * sww + c * swc)[None, :]
+            b = tl.load(w_base[None, :, :] + w_off[:, :, None], mask=(tap_ok & (c < C_G)[None, :])[:, :, None]
+                        & n_ok[None, None, :], other=0.0)
+            acc = _dot_acc(acc, tl.reshape(a, (BLOCK_M, BLOCK_K)), tl.reshape(b, (BLOCK_K, BLOCK_N)), PRECISION)
     _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
               co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
 
@@ -551,6 +587,16 @@ _FWD_CONFIGS = [
     _autotune.config(128, 128, 64, 8, 4),
     _autotune.config(128, 256, 64, 8, 3),
 ]
+# _conv_fwd_rows_kernel (fewer than 16 channels per group): BLOCK_K covers whole padded kernel rows (a 7x7 stem's
+# 7 x 4 channels padded to 32 columns: 2 or 4 rows a step).
+_ROWS_CONFIGS = [
+    _autotune.config(128, 64, 64, 4, 3),
+    _autotune.config(64, 64, 64, 4, 4),
+    _autotune.config(128, 64, 128, 8, 3),
+    _autotune.config(64, 64, 128, 4, 3),
+    _autotune.config(128, 64, 32, 4, 4),
+    _autotune.config(128, 128, 64, 8, 3),
+]
 # The TMA forward (_conv_fwd_tma_kernel): TH x TW output pixels, BLOCK_N channels, BLOCK_K input channels a
 # step, OCC programs per SM (0: one per tile); on Hopper the untuned default where it applies (0.64-0.73x
 # cuDNN on ResNet's stride-1 3x3 convs, where the pointer kernel gave 0.42-0.56x). The 8-warp tile, once set
@@ -681,8 +727,8 @@ def _conv_meta(stride, padding, dilation, precision):
 def _candidates(direct, gemm, depthwise: bool, oh: int, ow: int, channels: int):
     """The configs tagged with their kernel: the direct depthwise kernel's first (where depthwise: one input
     channel per group), its spatial tiles clamped to the oh x ow image and its channel tile to the channels;
-    then the implicit GEMM's, still a candidate."""
-    gemm = [dict(c, KERNEL="gemm") for c in gemm]
+    then the implicit GEMM's (KERNEL "gemm" unless tagged already), still a candidate."""
+    gemm = [dict(dict(KERNEL="gemm"), **c) for c in gemm]
     if not depthwise:
         return gemm
     fitted = []
@@ -693,6 +739,36 @@ def _candidates(direct, gemm, depthwise: bool, oh: int, ow: int, channels: int):
         if cfg not in fitted:
             fitted.append(cfg)
     return fitted + gemm
+
+
+def _rows_pad(kw: int, c_g: int) -> int:
+    """_conv_fwd_rows_kernel's padded kernel row: KW x CP columns (CP: C_G up to a power of two), a power of two."""
+    return _runtime.next_power_of_2(kw * _runtime.next_power_of_2(c_g))
+
+
+def _rows_launcher(x, w, y, r, stride, padding, dilation, groups: int, grid, OH: int, OW: int, P: int, meta: dict):
+    """The launch of _conv_fwd_rows_kernel (grid and constexprs given) after _pad_kernel's copy of x: padded by
+    the conv's padding, C_G channels a group padded to CP, channels_last."""
+    N, C, H, W = x.shape
+    C_G, CP = C // groups, _runtime.next_power_of_2(C // groups)
+    HP, WP, GC = H + padding[0] + padding[1], W + padding[2] + padding[3], groups * CP
+    block_c = min(_runtime.next_power_of_2(GC), 64)
+    block_w = max(1, 1024 // block_c)
+    pad = _runtime.Launcher(_pad_kernel, (N * HP, _runtime.cdiv(WP, block_w), _runtime.cdiv(GC, block_c)),
+                            dict(PAD_H=padding[0], PAD_W=padding[2], CP=CP, BLOCK_W=block_w, BLOCK_C=block_c))
+    pad_scalars = (C_G, H, W, HP, WP, GC, *x.stride())
+    meta = dict(meta, CP=CP, ROW_PAD=min(_rows_pad(w.shape[3], C_G), meta["BLOCK_K"]))
+    for name in ("PAD_H", "PAD_W"):
+        meta.pop(name)
+    launch = _runtime.Launcher(_conv_fwd_rows_kernel, grid, meta)
+    scalars = (C_G, groups, HP, WP, y.shape[1] // groups, OH, OW, P, *w.shape[2:], *w.stride(), *y.stride(),
+               *r.stride())
+
+    def run(x, w, *tensors):
+        xp = torch.empty((N, HP, WP, GC), device=x.device, dtype=x.dtype)
+        pad(x, xp, *pad_scalars)
+        launch(xp, w, *tensors, *scalars)
+    return run
 
 
 def _tiles(oh: int, ow: int, cfg: dict) -> int:
@@ -826,7 +902,7 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
     def make():
         P = N * OH * OW
         scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *x.stride(), *w.stride(), *y.stride(), *r.stride())
-        flat_k = C_G < 16  # see _conv_fwd_kernel
+        rows = C_G < 16  # few channels per group: _conv_fwd_rows_kernel over a padded copy of x
         epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
                         STORE_Z=save_preact)
 
@@ -851,18 +927,25 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 launch = _runtime.Launcher(_conv_dw_fwd_kernel, grid, meta)
                 return lambda x, w, *tensors: launch(x, _co_major(w), *tensors, *dw_scalars)
             grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), _runtime.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
-            meta = dict(_conv_meta(stride, padding, dilation, precision), FLAT_K=flat_k, **epilogue, **cfg)
+            if kernel == "rows":
+                return _rows_launcher(x, w, y, r, stride, padding, dilation, groups, grid, OH, OW, P,
+                                      dict(_conv_meta(stride, (0,) * 4, dilation, precision), **epilogue, **cfg))
+            meta = dict(_conv_meta(stride, padding, dilation, precision), **epilogue, **cfg)
             launch = _runtime.Launcher(_conv_fwd_kernel, grid, meta)
             return lambda *tensors: launch(*tensors, *scalars)
 
-        gemm = _configs(_FWD_CONFIGS, P, COUT_G, C_G * (KH * KW if flat_k else 1), x.element_size(), precision)
+        if rows:  # BLOCK_K fitted to KH whole rows of KW x CP columns, padded
+            gemm = [dict(c, KERNEL="rows") for c in _configs(_ROWS_CONFIGS, P, COUT_G, KH * _rows_pad(KW, C_G),
+                                                               x.element_size(), precision)]
+        else:
+            gemm = _configs(_FWD_CONFIGS, P, COUT_G, C_G, x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(x, y, r)
         configs = _candidates(_DW_CONFIGS, gemm, direct, OH, OW, COUT_G * groups)
         tma_configs = _tma_fwd_configs(x, w, stride, groups)
         tma = bool(tma_configs)
         configs = tma_configs + configs
         # one channel per group is told apart from 2-15 (same bucket): only there is the direct kernel a candidate
-        tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, flat_k, residual is not None,
+        tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, rows, residual is not None,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, OH, OW),
                 *(("tma",) if tma else ()))
         return _pick("conv2d", tkey, configs, launcher, tensors)
