@@ -134,7 +134,7 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
 
 
 @triton.jit
-def _pad_kernel(x_ptr, xp_ptr, C_G, H, W, HP, WP, GC, sxn, sxc, sxh, sxw,
+def _pad_kernel(x_ptr, xp_ptr, C_G, G, H, W, HP, WP, sxn, sxc, sxh, sxw,
                 PAD_H: tl.constexpr, PAD_W: tl.constexpr, CP: tl.constexpr, BLOCK_W: tl.constexpr,
                 BLOCK_C: tl.constexpr):
     """xp[n, hp, wp, g * CP + c] = x[n, g * C_G + c, hp - PAD_H, wp - PAD_W], zero outside x and for c >= C_G:
@@ -146,17 +146,18 @@ def _pad_kernel(x_ptr, xp_ptr, C_G, H, W, HP, WP, GC, sxn, sxc, sxh, sxw,
     gc = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     c = gc % CP
     iw = wp - PAD_W
+    gc_ok = gc < G * CP
     src = x_ptr + n * sxn + ih * sxh + (iw * sxw)[:, None] + ((gc // CP) * C_G + c).to(tl.int64)[None, :] * sxc
-    ok = (ih >= 0) & (ih < H) & ((iw >= 0) & (iw < W))[:, None] & ((c < C_G) & (gc < GC))[None, :]
+    ok = (ih >= 0) & (ih < H) & ((iw >= 0) & (iw < W))[:, None] & ((c < C_G) & gc_ok)[None, :]
     v = tl.load(src, mask=ok, other=0.0)
-    dst = xp_ptr + row.to(tl.int64) * WP * GC + (wp * GC)[:, None] + gc[None, :]
-    tl.store(dst, v, mask=(wp < WP)[:, None] & (gc < GC)[None, :])
+    dst = xp_ptr + (row.to(tl.int64) * WP + wp)[:, None] * G * CP + gc[None, :]
+    tl.store(dst, v, mask=(wp < WP)[:, None] & gc_ok[None, :])
 
 
 @triton.jit
 def _conv_fwd_rows_kernel(xp_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
-                          C_G, G, HP, WP, COUT_G, OH, OW, P, KH, KW,
-                          swo, swc, swh, sww, syn, syc, syh, syw, srn, src, srh, srw,
+                          G, HP, WP, COUT_G, OH, OW, P, KH, KW, KWP, COUT,
+                          syn, syc, syh, syw, srn, src, srh, srw,
                           STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
                           HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
                           PRECISION: tl.constexpr, CP: tl.constexpr, ROW_PAD: tl.constexpr,
@@ -165,7 +166,8 @@ def _conv_fwd_rows_kernel(xp_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     padded by _pad_kernel: [N, HP, WP, G * CP], CP >= C_G channels a group (a power of two), the conv's padding
     already in place. A kernel row's KW x CP (kw, c) values lie in one contiguous run of xp, so the reduction
     runs over whole rows, padded to ROW_PAD columns (chunks of ROW_PAD where a row is longer), BLOCK_K // ROW_PAD
-    rows a step: no edge masks, CP-wide vector loads; the padding channels are zeros and their weights masked."""
+    rows a step: no edge masks, CP-wide vector loads. The weight comes as _rows_weight lays it out, [KH, KWP, COUT]
+    with the same (kw, c) columns (zeros where c >= C_G or past KW x CP): dense rows, pipelined like x."""
     ROWS: tl.constexpr = BLOCK_K // ROW_PAD
     g = tl.program_id(2).to(tl.int64)
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -175,21 +177,19 @@ def _conv_fwd_rows_kernel(xp_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     n, oh, ow = _pixel(offs_m, OH, OW)
     row_ptrs = xp_ptr + (((n * HP + oh * STRIDE_H) * WP + ow * STRIDE_W) * G + g) * CP
     co = g * COUT_G + offs_n
-    w_base = w_ptr + co.to(tl.int64)[None, :] * swo
     rows = tl.arange(0, ROWS)
     offs_j = tl.arange(0, ROW_PAD)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for j0 in range(0, KW * CP, ROW_PAD):
         kw = (j0 + offs_j) // CP
-        c = offs_j % CP
-        col = (kw * DIL_W * G * CP + c)[None, :] + (rows * (DIL_H * WP * G * CP))[:, None]  # [ROWS, ROW_PAD]
+        col = (kw * DIL_W * G * CP + offs_j % CP)[None, :] + (rows * (DIL_H * WP * G * CP))[:, None]  # [ROWS, ROW_PAD]
+        w_rows = w_ptr + (rows[:, None] * KWP + j0 + offs_j[None, :])[:, :, None] * COUT + co[None, None, :]
         for kh0 in range(0, KH, ROWS):
             tap_ok = ((kh0 + rows) < KH)[:, None] & (kw < KW)[None, :]
             a = tl.load(row_ptrs[:, None, None] + (col + kh0 * DIL_H * WP * G * CP)[None, :, :],
                         mask=m_ok[:, None, None] & tap_ok[None, :, :], other=0.0)
-            w_off = ((kh0 + rows) * swh)[:, None] + (kw * sww + c * swc)[None, :]
-            b = tl.load(w_base[None, :, :] + w_off[:, :, None], mask=(tap_ok & (c < C_G)[None, :])[:, :, None]
-                        & n_ok[None, None, :], other=0.0)
+            b = tl.load(w_rows + kh0 * KWP * COUT, mask=((kh0 + rows) < KH)[:, None, None] & n_ok[None, None, :],
+                        other=0.0)
             acc = _dot_acc(acc, tl.reshape(a, (BLOCK_M, BLOCK_K)), tl.reshape(b, (BLOCK_K, BLOCK_N)), PRECISION)
     _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
               co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
@@ -746,28 +746,39 @@ def _rows_pad(kw: int, c_g: int) -> int:
     return _runtime.next_power_of_2(kw * _runtime.next_power_of_2(c_g))
 
 
+def _rows_weight(w: torch.Tensor, kwp: int) -> torch.Tensor:
+    """The weight as _conv_fwd_rows_kernel reads it: [KH, KWP, COUT], column kw * CP + c of row kh holding
+    w[co, c, kh, kw], zeros where c >= C_G or past KW x CP; made once per weight version (_derived)."""
+    def make(w):
+        cout, c_g, kh, kw = w.shape
+        cp = _runtime.next_power_of_2(c_g)
+        rows = F.pad(w.permute(2, 3, 1, 0), (0, 0, 0, cp - c_g)).reshape(kh, kw * cp, cout)
+        return F.pad(rows, (0, 0, 0, kwp - kw * cp)).contiguous()
+    return _derived(w, f"rows{kwp}", make)
+
+
 def _rows_launcher(x, w, y, r, stride, padding, dilation, groups: int, grid, OH: int, OW: int, P: int, meta: dict):
     """The launch of _conv_fwd_rows_kernel (grid and constexprs given) after _pad_kernel's copy of x: padded by
     the conv's padding, C_G channels a group padded to CP, channels_last."""
     N, C, H, W = x.shape
-    C_G, CP = C // groups, _runtime.next_power_of_2(C // groups)
-    HP, WP, GC = H + padding[0] + padding[1], W + padding[2] + padding[3], groups * CP
-    block_c = min(_runtime.next_power_of_2(GC), 64)
+    COUT, C_G, KH, KW = w.shape
+    CP = _runtime.next_power_of_2(C_G)
+    HP, WP = H + padding[0] + padding[1], W + padding[2] + padding[3]
+    block_c = min(_runtime.next_power_of_2(groups * CP), 64)
     block_w = max(1, 1024 // block_c)
-    pad = _runtime.Launcher(_pad_kernel, (N * HP, _runtime.cdiv(WP, block_w), _runtime.cdiv(GC, block_c)),
+    pad = _runtime.Launcher(_pad_kernel, (N * HP, _runtime.cdiv(WP, block_w), _runtime.cdiv(groups * CP, block_c)),
                             dict(PAD_H=padding[0], PAD_W=padding[2], CP=CP, BLOCK_W=block_w, BLOCK_C=block_c))
-    pad_scalars = (C_G, H, W, HP, WP, GC, *x.stride())
-    meta = dict(meta, CP=CP, ROW_PAD=min(_rows_pad(w.shape[3], C_G), meta["BLOCK_K"]))
-    for name in ("PAD_H", "PAD_W"):
-        meta.pop(name)
-    launch = _runtime.Launcher(_conv_fwd_rows_kernel, grid, meta)
-    scalars = (C_G, groups, HP, WP, y.shape[1] // groups, OH, OW, P, *w.shape[2:], *w.stride(), *y.stride(),
-               *r.stride())
+    pad_scalars = (C_G, groups, H, W, HP, WP, *x.stride())
+    row_pad = min(_rows_pad(KW, C_G), meta["BLOCK_K"])
+    kwp = _runtime.cdiv(KW * CP, row_pad) * row_pad
+    meta = {k: v for k, v in meta.items() if k not in ("PAD_H", "PAD_W")}
+    launch = _runtime.Launcher(_conv_fwd_rows_kernel, grid, dict(meta, CP=CP, ROW_PAD=row_pad))
+    scalars = (groups, HP, WP, COUT // groups, OH, OW, P, KH, KW, kwp, COUT, *y.stride(), *r.stride())
 
     def run(x, w, *tensors):
-        xp = torch.empty((N, HP, WP, GC), device=x.device, dtype=x.dtype)
+        xp = torch.empty((N, HP, WP, groups * CP), device=x.device, dtype=x.dtype)
         pad(x, xp, *pad_scalars)
-        launch(xp, w, *tensors, *scalars)
+        launch(xp, _rows_weight(w, kwp), *tensors, *scalars)
     return run
 
 
@@ -870,8 +881,8 @@ def _tma_fwd_configs(x, w, stride, groups: int) -> list:
 
 
 def _staged(configs: list, stage_bytes) -> list:
-    """The TMA configs with their pipeline stages cut to what 200 KB of shared memory holds (stage_bytes(config):
-    one stage's boxes; fp32 doubles them), those with fewer than 2 stages left out."""
+    """The TMA (and rows) configs with their pipeline stages cut to what 200 KB of shared memory holds
+    (stage_bytes(config): one stage's tiles; fp32 doubles them), those with fewer than 2 stages left out."""
     out = []
     for c in configs:
         stages = min(c["num_stages"], 200 * 1024 // stage_bytes(c))
@@ -935,8 +946,9 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
             return lambda *tensors: launch(*tensors, *scalars)
 
         if rows:  # BLOCK_K fitted to KH whole rows of KW x CP columns, padded
-            gemm = [dict(c, KERNEL="rows") for c in _configs(_ROWS_CONFIGS, P, COUT_G, KH * _rows_pad(KW, C_G),
-                                                               x.element_size(), precision)]
+            fitted = _configs(_ROWS_CONFIGS, P, COUT_G, KH * _rows_pad(KW, C_G), x.element_size(), precision)
+            gemm = _staged([dict(c, KERNEL="rows") for c in fitted],
+                           lambda c: (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * x.element_size())
         else:
             gemm = _configs(_FWD_CONFIGS, P, COUT_G, C_G, x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(x, y, r)
