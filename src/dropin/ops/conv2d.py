@@ -10,6 +10,8 @@ accumulated in fp32 with tl.dot, with masks for padding and edges; grid over (ti
 - weight gradient `_conv_wgrad_kernel`: output channels x (Cin/groups*KH*KW), reduced over N*OH*OW, with
   an optional split of that reduction (fp32 partials summed afterwards) for small weights on large images.
 - `_conv_act_grad_kernel`: grad of the activation and the bias gradient (per-tile column sums).
+Fewer than 16 channels per group (stems) go forward through `_conv_fwd_rows_kernel` instead, over a copy of x
+padded once per call (`_pad_kernel`), whole kernel rows a step.
 One input channel per group (depthwise, any channel multiplier) also has direct kernels, the tuner's first
 candidates in each pass (the implicit GEMM stays a candidate): [spatial tile of TH x TW pixels, channels]
 tiles with the taps unrolled, int32 offsets inside an image and fp32 FMAs (`_conv_dw_fwd_kernel`,
@@ -182,7 +184,7 @@ def _conv_fwd_rows_kernel(xp_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for j0 in range(0, KW * CP, ROW_PAD):
         kw = (j0 + offs_j) // CP
-        col = (kw * DIL_W * G * CP + offs_j % CP)[None, :] + (rows * (DIL_H * WP * G * CP))[:, None]  # [ROWS, ROW_PAD]
+        col = (kw * DIL_W * G * CP + offs_j % CP)[None, :] + (rows * (DIL_H * WP * G * CP))[:, None]
         w_rows = w_ptr + (rows[:, None] * KWP + j0 + offs_j[None, :])[:, :, None] * COUT + co[None, None, :]
         for kh0 in range(0, KH, ROWS):
             tap_ok = ((kh0 + rows) < KH)[:, None] & (kw < KW)[None, :]
@@ -588,7 +590,7 @@ _FWD_CONFIGS = [
     _autotune.config(128, 256, 64, 8, 3),
 ]
 # _conv_fwd_rows_kernel (fewer than 16 channels per group): BLOCK_K covers whole padded kernel rows (a 7x7 stem's
-# 7 x 4 channels padded to 32 columns: 2 or 4 rows a step).
+# 7 x 4 channels padded to 32 columns: 1-4 rows a step; on the H200 the stems took one row a step, 4 stages).
 _ROWS_CONFIGS = [
     _autotune.config(128, 64, 64, 4, 3),
     _autotune.config(64, 64, 64, 4, 4),
