@@ -67,15 +67,16 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     - Each output gets a random upstream gradient in torch's output's memory format (as a model's next layer
       gives it), or contiguous with upstream_contiguous.
     - grad_layout: the `_assert_layout` rule for every gradient, or a dict leaf name -> rule; None: unchecked.
-    - positive: leaves and upstream gradients are made positive, for gradients that are a sum of a few numbers
-      (a lone sum of random signs can cancel to ~0, where any rounding is a large relative error, PyTorch's too).
+    - positive: leaves and upstream gradients are made positive and at least 1/4, for results that are a sum or
+      a product of a few numbers (a lone sum of random signs can cancel to ~0, a product of a few small ones
+      underflow fp16 (seed 635607544: 3e-8), where any rounding is a large relative error, PyTorch's too).
     - zero_grad_degree: a gradient that is 0 in exact arithmetic (its reference at most 1e-12 * scale, with
       scale = max |upstream gradient| * max |differentiated leaf| ** zero_grad_degree) must be rounding-small
       (at most the backward tolerance * scale), as no relative error applies.
     """
     build = build or (lambda **t: tuple(t.values()))
     if positive:
-        leaves = {k: v.abs() if v.is_floating_point() else v for k, v in leaves.items()}
+        leaves = {k: v.abs().clamp_min(0.25) if v.is_floating_point() else v for k, v in leaves.items()}
     dtype = dtype or next(iter(leaves.values())).dtype
     originals = {k: v.clone() for k, v in leaves.items()}
 
@@ -101,7 +102,7 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     names = [k for k in leaves if ins[k].requires_grad]
     grads_in = [torch.randn(ref.shape, device=DEVICE, dtype=out_t.dtype) for ref, out_t in zip(refs, outs_t)]
     if positive:
-        grads_in = [g.abs() for g in grads_in]
+        grads_in = [g.abs().clamp_min(0.25) for g in grads_in]
     if not upstream_contiguous:
         grads_in = [g.contiguous(memory_format=CL) if _channels_last(o) else g for g, o in zip(grads_in, outs_t)]
     for out in outs:

@@ -3,11 +3,12 @@
 input [N, C, *spatial] is read through its strides as (N, C, H, W) pixels x channels (NCHW, channels_last
 or any view whose spatial dims merge into two; others are copied once), in tiles of BLOCK_P pixels x
 BLOCK_C channels. Three kernels, each used forward and backward:
-- `_bn_reduce_kernel`: per channel, over a split of the N*H*W pixels: training statistics (mean and sum of
-  squared deviations of each tile, merged tile by tile with Chan's formula: one read, no cancellation), or
-  for the backward the sums of dy and dy * xhat. Grid (channel tiles, splits), fp32 partials.
-- `_bn_finalize_kernel`: merges the splits per channel; saves the centre and invstd; updates running_mean
-  and running_var in place as torch does (momentum, unbiased variance); writes per-channel coefficients.
+- `_bn_reduce_kernel`: per channel, over a split of the N*H*W pixels: training statistics (the sums of x - K
+  and of its square), or for the backward the sums of dy and dy * (x - mean). Grid (channel tiles, splits),
+  fp64 sums and partials (x - K exact in fp64; no fp32 error grows with the pixel count).
+- `_bn_finalize_kernel`: merges the splits per channel in fp64; saves the centre and invstd; updates
+  running_mean and running_var in place as torch does (momentum, unbiased variance); writes per-channel
+  coefficients, each rounded once to fp32.
 - `_bn_apply_kernel`: out = ((u - Uh) - Ul) * A + Cc [+ ((v - Vh) - Vl) * B], per channel: y from x
   forward, dx from dy (and x, in training) backward. Weight and bias gradients come from the finalize step.
 The statistics are taken of x - K, K near each channel's mean (that of its first 16 pixels), the mean kept as
@@ -50,51 +51,42 @@ def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, part_ptr,
                       sxn, sxc, sxh, sxw, sdn, sdc, sdh, sdw,
                       GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """Split s = program_id(1) covers pixels [s * PER_SPLIT, min(P, (s + 1) * PER_SPLIT)) of channel tile
-    program_id(0); part[0 / 1, s, c] (fp32) gets: mean and M2 of x - K (GRAD False; split 0 stores the shift
-    K in center[0]), or sum(dy) and sum(dy * (x - mean)) (GRAD True; the mean as center[0] + center[1];
-    exact products, fp64 sums)."""
+    program_id(0); with d = x - center (center[0] + center[1], exact in fp64), part[0 / 1, s, c] (fp64) gets
+    sum(d) and sum(d * d) (GRAD False; center = K, which split 0 stores in center[0]), or sum(dy) and
+    sum(dy * d) (GRAD True; center = the mean). Products exact, sums in fp64: a tile's sum over pixels has
+    no tree to keep its fp32 error small everywhere."""
     split = tl.program_id(1)
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     cc = offs_c.to(tl.int64)[None, :]
     p_first = split.to(tl.int64) * PER_SPLIT
     p_end = tl.minimum(P, p_first + PER_SPLIT)
-    a = tl.zeros((BLOCK_C,), tl.float32)
-    b = tl.zeros((BLOCK_C,), tl.float32)
-    if GRAD:  # sums in fp64: a tile's sum over pixels has no tree to keep its fp32 error small everywhere
-        ga = tl.zeros((BLOCK_C,), tl.float64)
-        gb = tl.zeros((BLOCK_C,), tl.float64)
-        shift = _load_row(center_ptr, 0, offs_c, C, c_ok)[None, :]  # the mean's hi, then its lo
-        mean_s = _load_row(center_ptr, 1, offs_c, C, c_ok)[None, :]
+    if GRAD:
+        hi = _load_row(center_ptr, 0, offs_c, C, c_ok)
+        lo = _load_row(center_ptr, 1, offs_c, C, c_ok).to(tl.float64)[None, :]
     else:  # the shift K: the mean of the channel's first (up to) 16 pixels, the same in every program
         first = tl.arange(0, 16)
-        shift = tl.load(_tile_ptrs(x_ptr, first, cc, H, W, sxn, sxc, sxh, sxw),
-                        mask=(first < P)[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-        shift = tl.sum(shift, axis=0) / tl.minimum(P, 16)
+        hi = tl.load(_tile_ptrs(x_ptr, first, cc, H, W, sxn, sxc, sxh, sxw),
+                     mask=(first < P)[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+        hi = tl.sum(hi, axis=0) / tl.minimum(P, 16)
         if split == 0:
-            tl.store(center_ptr + offs_c, shift, mask=c_ok)
-        shift = shift[None, :]
+            tl.store(center_ptr + offs_c, hi, mask=c_ok)
+        lo = 0.0
+    hi = hi.to(tl.float64)[None, :]
+    a = tl.zeros((BLOCK_C,), tl.float64)
+    b = tl.zeros((BLOCK_C,), tl.float64)
     for p0 in range(p_first, p_end, BLOCK_P):
         offs_p = p0 + tl.arange(0, BLOCK_P)
         mask = (offs_p < p_end)[:, None] & c_ok[None, :]
-        x = tl.load(_tile_ptrs(x_ptr, offs_p, cc, H, W, sxn, sxc, sxh, sxw), mask=mask, other=0.0).to(tl.float32)
-        x = tl.where(mask, x - shift, 0.0)
+        x = tl.load(_tile_ptrs(x_ptr, offs_p, cc, H, W, sxn, sxc, sxh, sxw), mask=mask, other=0.0)
+        d = tl.where(mask, (x.to(tl.float64) - hi) - lo, 0.0)
         if GRAD:
-            dy = tl.load(_tile_ptrs(dy_ptr, offs_p, cc, H, W, sdn, sdc, sdh, sdw), mask=mask, other=0.0)
-            dy = dy.to(tl.float32)
-            ga += tl.sum(dy.to(tl.float64), axis=0)
-            gb += tl.sum(dy.to(tl.float64) * tl.where(mask, x - mean_s, 0.0).to(tl.float64), axis=0)
-        else:  # this tile's mean and M2, merged into the running (a = mean, b = M2) of the cnt pixels before
-            cnt_t = tl.minimum(p_end - p0, BLOCK_P).to(tl.float32)
-            mean_t = tl.sum(x, axis=0) / cnt_t
-            d = tl.where(mask, x - mean_t[None, :], 0.0)
-            cnt = (p0 - p_first).to(tl.float32)
-            delta = mean_t - a
-            a += delta * (cnt_t / (cnt + cnt_t))
-            b += tl.sum(d * d, axis=0) + delta * delta * (cnt * cnt_t / (cnt + cnt_t))
-    if GRAD:
-        a = ga.to(tl.float32)
-        b = gb.to(tl.float32)
+            v = tl.load(_tile_ptrs(dy_ptr, offs_p, cc, H, W, sdn, sdc, sdh, sdw), mask=mask, other=0.0)
+            v = v.to(tl.float64)
+        else:
+            v = d
+        a += tl.sum(v, axis=0)
+        b += tl.sum(v * d, axis=0)
     S = tl.num_programs(1)
     tl.store(part_ptr + split * C + offs_c, a, mask=c_ok)
     tl.store(part_ptr + (S + split) * C + offs_c, b, mask=c_ok)
@@ -102,37 +94,24 @@ def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, part_ptr,
 
 @triton.jit
 def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invstd_ptr, coef_ptr, dwb_ptr,
-                        C, P, PER_SPLIT, S, eps, momentum,
+                        C, P, S, eps, momentum,
                         GRAD: tl.constexpr, TRAINING: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                         UPDATE: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Per channel, grid (channel tiles,). Forward (GRAD False): the mean as center[0] + center[1] and invstd
-    from the S partials (TRAINING, updating running_mean / running_var when UPDATE) or from the running
-    statistics; coefficients of y = ((x - hi) - lo) * w * invstd + b. Backward
-    (GRAD True): dwb[0] = sum(dy * xhat), dwb[1] = sum(dy), and the coefficients of
+    """Per channel, grid (channel tiles,), in fp64, each result rounded once to fp32. Forward (GRAD False):
+    the mean as center[0] + center[1] and invstd from the S partials (TRAINING, updating running_mean /
+    running_var when UPDATE) or from the running statistics; coefficients of y = ((x - hi) - lo) * w * invstd
+    + b. Backward (GRAD True): dwb[0] = sum(dy * xhat), dwb[1] = sum(dy), and the coefficients of
     dx = (dy - mean(dy)) * w * invstd - (x - mean) * w * invstd^2 * mean(dy * xhat) (training), or
     dx = dy * w * invstd (inference). coef[k, c], k: Uh, Ul, A, Vh, Vl, B, Cc (see _bn_apply_kernel)."""
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
-    zero = tl.zeros((BLOCK_C,), tl.float32)
+    zero = tl.zeros((BLOCK_C,), tl.float64)
     a = zero
     b = zero
-    if GRAD:  # fp64 sums of the fp32 partials (hundreds of splits: an fp32 running sum would lose digits)
-        ga = tl.zeros((BLOCK_C,), tl.float64)
-        gb = tl.zeros((BLOCK_C,), tl.float64)
-        for s in range(0, S):
-            ga += _load_row(part_ptr, s, offs_c, C, c_ok).to(tl.float64)
-            gb += _load_row(part_ptr, S + s, offs_c, C, c_ok).to(tl.float64)
-        a = ga.to(tl.float32)
-        b = gb.to(tl.float32)
-    elif TRAINING:  # Chan's merge of split s (cnt_s pixels) into the cnt before it (fp32 counts: no overflow)
-        for s in range(0, S):
-            pa = _load_row(part_ptr, s, offs_c, C, c_ok)
-            cnt = zero + s * 1.0 * PER_SPLIT
-            cnt_s = tl.minimum(P - cnt, PER_SPLIT * 1.0)
-            delta = pa - a
-            a += delta * (cnt_s / (cnt + cnt_s))
-            b += _load_row(part_ptr, S + s, offs_c, C, c_ok) + delta * delta * (cnt * cnt_s / (cnt + cnt_s))
-    w = _load_row(w_ptr, 0, offs_c, C, c_ok) if HAS_W else zero + 1.0
+    for s in range(0, S):
+        a += tl.load(part_ptr + s * C + offs_c, mask=c_ok, other=0.0)
+        b += tl.load(part_ptr + (S + s) * C + offs_c, mask=c_ok, other=0.0)
+    w = _load_row(w_ptr, 0, offs_c, C, c_ok).to(tl.float64) if HAS_W else zero + 1.0
     uh = zero
     ul = zero
     vh = zero
@@ -140,47 +119,46 @@ def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invs
     bv = zero
     cst = zero
     if GRAD:
-        invstd = _load_row(invstd_ptr, 0, offs_c, C, c_ok)
+        invstd = _load_row(invstd_ptr, 0, offs_c, C, c_ok).to(tl.float64)
         b = b * invstd  # sum(dy * xhat)
         tl.store(dwb_ptr + offs_c, b.to(dwb_ptr.dtype.element_ty), mask=c_ok)
         tl.store(dwb_ptr + C + offs_c, a.to(dwb_ptr.dtype.element_ty), mask=c_ok)
         scale = w * invstd
         if TRAINING:
-            uh = tl.div_rn(a, zero + P)
-            vh = _load_row(center_ptr, 0, offs_c, C, c_ok)
-            vl = _load_row(center_ptr, 1, offs_c, C, c_ok)
-            bv = -scale * invstd * tl.div_rn(b, zero + P)
+            uh = a / P
+            vh = _load_row(center_ptr, 0, offs_c, C, c_ok).to(tl.float64)
+            vl = _load_row(center_ptr, 1, offs_c, C, c_ok).to(tl.float64)
+            bv = -scale * invstd * (b / P)
     else:
-        if TRAINING:  # the mean K + a as hi + lo (TwoSum, exact)
-            shift = _load_row(center_ptr, 0, offs_c, C, c_ok)
-            uh = shift + a
-            t = uh - shift
-            ul = (shift - (uh - t)) + (a - t)
-            var = tl.div_rn(b, zero + P)
+        if TRAINING:  # mean = K + a / P as hi + lo
+            mean = _load_row(center_ptr, 0, offs_c, C, c_ok).to(tl.float64) + a / P
+            uh = mean.to(tl.float32).to(tl.float64)
+            ul = mean - uh
+            var = tl.maximum(b / P - (a / P) * (a / P), 0.0)
             if UPDATE:
                 rm = _load_row(rm_ptr, 0, offs_c, C, c_ok)
                 rv = _load_row(rv_ptr, 0, offs_c, C, c_ok)
-                tl.store(rm_ptr + offs_c, ((1.0 - momentum) * rm + momentum * (uh + ul)).to(rm_ptr.dtype.element_ty),
+                tl.store(rm_ptr + offs_c, ((1.0 - momentum) * rm + momentum * mean).to(rm_ptr.dtype.element_ty),
                          mask=c_ok)
-                tl.store(rv_ptr + offs_c, ((1.0 - momentum) * rv + momentum * tl.div_rn(b, zero + (P - 1))).to(
+                tl.store(rv_ptr + offs_c, ((1.0 - momentum) * rv + momentum * (var * P / (P - 1))).to(
                     rv_ptr.dtype.element_ty), mask=c_ok)
         else:
-            uh = _load_row(rm_ptr, 0, offs_c, C, c_ok)
-            var = _load_row(rv_ptr, 0, offs_c, C, c_ok)
-        invstd = tl.div_rn(zero + 1.0, tl.sqrt_rn(var + eps))
-        tl.store(center_ptr + offs_c, uh, mask=c_ok)
-        tl.store(center_ptr + C + offs_c, ul, mask=c_ok)
-        tl.store(invstd_ptr + offs_c, invstd, mask=c_ok)
+            uh = _load_row(rm_ptr, 0, offs_c, C, c_ok).to(tl.float64)
+            var = _load_row(rv_ptr, 0, offs_c, C, c_ok).to(tl.float64)
+        invstd = 1.0 / tl.sqrt(var + eps)
+        tl.store(center_ptr + offs_c, uh.to(tl.float32), mask=c_ok)
+        tl.store(center_ptr + C + offs_c, ul.to(tl.float32), mask=c_ok)
+        tl.store(invstd_ptr + offs_c, invstd.to(tl.float32), mask=c_ok)
         scale = w * invstd
         if HAS_B:
-            cst = _load_row(b_ptr, 0, offs_c, C, c_ok)
-    tl.store(coef_ptr + offs_c, uh, mask=c_ok)
-    tl.store(coef_ptr + C + offs_c, ul, mask=c_ok)
-    tl.store(coef_ptr + 2 * C + offs_c, scale, mask=c_ok)
-    tl.store(coef_ptr + 3 * C + offs_c, vh, mask=c_ok)
-    tl.store(coef_ptr + 4 * C + offs_c, vl, mask=c_ok)
-    tl.store(coef_ptr + 5 * C + offs_c, bv, mask=c_ok)
-    tl.store(coef_ptr + 6 * C + offs_c, cst, mask=c_ok)
+            cst = _load_row(b_ptr, 0, offs_c, C, c_ok).to(tl.float64)
+    tl.store(coef_ptr + offs_c, uh.to(tl.float32), mask=c_ok)
+    tl.store(coef_ptr + C + offs_c, ul.to(tl.float32), mask=c_ok)
+    tl.store(coef_ptr + 2 * C + offs_c, scale.to(tl.float32), mask=c_ok)
+    tl.store(coef_ptr + 3 * C + offs_c, vh.to(tl.float32), mask=c_ok)
+    tl.store(coef_ptr + 4 * C + offs_c, vl.to(tl.float32), mask=c_ok)
+    tl.store(coef_ptr + 5 * C + offs_c, bv.to(tl.float32), mask=c_ok)
+    tl.store(coef_ptr + 6 * C + offs_c, cst.to(tl.float32), mask=c_ok)
 
 
 @triton.jit
@@ -246,19 +224,19 @@ def _reduce(x, dy, center):
     splits = max(1, min(_runtime.cdiv(4 * _runtime.num_sms(x.device.index or 0), c_tiles), _runtime.cdiv(P, block_p)))
     per_split = _runtime.cdiv(_runtime.cdiv(P, splits), block_p) * block_p
     splits = _runtime.cdiv(P, per_split)
-    part = torch.empty((2, splits, C), device=x.device, dtype=torch.float32)
+    part = torch.empty((2, splits, C), device=x.device, dtype=torch.float64)
     launch(_bn_reduce_kernel, (c_tiles, splits), x, dy, center, part, C, H, W, P, per_split, *sx, *sd,
            GRAD=grad, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
-    return part, per_split
+    return part
 
 
-def _finalize(part, P, per_split, C, w, b, rm, rv, center, invstd, dwb, eps, momentum, grad, training):
+def _finalize(part, P, C, w, b, rm, rv, center, invstd, dwb, eps, momentum, grad, training):
     """The coefficients [7, C] for _bn_apply_kernel; part None: no partials to merge (inference)."""
     coef = torch.empty((7, C), device=invstd.device, dtype=torch.float32)
     block_c = min(_runtime.next_power_of_2(C), 256)
     dummy = lambda t: coef if t is None else t  # noqa: E731  (never read: its HAS_ / mode flag is off)
     launch(_bn_finalize_kernel, (_runtime.cdiv(C, block_c),), dummy(part), dummy(w), dummy(b), dummy(rm), dummy(rv),
-           center, invstd, coef, dummy(dwb), C, P, per_split, 0 if part is None else part.shape[1], eps, momentum,
+           center, invstd, coef, dummy(dwb), C, P, 0 if part is None else part.shape[1], eps, momentum,
            GRAD=grad, TRAINING=training, HAS_W=w is not None, HAS_B=b is not None,
            UPDATE=training and rm is not None, BLOCK_C=block_c, num_warps=4)
     return coef
@@ -271,8 +249,8 @@ def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: floa
     invstd = torch.empty(C, device=x.device, dtype=torch.float32)
     if x.numel() == 0:
         return y, center, invstd
-    part, per_split = _reduce(x, None, center) if training else (None, 1)
-    coef = _finalize(part, x.numel() // C, per_split, C, w, b, running_mean, running_var, center, invstd, None, eps,
+    part = _reduce(x, None, center) if training else None
+    coef = _finalize(part, x.numel() // C, C, w, b, running_mean, running_var, center, invstd, None, eps,
                      momentum, False, training)
     _apply(x, None, coef, y)
     return y, center, invstd
@@ -285,8 +263,8 @@ def _bwd_impl(dy, x, w, center, invstd, training: bool, wb_dtype: Optional[torch
     if x.numel() == 0:
         return dx, dwb.zero_()
     # inference without weight / bias gradients: dx = dy * w * invstd, no reduction
-    part, per_split = _reduce(x, dy, center) if training or wb_dtype is not None else (None, 1)
-    coef = _finalize(part, x.numel() // C, per_split, C, w, None, None, None, center, invstd, dwb, 0.0, 0.0, True,
+    part = _reduce(x, dy, center) if training or wb_dtype is not None else None
+    coef = _finalize(part, x.numel() // C, C, w, None, None, None, center, invstd, dwb, 0.0, 0.0, True,
                      training)
     _apply(dy, x if training else None, coef, dx)
     return dx, dwb
@@ -353,8 +331,8 @@ def batch_norm(input: torch.Tensor, running_mean: Optional[torch.Tensor], runnin
     channels_last), float32 / float16 / bfloat16; running_mean / running_var / weight / bias [C] (any of those
     dtypes; the running statistics contiguous: they are updated in place). Inference (training=False)
     normalizes with the running statistics. Training normalizes with the batch's mean and biased variance
-    (fp32, one pass with Chan's merges) and, where running statistics are given, updates them as torch does:
-    running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance."""
+    (one pass, fp64 sums of x - K, K near the mean) and, where running statistics are given, updates them as
+    torch does: running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance."""
     op = "batch_norm"
     params = dict(running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
     _runtime.check_kernel_device(op, input=input, **params)
