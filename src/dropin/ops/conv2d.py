@@ -34,7 +34,7 @@ from .. import _runtime
 from . import _autotune
 from ._common import cached_plan, checked_once
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
-from .matmul import _dot_acc, _split_range, linear, switch
+from .matmul import _dot_acc, _max_k, _split_range, linear, switch
 from .matmul import _precision as _matmul_precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -663,10 +663,9 @@ _plans: dict = {}
 
 
 def _precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision: tf32 where torch's convolutions allow it (cudnn.allow_tf32), else fp32."""
-    if dtype == torch.float32 and torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET:
-        return "tf32"
-    return "ieee"
+    """tl.dot's input precision: tf32 where torch's convolutions allow it (cudnn.allow_tf32), else true fp32
+    (matmul's `_precision`)."""
+    return _matmul_precision(dtype, torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET)
 
 
 def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
@@ -674,8 +673,7 @@ def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
     cfg = dict(cfg)
     for name, extent in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
         cfg[name] = max(16, min(cfg[name], _runtime.next_power_of_2(max(extent, 1))))
-    if precision == "ieee" and size == 4:
-        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], 64)  # bounds the inner sum of true fp32 (_dot_acc)
+    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], _max_k(precision, size))
     return cfg
 
 

@@ -72,13 +72,31 @@ def _tf32(x):
 
 
 @triton.jit
+def _tf32_split(x):
+    """x (fp32) as hi + lo, two tf32 numbers: hi exact (x rounded, the largest finite values truncated),
+    lo = x - hi rounded by _tf32: |x - hi - lo| <= 2^-21 |x|, 2^-22 below 3e38. inf and nan go whole
+    into hi (lo 0). Where |x| < 2^-115 lo is subnormal, with fewer bits (as in any tf32x3 scheme)."""
+    bits = x.to(tl.int32, bitcast=True)
+    hi = (tl.where(tl.abs(x) < 3.0e38, bits + 0x1000, bits) & -8192).to(tl.float32, bitcast=True)
+    finite = tl.abs(x) < float("inf")
+    return tl.where(finite, hi, x), _tf32(tl.where(finite, x - hi, 0.0))
+
+
+@triton.jit
 def _dot(a, b, PRECISION: tl.constexpr):
     """a @ b in fp32. PRECISION "tf32" rounds the operands first (see _tf32); "tf32_rounded": they already are
-    (`_tf32_operand` copies); "ieee": fp32 FMAs."""
+    (`_tf32_operand` copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
+    of the operands' _tf32_split (small terms first, non-finite ones dropped; a_lo @ b_lo, under 2^-22 of a
+    product, dropped); "ieee": fp32 FMAs."""
     if PRECISION == "tf32":
         c = tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
     elif PRECISION == "tf32_rounded":
         c = tl.dot(a, b, input_precision="tf32")
+    elif PRECISION == "tf32x3":  # (an inf in a_hi times b_lo: inf or nan; the big product has the answer)
+        a_hi, a_lo = _tf32_split(a)
+        b_hi, b_lo = _tf32_split(b)
+        c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
+        c = tl.dot(a_hi, b_hi, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
     else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
         c = tl.dot(a, b, input_precision=PRECISION)
     return c
@@ -86,13 +104,13 @@ def _dot(a, b, PRECISION: tl.constexpr):
 
 @triton.jit
 def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
-    """acc + a @ b. True fp32 adds each K tile's product separately: a two-level sum whose rounding error
-    grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long K). Written as a
-    subtraction of (-a) @ b because Triton's combiner rewrites `acc + dot(a, b)` into `dot(a, b, acc)`, a
-    sequential K sum again; negation is exact and folds into the FMA. Every other precision takes that
-    rewrite: one MMA chain accumulating in place."""
-    if PRECISION == "ieee" and a.dtype == tl.float32:
-        acc = acc - _dot(-a, b, "ieee")
+    """acc + a @ b. True fp32 ("ieee", "tf32x3") adds each K tile's product separately: a two-level sum
+    whose rounding error grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long
+    K). Written as a subtraction of (-a) @ b because Triton's combiner rewrites `acc + dot(a, b)` into
+    `dot(a, b, acc)`, a sequential K sum again; negation is exact and folds into the FMA. Every other
+    precision takes that rewrite: one MMA chain accumulating in place."""
+    if (PRECISION == "ieee" or PRECISION == "tf32x3") and a.dtype == tl.float32:
+        acc = acc - _dot(-a, b, PRECISION)
     else:
         acc = acc + _dot(a, b, PRECISION)
     return acc
@@ -338,12 +356,18 @@ def _fits(configs, M, N, K, max_k=256, min_m=16):
     return fitting or configs[-1:]
 
 
-def _precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision: tf32 where torch allows it, else fp32 FMAs. (tf32x3 is faster but its
-    22-bit operand halves give up to 4x the error of an fp32 product: measured, not taken.)"""
-    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+def _precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None) -> str:
+    """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
+    (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU,
+    "ieee" (fp32 FMAs, the same numbers at a third of the dots) under the interpreter."""
+    if dtype == torch.float32 and (torch.backends.cuda.matmul.allow_tf32 if allow_tf32 is None else allow_tf32):
         return "tf32"
-    return "ieee"  # fp32 FMAs; ignored for 16-bit operands
+    return "ieee" if _runtime.INTERPRET else "tf32x3"
+
+
+def _max_k(precision: str, size: int) -> int:
+    """The largest BLOCK_K: 64 for true fp32, bounding the inner sum of _dot_acc's two-level sum."""
+    return 64 if precision in ("ieee", "tf32x3") and size == 4 else 256
 
 
 def _tma_layout(t: torch.Tensor):
@@ -417,7 +441,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision):
         ptr = not tma or min(M, N) <= 64 or size == 4
     else:
         ptr = not tma
-    max_k = 64 if precision == "ieee" and size == 4 else 256  # bounds the inner sum of true fp32 (_dot_acc)
+    max_k = _max_k(precision, size)
     configs = [dict(cfg, KERNEL="tma") for cfg in _fits(_TMA_CONFIGS[size], M, N, K, max_k, 64)] if tma else []
     if ptr:
         configs += [dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]

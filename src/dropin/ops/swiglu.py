@@ -24,7 +24,7 @@ import triton.language as tl
 from .. import _runtime
 from . import _autotune
 from .activations import activation_grad, apply_activation
-from .matmul import _autocast, _check, _dot_acc, _fits, _precision, _tile_coords, linear, matmul, switch
+from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul, switch
 
 
 # --- 1. Reference -----------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
     (M, N), K = h.shape, x.shape[1]
     backward, saved = dh is not None, zg is not None and not save
     precision = _precision(x.dtype)
-    max_k = 64 if precision == "ieee" and x.element_size() == 4 else 256
+    max_k = _max_k(precision, x.element_size())
     if saved:  # elementwise: no product, no tuning
         configs, kinds = [dict(_cfg(64, 128, 16, 4, 1), TMA=False)], ()
     else:
