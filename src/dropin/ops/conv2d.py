@@ -664,8 +664,8 @@ _plans: dict = {}
 
 def _precision(dtype: torch.dtype) -> str:
     """tl.dot's input precision: tf32 where torch's convolutions allow it (cudnn.allow_tf32), else true fp32
-    (matmul's `_precision`)."""
-    return _matmul_precision(dtype, torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET)
+    as tf32x3 (matmul's `_precision`)."""
+    return _matmul_precision(dtype, torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET, tf32x3=True)
 
 
 def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:

@@ -92,11 +92,13 @@ def _dot(a, b, PRECISION: tl.constexpr):
         c = tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
     elif PRECISION == "tf32_rounded":
         c = tl.dot(a, b, input_precision="tf32")
-    elif PRECISION == "tf32x3":  # (an inf in a_hi times b_lo: inf or nan; the big product has the answer)
-        a_hi, a_lo = _tf32_split(a)
+    elif PRECISION == "tf32x3" and a.dtype == tl.float32:  # (an inf in a_hi times b_lo: inf or nan; the
+        a_hi, a_lo = _tf32_split(a)                         # big product has the answer)
         b_hi, b_lo = _tf32_split(b)
         c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
         c = tl.dot(a_hi, b_hi, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
+    elif PRECISION == "tf32x3":  # 16-bit operands: no precision to choose
+        c = tl.dot(a, b)
     else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
         c = tl.dot(a, b, input_precision=PRECISION)
     return c
@@ -356,13 +358,17 @@ def _fits(configs, M, N, K, max_k=256, min_m=16):
     return fitting or configs[-1:]
 
 
-def _precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None) -> str:
+def _precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, tf32x3: bool = False) -> str:
     """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
-    (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU,
-    "ieee" (fp32 FMAs, the same numbers at a third of the dots) under the interpreter."""
+    (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU where
+    `tf32x3` (conv2d), else "ieee" (fp32 FMAs; under the interpreter always: the same numbers at a third
+    of the dots). tf32x3 is 1.1-2.5x faster than the FMAs, its error 1-1.5x theirs on matmul and conv but up
+    to 2.7x on some short reductions (the MMA's own fp32 accumulation), over the 2x rule in three GPU tests
+    of attention, SwiGLU and a matmul gradient: only conv2d, whose GPU tests all pass, takes it
+    (docs/perf-notes.md)."""
     if dtype == torch.float32 and (torch.backends.cuda.matmul.allow_tf32 if allow_tf32 is None else allow_tf32):
         return "tf32"
-    return "ieee" if _runtime.INTERPRET else "tf32x3"
+    return "tf32x3" if tf32x3 and dtype == torch.float32 and not _runtime.INTERPRET else "ieee"
 
 
 def _max_k(precision: str, size: int) -> int:
