@@ -362,10 +362,9 @@ def _precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, tf32x3: bo
     """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
     (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU where
     `tf32x3` (conv2d), else "ieee" (fp32 FMAs; under the interpreter always: the same numbers at a third
-    of the dots). tf32x3 is 1.1-2.5x faster than the FMAs, its error 1-1.5x theirs on matmul and conv but up
-    to 2.7x on some short reductions (the MMA's own fp32 accumulation), over the 2x rule in three GPU tests
-    of attention, SwiGLU and a matmul gradient: only conv2d, whose GPU tests all pass, takes it
-    (docs/perf-notes.md)."""
+    of the dots). tf32x3 is 1.1-3.5x faster than the FMAs, but its error went over the 2x rule in three GPU
+    tests with short reductions (attention, SwiGLU, a matmul gradient; likely the MMA's truncating fp32
+    accumulation): only conv2d, whose fp32 GPU tests all pass, takes it (docs/perf-notes.md)."""
     if dtype == torch.float32 and (torch.backends.cuda.matmul.allow_tf32 if allow_tf32 is None else allow_tf32):
         return "tf32"
     return "tf32x3" if tf32x3 and dtype == torch.float32 and not _runtime.INTERPRET else "ieee"
