@@ -757,9 +757,10 @@ def _rows_weight(w: torch.Tensor, kwp: int) -> torch.Tensor:
     return _derived(w, f"rows{kwp}", make)
 
 
-def _rows_launcher(x, w, y, r, stride, padding, dilation, groups: int, grid, OH: int, OW: int, P: int, meta: dict):
-    """The launch of _conv_fwd_rows_kernel (grid and constexprs given) after _pad_kernel's copy of x: padded by
-    the conv's padding, C_G channels a group padded to CP, channels_last."""
+def _rows_launcher(x, w, y, r, padding, groups: int, grid, OH: int, OW: int, P: int, meta: dict):
+    """The launch of _conv_fwd_rows_kernel (grid and _conv_fwd_kernel's constexprs given: its padding goes to
+    the copy) after _pad_kernel's copy of x: padded by the conv's padding, C_G channels a group padded to CP,
+    channels_last."""
     N, C, H, W = x.shape
     COUT, C_G, KH, KW = w.shape
     CP = _runtime.next_power_of_2(C_G)
@@ -938,10 +939,9 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 launch = _runtime.Launcher(_conv_dw_fwd_kernel, grid, meta)
                 return lambda x, w, *tensors: launch(x, _co_major(w), *tensors, *dw_scalars)
             grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), _runtime.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
-            if kernel == "rows":
-                return _rows_launcher(x, w, y, r, stride, padding, dilation, groups, grid, OH, OW, P,
-                                      dict(_conv_meta(stride, (0,) * 4, dilation, precision), **epilogue, **cfg))
             meta = dict(_conv_meta(stride, padding, dilation, precision), **epilogue, **cfg)
+            if kernel == "rows":
+                return _rows_launcher(x, w, y, r, padding, groups, grid, OH, OW, P, meta)
             launch = _runtime.Launcher(_conv_fwd_kernel, grid, meta)
             return lambda *tensors: launch(*tensors, *scalars)
 

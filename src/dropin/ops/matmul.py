@@ -92,13 +92,11 @@ def _dot(a, b, PRECISION: tl.constexpr):
         c = tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
     elif PRECISION == "tf32_rounded":
         c = tl.dot(a, b, input_precision="tf32")
-    elif PRECISION == "tf32x3" and a.dtype == tl.float32:  # (an inf in a_hi times b_lo: inf or nan; the
-        a_hi, a_lo = _tf32_split(a)                         # big product has the answer)
+    elif PRECISION == "tf32x3":  # (fp32 operands only; an inf in a_hi times b_lo: inf or nan, dropped: the
+        a_hi, a_lo = _tf32_split(a)  # big product has the answer)
         b_hi, b_lo = _tf32_split(b)
         c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
         c = tl.dot(a_hi, b_hi, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
-    elif PRECISION == "tf32x3":  # 16-bit operands: no precision to choose
-        c = tl.dot(a, b)
     else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
         c = tl.dot(a, b, input_precision=PRECISION)
     return c
@@ -111,7 +109,7 @@ def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
     K). Written as a subtraction of (-a) @ b because Triton's combiner rewrites `acc + dot(a, b)` into
     `dot(a, b, acc)`, a sequential K sum again; negation is exact and folds into the FMA. Every other
     precision takes that rewrite: one MMA chain accumulating in place."""
-    if (PRECISION == "ieee" or PRECISION == "tf32x3") and a.dtype == tl.float32:
+    if PRECISION == "tf32x3" or (PRECISION == "ieee" and a.dtype == tl.float32):
         acc = acc - _dot(-a, b, PRECISION)
     else:
         acc = acc + _dot(a, b, PRECISION)
