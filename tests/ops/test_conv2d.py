@@ -244,6 +244,8 @@ def _configs():
             yield pytest.param(name, dict(c, KERNEL="tma"), id=f"{name}-tma-{i}")
     for i, c in enumerate(cv._ROWS_CONFIGS):
         yield pytest.param("fwd", dict(c, KERNEL="rows"), id=f"fwd-rows-{i}")
+    for i, c in enumerate(cv._DW3_CONFIGS):
+        yield pytest.param("fwd", dict(c, KERNEL="walk"), id=f"fwd-walk-{i}")
 
 
 @gpu
@@ -275,8 +277,10 @@ def test_every_config(which, cfg, monkeypatch):
     def pick(name, key, configs, prepare):
         if key[0] == which and cfg["KERNEL"] == "tma":  # as offered: stages cut to the shared memory (_staged)
             return next(c for c in configs if dict(c, num_stages=0) == dict(cfg, num_stages=0))
+        if key[0] == which and cfg["KERNEL"] == "gemm":  # unclamped (tiles larger than the problem are masked),
+            return cv._gemm_staged([cfg], 4)[0]  # stages cut to the shared memory as offered (fp32 leaves)
         if key[0] == which:
-            return dict(cfg)  # unclamped: tiles larger than the problem are masked
+            return dict(cfg)
         return real_pick(name, key, configs, prepare)
 
     monkeypatch.setattr(cv._autotune, "pick", pick)
@@ -311,6 +315,17 @@ def test_every_config(which, cfg, monkeypatch):
                                           dtype=torch.float16)
                 check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
                       lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
+            return
+        if cfg.get("KERNEL") == "walk":  # depthwise 3x3: multiplier 2, strides (2, 1), padding past the kernel's
+            # reach across, silu; strides (1, 2), channels_last, 13 rows (ragged row tiles), relu (whose gradient
+            # keeps the output's layout in torch, silu's the upstream's); both with an NCHW residual
+            for x_shape, w_shape, kw, act, channels_last in (
+                    ((2, 40, 17, 9), (80, 1, 3, 3), dict(stride=(2, 1), padding=(1, 3), groups=40), "silu", False),
+                    ((1, 24, 13, 10), (24, 1, 3, 3), dict(stride=(1, 2), padding=(2, 0), groups=24), "relu", True)):
+                inputs = leaves(x_shape, w_shape, channels_last=channels_last)
+                inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE)
+                check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation=act, residual=r, **kw),
+                      lambda x, w, b, r: getattr(F, act)(F.conv2d(x, w, b, **kw) + r), inputs)
             return
         if cfg.get("KERNEL") == "direct":  # depthwise, channel multiplier 2: 40 channels, 80 outputs
             kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=40)
@@ -471,16 +486,20 @@ def _seen_candidates(monkeypatch, first=False) -> dict:
 
 def test_depthwise_plan_offers_direct_kernel(monkeypatch):
     """One input channel per group: in every pass (forward, input and weight gradient) the direct kernel leads
-    the candidates (the untuned default), the implicit GEMM follows; with several input channels per group
-    only the implicit GEMM is offered."""
+    the candidates (the untuned default), the implicit GEMM follows, and in a 3x3 forward of dilation 1 and row
+    stride 1 or 2 the walk comes first; with several input channels per group only the implicit GEMM is
+    offered (in the forward, few channels a group: the rows kernel's GEMM)."""
     seen = _seen_candidates(monkeypatch)
     try:
-        for w_shape, groups, kernels in (((4, 1, 3, 3), 4, ["direct", "gemm"]), ((4, 2, 3, 3), 2, ["gemm"])):
+        for w_shape, groups, dilation, fwd, back in (((4, 1, 3, 3), 4, 1, ["walk", "direct", "rows"],
+                                                      ["direct", "gemm"]),
+                                                     ((4, 1, 3, 3), 4, 2, ["direct", "rows"], ["direct", "gemm"]),
+                                                     ((4, 1, 3, 2), 4, 1, ["direct", "rows"], ["direct", "gemm"]),
+                                                     ((4, 2, 3, 3), 2, 1, ["rows"], ["gemm"])):
             x, w = _t(1, 4, 6, 6).requires_grad_(), _t(*w_shape).requires_grad_()
-            dropin.conv2d(x, w, groups=groups).sum().backward()
-            fwd = [{"gemm": "rows"}.get(k, k) for k in kernels]  # few channels a group: the rows kernel's GEMM
+            dropin.conv2d(x, w, groups=groups, dilation=dilation).sum().backward()
             assert {k: sorted(set(v), key=v.index) for k, v in seen.items()} == \
-                {"fwd": fwd, "dgrad": kernels, "wgrad": kernels}
+                {"fwd": fwd, "dgrad": back, "wgrad": back}
     finally:
         cv._plans.clear()
 
@@ -498,8 +517,9 @@ DEPTHWISE = {  # id: (x shape, multiplier, kernel, stride, padding, dilation, ch
 
 @pytest.mark.parametrize("case", list(DEPTHWISE))
 def test_depthwise_direct(case, monkeypatch):
-    """The direct depthwise kernels (the untuned default of every pass, forced) against torch: channel
-    multipliers, strides, dilations, odd sizes, NCHW and channels_last, each dtype."""
+    """The direct depthwise kernels (the untuned default of every pass, forced; in the forward of a 3x3 of
+    dilation 1 and row stride 1 or 2, the walk) against torch: channel multipliers, strides, dilations, odd
+    sizes, NCHW and channels_last, each dtype."""
     x_shape, mult, kernel, stride, padding, dilation, channels_last, dtype = DEPTHWISE[case]
     c = x_shape[1]
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
@@ -507,7 +527,9 @@ def test_depthwise_direct(case, monkeypatch):
     try:
         check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, (c * mult, 1, *kernel), dtype=dtype,
                                                           channels_last=channels_last))
-        assert {k: v[0] for k, v in seen.items()} == {"fwd": "direct", "dgrad": "direct", "wgrad": "direct"}
+        walk = kernel == (3, 3) and dilation == 1 and stride in (1, 2, (2, 1))
+        assert {k: v[0] for k, v in seen.items()} == {"fwd": "walk" if walk else "direct", "dgrad": "direct",
+                                                      "wgrad": "direct"}
     finally:
         cv._plans.clear()
 

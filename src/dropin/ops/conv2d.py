@@ -382,6 +382,83 @@ def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
 
 
 @triton.jit
+def _dw3_row(x_row, row_ok, c0, c1, c2, ok0, ok1, ok2, wa0, wa1, wa2, a, wb0, wb1, wb2, b, wc0, wc1, wc2):
+    """One input row's three column-shifted loads (kw = 0, 1, 2; columns c0..c2, masks ok0..ok2 and row_ok) in
+    fp32, folded into a + x.wa, b + x.wb and x.wc: one row feeds three output rows (three kernel rows)."""
+    x0 = tl.load(x_row + c0, mask=ok0 & row_ok, other=0.0).to(tl.float32)
+    x1 = tl.load(x_row + c1, mask=ok1 & row_ok, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + c2, mask=ok2 & row_ok, other=0.0).to(tl.float32)
+    return a + x0 * wa0 + x1 * wa1 + x2 * wa2, b + x0 * wb0 + x1 * wb1 + x2 * wb2, x0 * wc0 + x1 * wc1 + x2 * wc2
+
+
+@triton.jit
+def _conv_dw3_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
+                         H, W, COUT, COUT_G, OH, OW,
+                         sxn, sxc, sxh, sxw, syn, syc, syh, syw, srn, src, srh, srw,
+                         STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                         TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The depthwise 3x3 forward (dilation 1, STRIDE_H 1 or 2) as a walk down TH output rows of TW pixels x
+    BLOCK_N channels: each input row is read once per kernel column (3 loads, not one per tap: 9) and feeds the
+    up to three output rows it reaches through partial sums carried in registers (the rows unrolled); the nine
+    weights (w_ptr: fp32 [9, COUT], _taps_f32) are loaded once. Output channel co reads input channel
+    co // COUT_G. Grid (N * row tiles * column tiles, channel tiles)."""
+    pid = tl.program_id(0)
+    tiles_w = tl.cdiv(OW, TW)
+    tiles_h = tl.cdiv(OH, TH)
+    t = pid // tiles_w
+    oh0 = (t % tiles_h) * TH
+    n = (t // tiles_h).to(tl.int64)
+    ow = (pid % tiles_w) * TW + tl.arange(0, TW)
+    co = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ow_ok = ow < OW
+    n_ok = co < COUT
+    mask = ow_ok[:, None] & n_ok[None, :]
+    iw = ow * STRIDE_W - PAD_W
+    c0 = (iw * sxw)[:, None]
+    c1 = c0 + sxw
+    c2 = c1 + sxw
+    ok0 = mask & ((iw >= 0) & (iw < W))[:, None]
+    ok1 = mask & ((iw + 1 >= 0) & (iw + 1 < W))[:, None]
+    ok2 = mask & ((iw + 2 >= 0) & (iw + 2 < W))[:, None]
+    wp = w_ptr + co[None, :]
+    w_ok = n_ok[None, :]
+    w00 = tl.load(wp, mask=w_ok, other=0.0)
+    w01 = tl.load(wp + COUT, mask=w_ok, other=0.0)
+    w02 = tl.load(wp + 2 * COUT, mask=w_ok, other=0.0)
+    w10 = tl.load(wp + 3 * COUT, mask=w_ok, other=0.0)
+    w11 = tl.load(wp + 4 * COUT, mask=w_ok, other=0.0)
+    w12 = tl.load(wp + 5 * COUT, mask=w_ok, other=0.0)
+    w20 = tl.load(wp + 6 * COUT, mask=w_ok, other=0.0)
+    w21 = tl.load(wp + 7 * COUT, mask=w_ok, other=0.0)
+    w22 = tl.load(wp + 8 * COUT, mask=w_ok, other=0.0)
+    x_base = x_ptr + n * sxn + (co // COUT_G * sxc)[None, :]
+    cols = (c0, c1, c2, ok0, ok1, ok2)
+    zero = tl.zeros((TW, BLOCK_N), dtype=tl.float32)
+    ih = oh0 * STRIDE_H - PAD_H  # the input row read last
+    _, _, p = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w00, w01, w02, zero, w00, w01, w02, zero,
+                       w00, w01, w02)  # output row oh0's partial sum (kernel row 0)
+    if STRIDE_H == 1:  # q: output row oh0's (kernel rows 0, 1), p: oh0 + 1's (row 0)
+        ih += 1
+        q, _, p = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w10, w11, w12, p, w10, w11, w12, zero,
+                           w00, w01, w02)
+    for i in tl.static_range(TH):
+        ih += 1
+        if STRIDE_H == 1:  # row ih ends output row i (kernel row 2), feeds i + 1 (row 1), starts i + 2 (row 0)
+            out, q, p = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w20, w21, w22, q, w10, w11, w12,
+                                 p, w00, w01, w02)
+        else:  # rows ih (kernel row 1) and ih + 1 (row 2) end output row i; ih + 1 starts row i + 1 (row 0)
+            p, _, _ = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w10, w11, w12, p, w10, w11, w12,
+                               zero, w10, w11, w12)
+            ih += 1
+            out, _, p = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w20, w21, w22, p, w20, w21, w22,
+                                 zero, w00, w01, w02)
+        oh = oh0 + i
+        _epilogue(out, y_ptr + n * syn, z_ptr + n * syn, bias_ptr, r_ptr + n * srn, oh * syh + ow * syw,
+                  oh * srh + ow * srw, co, ow_ok & (oh < OH), n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
+
+
+@triton.jit
 def _conv_dw_dgrad_kernel(dz_ptr, w_ptr, dx_ptr,
                           C, H, W, COUT_G, OH, OW,
                           sdn, sdc, sdh, sdw, swo, swh, sww, sxn, sxc, sxh, sxw,
@@ -629,6 +706,17 @@ _DW_CONFIGS = [
     dict(TH=4, TW=4, BLOCK_N=128, num_warps=4),
 ]
 _DW_DGRAD_CONFIGS = _DW_CONFIGS
+# The depthwise 3x3 forward's walk (_conv_dw3_fwd_kernel): TH output rows of TW pixels x BLOCK_N channels. Order
+# from the probe of 2026-11-24 (scratch/probe_dw5.py, CvT-13's six depthwise shapes, bf16 batch 64, H200): (4, 16)
+# x 64 won or came within 6% on five of them.
+_DW3_CONFIGS = [
+    dict(TH=4, TW=16, BLOCK_N=64, num_warps=4),
+    dict(TH=8, TW=8, BLOCK_N=64, num_warps=4),
+    dict(TH=4, TW=8, BLOCK_N=128, num_warps=4),
+    dict(TH=4, TW=8, BLOCK_N=64, num_warps=2),
+    dict(TH=8, TW=4, BLOCK_N=64, num_warps=1),
+    dict(TH=4, TW=32, BLOCK_N=32, num_warps=4),
+]
 # Taller tiles for the weight gradient: fewer fp32 partials (KH*KW*BLOCK_N per tile) to write and sum, and
 # more pixels per thread summed before the shuffles of each tap's tree sum. On sm_90 the 64-elements-a-thread
 # tiles halve the shuffles per pixel at 16 bits without spills; in fp32 they spill.
@@ -678,12 +766,18 @@ def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
 
 
 def _configs(configs, m, n, k, size, precision):
+    """The implicit GEMM's candidates fitted to the problem (_fit), their stages cut to the shared memory."""
     out = []
     for cfg in configs:
         cfg = _fit(cfg, m, n, k, size, precision)
         if cfg not in out:
             out.append(cfg)
-    return out
+    return _gemm_staged(out, size)
+
+
+def _gemm_staged(configs, size: int) -> list:
+    """_staged for the implicit GEMM's tiles (fp32's 128 x 128 x 64 x 4 stages would need 256 KB)."""
+    return _staged(configs, lambda c: (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * size)
 
 
 def _channels_last(t: torch.Tensor) -> bool:
@@ -724,20 +818,22 @@ def _conv_meta(stride, padding, dilation, precision):
     return dict(_geometry_meta(stride, padding, dilation), PRECISION=precision)
 
 
-def _candidates(direct, gemm, depthwise: bool, oh: int, ow: int, channels: int):
-    """The configs tagged with their kernel: the direct depthwise kernel's first (where depthwise: one input
-    channel per group), its spatial tiles clamped to the oh x ow image and its channel tile to the channels;
-    then the implicit GEMM's (KERNEL "gemm" unless tagged already), still a candidate."""
+def _candidates(direct, gemm, depthwise: bool, oh: int, ow: int, channels: int, walk=()):
+    """The configs tagged with their kernel: where depthwise (one input channel per group), the depthwise 3x3
+    walk's (`walk`: given where it applies) and the direct kernel's first, their tiles clamped to the oh x ow
+    image and their channel tile to the channels; then the implicit GEMM's (KERNEL "gemm" unless tagged
+    already), still a candidate."""
     gemm = [dict(dict(KERNEL="gemm"), **c) for c in gemm]
     if not depthwise:
         return gemm
     fitted = []
-    for cfg in direct:
-        cfg = dict(cfg, KERNEL="direct", TH=min(cfg["TH"], _runtime.next_power_of_2(oh)),
-                   TW=min(cfg["TW"], _runtime.next_power_of_2(ow)),
-                   BLOCK_N=max(16, min(cfg["BLOCK_N"], _runtime.next_power_of_2(channels))))
-        if cfg not in fitted:
-            fitted.append(cfg)
+    for kernel, configs in (("walk", walk), ("direct", direct)):
+        for cfg in configs:
+            cfg = dict(cfg, KERNEL=kernel, TH=min(cfg["TH"], _runtime.next_power_of_2(oh)),
+                       TW=min(cfg["TW"], _runtime.next_power_of_2(ow)),
+                       BLOCK_N=max(16, min(cfg["BLOCK_N"], _runtime.next_power_of_2(channels))))
+            if cfg not in fitted:
+                fitted.append(cfg)
     return fitted + gemm
 
 
@@ -828,6 +924,12 @@ def _co_major(w: torch.Tensor) -> torch.Tensor:
     return _derived(w, "co_major", lambda w: w.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2))
 
 
+def _taps_f32(w: torch.Tensor) -> torch.Tensor:
+    """The depthwise 3x3 weight [COUT, 1, 3, 3] as the walk (_conv_dw3_fwd_kernel) reads it: fp32 [9, COUT], tap
+    major, so a tap's weights are one vector load and need no conversion."""
+    return _derived(w, "taps_f32", lambda w: w.reshape(w.shape[0], 9).t().float().contiguous())
+
+
 def _flipped(w: torch.Tensor) -> torch.Tensor:
     """The weight of the convolution that is the input gradient of a stride-1 one: [C, COUT, KH, KW], the taps
     mirrored, channels_last (the TMA forward's layout)."""
@@ -882,7 +984,7 @@ def _tma_fwd_configs(x, w, stride, groups: int) -> list:
 
 
 def _staged(configs: list, stage_bytes) -> list:
-    """The TMA (and rows) configs with their pipeline stages cut to what 200 KB of shared memory holds
+    """The TMA, rows and implicit GEMM configs with their pipeline stages cut to what 200 KB of shared memory holds
     (stage_bytes(config): one stage's tiles; fp32 doubles them), those with fewer than 2 stages left out."""
     out = []
     for c in configs:
@@ -930,6 +1032,13 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 launch = _runtime.Launcher(_conv_fwd_tma_kernel, (programs,), meta, scratch=True)
                 tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride(), programs)
                 return lambda *tensors: launch(*tensors, *tma_scalars)
+            if kernel == "walk":
+                grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
+                meta = dict(STRIDE_H=stride[0], STRIDE_W=stride[1], PAD_H=padding[0], PAD_W=padding[2], **epilogue,
+                            **cfg)
+                launch = _runtime.Launcher(_conv_dw3_fwd_kernel, grid, meta)
+                walk_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), *y.stride(), *r.stride())
+                return lambda x, w, *tensors: launch(x, _taps_f32(w), *tensors, *walk_scalars)
             if kernel == "direct":
                 ws = _co_major(w).stride()
                 dw_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), ws[0], *ws[2:], *y.stride(),
@@ -947,19 +1056,19 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
 
         if rows:  # BLOCK_K fitted to KH whole rows of KW x CP columns, padded
             fitted = _configs(_ROWS_CONFIGS, P, COUT_G, KH * _rows_pad(KW, C_G), x.element_size(), precision)
-            gemm = _staged([dict(c, KERNEL="rows") for c in fitted],
-                           lambda c: (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * x.element_size())
+            gemm = [dict(c, KERNEL="rows") for c in fitted]
         else:
             gemm = _configs(_FWD_CONFIGS, P, COUT_G, C_G, x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(x, y, r)
-        configs = _candidates(_DW_CONFIGS, gemm, direct, OH, OW, COUT_G * groups)
+        walk = direct and (KH, KW) == (3, 3) and tuple(dilation) == (1, 1) and stride[0] <= 2
+        configs = _candidates(_DW_CONFIGS, gemm, direct, OH, OW, COUT_G * groups, _DW3_CONFIGS if walk else ())
         tma_configs = _tma_fwd_configs(x, w, stride, groups)
         tma = bool(tma_configs)
         configs = tma_configs + configs
         # one channel per group is told apart from 2-15 (same bucket): only there is the direct kernel a candidate
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, rows, residual is not None,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, OH, OW),
-                *(("tma",) if tma else ()))
+                *(("tma",) if tma else ()), *(("walk",) if walk else ()))
         return _pick("conv2d", tkey, configs, launcher, tensors)
 
     cached_plan(_plans, key, make)(*tensors)
