@@ -487,19 +487,21 @@ def _seen_candidates(monkeypatch, first=False) -> dict:
 def test_depthwise_plan_offers_direct_kernel(monkeypatch):
     """One input channel per group: in every pass (forward, input and weight gradient) the direct kernel leads
     the candidates (the untuned default), the implicit GEMM follows, and in a 3x3 forward of dilation 1 and row
-    stride 1 or 2 the walk comes first; with several input channels per group only the implicit GEMM is
+    stride 1 or 2 the walk comes first; a 3x3 of stride 1 takes its input gradient as a forward (the walk's),
+    no input gradient plan of its own. With several input channels per group only the implicit GEMM is
     offered (in the forward, few channels a group: the rows kernel's GEMM)."""
-    seen = _seen_candidates(monkeypatch)
     try:
-        for w_shape, groups, dilation, fwd, back in (((4, 1, 3, 3), 4, 1, ["walk", "direct", "rows"],
-                                                      ["direct", "gemm"]),
-                                                     ((4, 1, 3, 3), 4, 2, ["direct", "rows"], ["direct", "gemm"]),
-                                                     ((4, 1, 3, 2), 4, 1, ["direct", "rows"], ["direct", "gemm"]),
-                                                     ((4, 2, 3, 3), 2, 1, ["rows"], ["gemm"])):
+        for w_shape, groups, dilation, fwd, dgrad, wgrad in (
+                ((4, 1, 3, 3), 4, 1, ["walk", "direct", "rows"], None, ["direct", "gemm"]),
+                ((4, 1, 3, 3), 4, 2, ["direct", "rows"], ["direct", "gemm"], ["direct", "gemm"]),
+                ((4, 1, 3, 2), 4, 1, ["direct", "rows"], ["direct", "gemm"], ["direct", "gemm"]),
+                ((4, 2, 3, 3), 2, 1, ["rows"], ["gemm"], ["gemm"])):
+            seen = _seen_candidates(monkeypatch)
             x, w = _t(1, 4, 6, 6).requires_grad_(), _t(*w_shape).requires_grad_()
             dropin.conv2d(x, w, groups=groups, dilation=dilation).sum().backward()
+            passes = {"fwd": fwd, "dgrad": dgrad, "wgrad": wgrad}
             assert {k: sorted(set(v), key=v.index) for k, v in seen.items()} == \
-                {"fwd": fwd, "dgrad": back, "wgrad": back}
+                {k: v for k, v in passes.items() if v is not None}
     finally:
         cv._plans.clear()
 
@@ -528,10 +530,24 @@ def test_depthwise_direct(case, monkeypatch):
         check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, (c * mult, 1, *kernel), dtype=dtype,
                                                           channels_last=channels_last))
         walk = kernel == (3, 3) and dilation == 1 and stride in (1, 2, (2, 1))
-        assert {k: v[0] for k, v in seen.items()} == {"fwd": "walk" if walk else "direct", "dgrad": "direct",
-                                                      "wgrad": "direct"}
+        first = {"fwd": "walk" if walk else "direct", "dgrad": "direct", "wgrad": "direct"}
+        if walk and stride == 1 and mult == 1:  # the input gradient as the walk's forward over dz
+            del first["dgrad"]
+        assert {k: v[0] for k, v in seen.items()} == first
     finally:
         cv._plans.clear()
+
+
+@pytest.mark.parametrize("padding", [0, 2, (2, 0)], ids=["p0", "p2", "p20"])
+def test_depthwise_3x3_input_gradient_as_walk(padding):
+    """A stride-1 depthwise 3x3 takes its input gradient as the walk over dz with the taps mirrored and padding
+    2 - padding: each padding it takes; x channels_last, and x NCHW under a channels_last weight with the
+    upstream gradient in the output's layout (dz channels_last: the gradient comes back in x's layout)."""
+    kw = dict(padding=padding, groups=16)
+    for channels_last in (True, False):
+        inputs = leaves((2, 16, 7, 9), (16, 1, 3, 3), channels_last=channels_last,
+                        weight_channels_last=not channels_last)
+        _check.check(dropin_conv(**kw), torch_conv(**kw), inputs, grad_layout="input")
 
 
 def test_depthwise_weight_changed():

@@ -958,6 +958,14 @@ def _dgrad_conv_padding(dz, x, w, stride, padding, dilation, groups: int):
     return tuple(r - p for p, r in zip(padding, reach))
 
 
+def _dw3_dgrad(x, w, stride, padding, dilation, groups: int) -> bool:
+    """Whether the input gradient of this depthwise 3x3 (stride and dilation 1, multiplier 1, padding at most 2,
+    x dense) is taken as the forward's walk over dz with the taps mirrored and padding 2 - padding."""
+    return (groups == x.shape[1] == w.shape[0] and tuple(w.shape[1:]) == (1, 3, 3) and tuple(stride) == (1, 1)
+            and tuple(dilation) == (1, 1) and max(padding) <= 2
+            and (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)))
+
+
 def _align(*ts):
     return tuple(None if t is None else t.data_ptr() % 16 for t in ts)
 
@@ -1077,12 +1085,17 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
 
 def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
     """The gradient of the input x (same strides as x where x is dense, else contiguous). Where the TMA forward
-    takes it (_dgrad_conv_padding), a stride-1 convolution of dz; else _conv_dgrad_kernel or the direct kernel."""
+    takes it (_dgrad_conv_padding), or the depthwise 3x3 walk (_dw3_dgrad), a stride-1 convolution of dz; else
+    _conv_dgrad_kernel or the direct kernel."""
     if x.is_contiguous(memory_format=torch.channels_last):  # (a channels_last model's dz is; a copy otherwise)
         dz = dz.contiguous(memory_format=torch.channels_last)
     conv_padding = _dgrad_conv_padding(dz, x, w, stride, padding, dilation, groups)
     if conv_padding is not None:
         return _fwd_impl(dz, _flipped(w), None, None, (1, 1), conv_padding, dilation, 1, "none", False)[0]
+    if _dw3_dgrad(x, w, stride, padding, dilation, groups):
+        dx = _fwd_impl(dz, _derived(w, "mirrored", lambda w: w.flip(2, 3)), None, None, (1, 1),
+                       tuple(2 - p for p in padding), (1, 1), groups, "none", False)[0]
+        return dx if dx.stride() == x.stride() else torch.empty_like(x).copy_(dx)  # (dz's layout was not x's)
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
     dx = torch.empty_like(x)
     if dx.numel() == 0:
