@@ -16,9 +16,11 @@ One input channel per group (depthwise, any channel multiplier) also has direct 
 candidates in each pass (the implicit GEMM stays a candidate): [spatial tile of TH x TW pixels, channels]
 tiles with the taps unrolled, int32 offsets inside an image and fp32 FMAs (`_conv_dw_fwd_kernel`,
 `_conv_dw_dgrad_kernel`), and for the weight gradient per-tile tree sums of dz * x for each tap
-(`_conv_dw_wgrad_kernel`) summed over the tiles afterwards.
+(`_conv_dw_wgrad_kernel`) summed over the tiles afterwards. A 3x3 of dilation 1 and row stride 1 or 2 has a
+forward that walks down the rows instead (`_conv_dw3_fwd_kernel`), which also gives the input gradient of
+stride 1 (the taps mirrored).
 float32 follows torch's rule for convolutions: tf32 when `torch.backends.cudnn.allow_tf32` (torch's default:
-True) is set, otherwise fp32 FMAs (true fp32).
+True) is set, otherwise true fp32 as tf32x3 (matmul's `_precision`).
 """
 import weakref
 from typing import Optional
@@ -382,9 +384,12 @@ def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
 
 
 @triton.jit
-def _dw3_row(x_row, row_ok, c0, c1, c2, ok0, ok1, ok2, wa0, wa1, wa2, a, wb0, wb1, wb2, b, wc0, wc1, wc2):
-    """One input row's three column-shifted loads (kw = 0, 1, 2; columns c0..c2, masks ok0..ok2 and row_ok) in
-    fp32, folded into a + x.wa, b + x.wb and x.wc: one row feeds three output rows (three kernel rows)."""
+def _dw3_row(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2, wa0, wa1, wa2, a, wb0, wb1, wb2, b, wc0, wc1, wc2):
+    """Input row ih's three column-shifted loads (kw = 0, 1, 2; columns c0..c2, masks ok0..ok2; zeros for a row
+    outside the H rows) in fp32, folded into a + x.wa, b + x.wb and x.wc: one row feeds three output rows
+    (three kernel rows)."""
+    x_row = x_base + ih * sxh
+    row_ok = (ih >= 0) & (ih < H)
     x0 = tl.load(x_row + c0, mask=ok0 & row_ok, other=0.0).to(tl.float32)
     x1 = tl.load(x_row + c1, mask=ok1 & row_ok, other=0.0).to(tl.float32)
     x2 = tl.load(x_row + c2, mask=ok2 & row_ok, other=0.0).to(tl.float32)
@@ -433,26 +438,22 @@ def _conv_dw3_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     w21 = tl.load(wp + 7 * COUT, mask=w_ok, other=0.0)
     w22 = tl.load(wp + 8 * COUT, mask=w_ok, other=0.0)
     x_base = x_ptr + n * sxn + (co // COUT_G * sxc)[None, :]
-    cols = (c0, c1, c2, ok0, ok1, ok2)
+    rows = (x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2)
     zero = tl.zeros((TW, BLOCK_N), dtype=tl.float32)
     ih = oh0 * STRIDE_H - PAD_H  # the input row read last
-    _, _, p = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w00, w01, w02, zero, w00, w01, w02, zero,
-                       w00, w01, w02)  # output row oh0's partial sum (kernel row 0)
+    # p: output row oh0's partial sum (kernel row 0)
+    _, _, p = _dw3_row(ih, *rows, w00, w01, w02, zero, w00, w01, w02, zero, w00, w01, w02)
     if STRIDE_H == 1:  # q: output row oh0's (kernel rows 0, 1), p: oh0 + 1's (row 0)
         ih += 1
-        q, _, p = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w10, w11, w12, p, w10, w11, w12, zero,
-                           w00, w01, w02)
+        q, _, p = _dw3_row(ih, *rows, w10, w11, w12, p, w10, w11, w12, zero, w00, w01, w02)
     for i in tl.static_range(TH):
         ih += 1
         if STRIDE_H == 1:  # row ih ends output row i (kernel row 2), feeds i + 1 (row 1), starts i + 2 (row 0)
-            out, q, p = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w20, w21, w22, q, w10, w11, w12,
-                                 p, w00, w01, w02)
+            out, q, p = _dw3_row(ih, *rows, w20, w21, w22, q, w10, w11, w12, p, w00, w01, w02)
         else:  # rows ih (kernel row 1) and ih + 1 (row 2) end output row i; ih + 1 starts row i + 1 (row 0)
-            p, _, _ = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w10, w11, w12, p, w10, w11, w12,
-                               zero, w10, w11, w12)
+            p, _, _ = _dw3_row(ih, *rows, w10, w11, w12, p, w10, w11, w12, zero, w10, w11, w12)
             ih += 1
-            out, _, p = _dw3_row(x_base + ih * sxh, (ih >= 0) & (ih < H), *cols, w20, w21, w22, p, w20, w21, w22,
-                                 zero, w00, w01, w02)
+            out, _, p = _dw3_row(ih, *rows, w20, w21, w22, p, w20, w21, w22, zero, w00, w01, w02)
         oh = oh0 + i
         _epilogue(out, y_ptr + n * syn, z_ptr + n * syn, bias_ptr, r_ptr + n * srn, oh * syh + ow * syw,
                   oh * srh + ow * srw, co, ow_ok & (oh < OH), n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
