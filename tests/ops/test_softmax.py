@@ -21,7 +21,9 @@ def _along(fn, dim):
 @pytest.mark.parametrize("n", [1, 7, 33, 128, 1000, 4099])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_row_lengths(dtype, n, fns):
-    x = torch.randn(3 if n > 1000 else 2, 3, n, dtype=dtype, device=DEVICE) * 3
+    # 24 short rows, not 6: the 2x rule compares two rounding errors, and on 42 numbers their ratio has a
+    # heavy tail (seed 815640565, n=7: 3.3x, while the median over 400 seeds is 0.72x); on 168 at most 1.9x
+    x = torch.randn(3 if n > 1000 else 8, 3, n, dtype=dtype, device=DEVICE) * 3
     check(_along(fns[0], -1), _along(fns[1], -1), {"x": x})
 
 
