@@ -12,9 +12,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-from triton.runtime.jit import KernelInterface
 
-import dropin
+import dropin  # before triton: dropin._runtime switches the interpreter on
+from triton.runtime.jit import KernelInterface  # noqa: E402
 from dropin import _runtime as rt
 from dropin import ops
 from dropin.cli import LLAMA_TINY, _cvt, _llama, build_parser

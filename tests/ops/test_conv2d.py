@@ -447,6 +447,53 @@ def test_torch_compile_fullgraph():
         assert_close(g, g_64, torch.float32, "bwd", what="compiled gradient")
 
 
+AUTOCAST = [  # (x shape, w shape, conv kwargs, residual)
+    pytest.param((2, 6, 9, 7), (8, 6, 3, 3), dict(padding=1), False, id="dense-3x3"),
+    pytest.param((2, 16, 5, 6), (24, 16, 1, 1), dict(), False, id="1x1-channels_last"),
+    pytest.param((2, 8, 9, 7), (8, 1, 3, 3), dict(padding=1, groups=8, activation="relu"), True,
+                 id="depthwise-relu-residual"),
+]
+
+
+@pytest.mark.parametrize("amp_dtype", [pytest.param(torch.float16, id="fp16"),
+                                       pytest.param(torch.bfloat16, id="bf16", marks=gpu)])
+@pytest.mark.parametrize("x_shape,w_shape,kw,residual", AUTOCAST)
+def test_autocast(x_shape, w_shape, kw, residual, amp_dtype):
+    """fp32 leaves under torch.autocast: cast to its dtype as F.conv2d's operands (the output in that dtype,
+    fp32 gradients), against float64 on the leaves rounded to it; the residual is cast alike."""
+    act = kw.pop("activation", None)
+    inputs = leaves(x_shape, w_shape)
+    if x_shape[1] == w_shape[1] and w_shape[2] == 1:
+        inputs["x"] = inputs["x"].to(memory_format=torch.channels_last)
+    if residual:
+        inputs["r"] = torch.randn(x_shape[0], w_shape[0], *x_shape[2:], device=DEVICE)
+
+    def run(conv, cast, amp):
+        ins = {k: cast(v).detach().requires_grad_() for k, v in inputs.items()}
+        with torch.autocast(DEVICE, dtype=amp_dtype, enabled=amp):
+            return ins, conv(**ins)
+
+    def ours(x, w, b, r=None):
+        return dropin.conv2d(x, w, b, activation=act, residual=r, **kw)
+
+    def torch_ref(x, w, b, r=None):
+        y = F.conv2d(x, w, b, **kw)
+        return ACTS[act](y if r is None else y + r.to(y.dtype))
+
+    ins, out = run(ours, lambda t: t, True)
+    ins_t, out_t = run(torch_ref, lambda t: t, True)
+    ins_64, ref = run(torch_ref, lambda t: t.to(amp_dtype).cpu().double(), False)
+    assert out.dtype == amp_dtype == out_t.dtype
+    assert_close(out, ref.to(out.device), amp_dtype, "fwd", torch_out=out_t)
+    grad = torch.randn(ref.shape, device=DEVICE, dtype=amp_dtype)
+    grads = torch.autograd.grad(out, list(ins.values()), grad)
+    grads_t = torch.autograd.grad(out_t, list(ins_t.values()), grad)
+    grads_64 = torch.autograd.grad(ref, list(ins_64.values()), grad.cpu().double())
+    for name, g, g_t, g_64 in zip(ins, grads, grads_t, grads_64):
+        assert g.dtype == torch.float32, f"gradient of '{name}': {g.dtype}, the leaf's is float32"
+        assert_close(g, g_64.to(g.device), amp_dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
+
+
 @gpu
 @pytest.mark.parametrize("tf32", [False, True], ids=["cudnn.allow_tf32-off", "cudnn.allow_tf32-on"])
 def test_float32_follows_cudnn_allow_tf32(tf32, allow_tf32):

@@ -36,7 +36,7 @@ from .. import _runtime
 from . import _autotune
 from ._common import cached_plan, checked_once
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
-from .matmul import _dot_acc, _max_k, _split_range, linear, switch
+from .matmul import _autocast, _dot_acc, _max_k, _split_range, linear, switch
 from .matmul import _precision as _matmul_precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -1440,7 +1440,9 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     (e.g. a ResNet block's identity; any strides). With `fold_batchnorm`'s weight and bias, conv -> BatchNorm ->
     (+ identity) -> relu is this one call. float32 / float16 / bfloat16 (all the same),
     fp32 accumulation; float32 uses tf32 only where torch's convolutions would
-    (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is."""
+    (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is. Under torch.autocast
+    input, weight, bias and residual are cast to its dtype, as F.conv2d's operands are."""
+    input, weight, bias, residual = _autocast(input, weight, bias, residual)
     act, stride, pads, dilation, unbatched = checked_once(
         _checked, (input, weight, bias, residual), (stride, padding, dilation, groups, activation),
         lambda: _check_conv2d(input, weight, bias, residual, stride, padding, dilation, groups, activation))

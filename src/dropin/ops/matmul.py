@@ -621,12 +621,14 @@ def _check(op: str, **tensors) -> None:
 
 
 def _autocast(*tensors):
-    """Casts floating operands the way torch.autocast casts them for matmul / linear."""
-    device_type = tensors[0].device.type
-    if not torch.is_autocast_enabled(device_type):
+    """Casts floating operands the way torch.autocast casts them for matmul / linear / conv2d (not float64;
+    anything that is no floating tensor passes as it is, for the argument checks to name)."""
+    device_type = tensors[0].device.type if isinstance(tensors[0], torch.Tensor) else None
+    if device_type is None or not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
-    return tuple(t if t is None or t.dtype == torch.float64 else t.to(dtype) for t in tensors)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in tensors)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
