@@ -66,8 +66,19 @@ def gpu_slug() -> str:
     return "cpu" if not HAS_CUDA else name.replace("nvidia", "").strip().replace(" ", "-")
 
 
+_scratch: dict = {}
+
+
 def _alloc_scratch(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device=KERNEL_DEVICE)
+    """Global scratch for a launch (Triton's allocator hook): one buffer per (stream, size), kept and reused, as
+    launches on one stream run one after the other; a new buffer per launch cost a caching-allocator call of CPU
+    time on every launch."""
+    buf = _scratch.get((stream, size))
+    if buf is None:
+        if len(_scratch) > 256:
+            _scratch.clear()  # a dropped buffer goes back to torch's allocator, reused in its stream's order
+        buf = _scratch[stream, size] = torch.empty(size, dtype=torch.int8, device=KERNEL_DEVICE)
+    return buf
 
 
 class Launcher:

@@ -36,7 +36,7 @@ from .. import _runtime
 from . import _autotune
 from ._common import cached_plan, checked_once
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
-from .matmul import _autocast, _dot_acc, _max_k, _split_range, linear, switch
+from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range, switch
 from .matmul import _precision as _matmul_precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -1452,12 +1452,16 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         bias = bias.contiguous()  # the kernel reads bias with unit stride
     if residual is not None and unbatched:
         residual = residual.unsqueeze(0)
-    if ((KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and residual is None
-            and x.permute(0, 2, 3, 1).is_contiguous() and _precision(x.dtype) == _matmul_precision(x.dtype)):
-        # A 1x1 conv over channels_last pixels is a GEMM [N*H*W, C] x [C, Cout]: matmul's kernels (TMA on Hopper),
-        # bias and activation fused, autograd through linear; the output is channels_last as torch's is.
-        y = linear(x.permute(0, 2, 3, 1), weight.flatten(1), bias, activation).permute(0, 3, 1, 2)
-        return y.squeeze(0) if unbatched else y
+    if (KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and residual is None:
+        pixels = x.permute(0, 2, 3, 1)
+        if pixels.is_contiguous() and (x.dtype != torch.float32 or _precision(x.dtype) == _matmul_precision(x.dtype)):
+            # A 1x1 conv over channels_last pixels is a GEMM [N*H*W, C] x [C, Cout]: matmul's kernels (TMA on
+            # Hopper), bias and activation fused, its autograd; the output is channels_last as torch's is.
+            # (matmul's product directly, not linear: the checks are done, and a call's CPU time counts here)
+            (n, h, w, c), cout = pixels.shape, weight.shape[0]
+            y = _product(pixels.reshape(1, n * h * w, c), weight.reshape(cout, c).t().unsqueeze(0), bias, act)
+            y = y.view(n, h, w, cout).permute(0, 3, 1, 2)
+            return y.squeeze(0) if unbatched else y
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)):
         y = _Conv2dFunction.apply(x, weight, bias, residual, stride, pads, dilation, groups, act)
     else:
