@@ -533,13 +533,13 @@ def _seen_candidates(monkeypatch, first=False) -> dict:
 
 def test_depthwise_plan_offers_direct_kernel(monkeypatch):
     """One input channel per group: in every pass (forward, input and weight gradient) the direct kernel leads
-    the candidates (the untuned default), the implicit GEMM follows, and in a 3x3 forward of dilation 1 and row
-    stride 1 or 2 the walk comes first; a 3x3 of stride 1 takes its input gradient as a forward (the walk's),
+    the candidates (the untuned default), the implicit GEMM follows, and in a 3x3 forward or weight gradient of
+    dilation 1 and row stride 1 or 2 the walk comes first; a 3x3 of stride 1 takes its input gradient as a forward (the walk's),
     no input gradient plan of its own. With several input channels per group only the implicit GEMM is
     offered (in the forward, few channels a group: the rows kernel's GEMM)."""
     try:
         for w_shape, groups, dilation, fwd, dgrad, wgrad in (
-                ((4, 1, 3, 3), 4, 1, ["walk", "direct", "rows"], None, ["direct", "gemm"]),
+                ((4, 1, 3, 3), 4, 1, ["walk", "direct", "rows"], None, ["walk", "direct", "gemm"]),
                 ((4, 1, 3, 3), 4, 2, ["direct", "rows"], ["direct", "gemm"], ["direct", "gemm"]),
                 ((4, 1, 3, 2), 4, 1, ["direct", "rows"], ["direct", "gemm"], ["direct", "gemm"]),
                 ((4, 2, 3, 3), 2, 1, ["rows"], ["gemm"], ["gemm"])):
@@ -566,9 +566,9 @@ DEPTHWISE = {  # id: (x shape, multiplier, kernel, stride, padding, dilation, ch
 
 @pytest.mark.parametrize("case", list(DEPTHWISE))
 def test_depthwise_direct(case, monkeypatch):
-    """The direct depthwise kernels (the untuned default of every pass, forced; in the forward of a 3x3 of
-    dilation 1 and row stride 1 or 2, the walk) against torch: channel multipliers, strides, dilations, odd
-    sizes, NCHW and channels_last, each dtype."""
+    """The direct depthwise kernels (the untuned default of every pass, forced; in the forward and the weight
+    gradient of a 3x3 of dilation 1 and row stride 1 or 2, the walks) against torch: channel multipliers, strides,
+    dilations, odd sizes, NCHW and channels_last, each dtype."""
     x_shape, mult, kernel, stride, padding, dilation, channels_last, dtype = DEPTHWISE[case]
     c = x_shape[1]
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
@@ -577,7 +577,7 @@ def test_depthwise_direct(case, monkeypatch):
         check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, (c * mult, 1, *kernel), dtype=dtype,
                                                           channels_last=channels_last))
         walk = kernel == (3, 3) and dilation == 1 and stride in (1, 2, (2, 1))
-        first = {"fwd": "walk" if walk else "direct", "dgrad": "direct", "wgrad": "direct"}
+        first = {"fwd": "walk" if walk else "direct", "dgrad": "direct", "wgrad": "walk" if walk else "direct"}
         if walk and stride == 1 and mult == 1:  # the input gradient as the walk's forward over dz
             del first["dgrad"]
         assert {k: v[0] for k, v in seen.items()} == first
@@ -595,6 +595,17 @@ def test_depthwise_3x3_input_gradient_as_walk(padding):
         inputs = leaves((2, 16, 7, 9), (16, 1, 3, 3), channels_last=channels_last,
                         weight_channels_last=not channels_last)
         _check.check(dropin_conv(**kw), torch_conv(**kw), inputs, grad_layout="input")
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_3x3_weight_gradient_inf_rows(stride):
+    """The walk's weight gradient adds no dz row past the output (its zeros times an input row: 0 * inf): an inf
+    in the last input row, which only some taps reach (stride 2, even H: none), leaves the other taps finite.
+    OH is 9 and 5: the tile (16 and 8 rows here) reaches past it."""
+    inputs = leaves((2, 8, 11 if stride == 1 else 12, 9), (8, 1, 3, 3), bias=False, channels_last=True)
+    inputs["x"][:, :, -1, 4] = float("inf")
+    kw = dict(stride=stride, groups=8)
+    _check.check(dropin_conv(**kw), torch_conv(**kw), inputs, upstream_contiguous=True)
 
 
 def test_depthwise_weight_changed():

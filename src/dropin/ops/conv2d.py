@@ -384,15 +384,47 @@ def _conv_dw_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
 
 
 @triton.jit
-def _dw3_row(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2, wa0, wa1, wa2, a, wb0, wb1, wb2, b, wc0, wc1, wc2):
+def _dw3_tile(OH, OW, W, COUT, sxw, STRIDE_W: tl.constexpr, PAD_W: tl.constexpr, TH: tl.constexpr,
+              TW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The depthwise 3x3 walks' tile: image n, first output row oh0, output columns ow (valid: ow_ok), channels
+    co (valid: n_ok), and each kernel column's input column offsets c0..c2 with their masks ok0..ok2 (valid
+    column, pixel and channel). Grid (N * row tiles * column tiles, channel tiles)."""
+    pid = tl.program_id(0)
+    tiles_w = tl.cdiv(OW, TW)
+    tiles_h = tl.cdiv(OH, TH)
+    t = pid // tiles_w
+    oh0 = (t % tiles_h) * TH
+    n = (t // tiles_h).to(tl.int64)
+    ow = (pid % tiles_w) * TW + tl.arange(0, TW)
+    co = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ow_ok = ow < OW
+    n_ok = co < COUT
+    mask = ow_ok[:, None] & n_ok[None, :]
+    iw = ow * STRIDE_W - PAD_W
+    c0 = (iw * sxw)[:, None]
+    ok0 = mask & ((iw >= 0) & (iw < W))[:, None]
+    ok1 = mask & ((iw + 1 >= 0) & (iw + 1 < W))[:, None]
+    ok2 = mask & ((iw + 2 >= 0) & (iw + 2 < W))[:, None]
+    return n, oh0, ow, co, ow_ok, n_ok, c0, c0 + sxw, c0 + 2 * sxw, ok0, ok1, ok2
+
+
+@triton.jit
+def _dw3_x(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2):
     """Input row ih's three column-shifted loads (kw = 0, 1, 2; columns c0..c2, masks ok0..ok2; zeros for a row
-    outside the H rows) in fp32, folded into a + x.wa, b + x.wb and x.wc: one row feeds three output rows
-    (three kernel rows)."""
+    outside the H rows) in fp32."""
     x_row = x_base + ih * sxh
     row_ok = (ih >= 0) & (ih < H)
     x0 = tl.load(x_row + c0, mask=ok0 & row_ok, other=0.0).to(tl.float32)
     x1 = tl.load(x_row + c1, mask=ok1 & row_ok, other=0.0).to(tl.float32)
     x2 = tl.load(x_row + c2, mask=ok2 & row_ok, other=0.0).to(tl.float32)
+    return x0, x1, x2
+
+
+@triton.jit
+def _dw3_row(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2, wa0, wa1, wa2, a, wb0, wb1, wb2, b, wc0, wc1, wc2):
+    """Input row ih (_dw3_x) folded into a + x.wa, b + x.wb and x.wc: one row feeds three output rows (three
+    kernel rows)."""
+    x0, x1, x2 = _dw3_x(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2)
     return a + x0 * wa0 + x1 * wa1 + x2 * wa2, b + x0 * wb0 + x1 * wb1 + x2 * wb2, x0 * wc0 + x1 * wc1 + x2 * wc2
 
 
@@ -408,24 +440,8 @@ def _conv_dw3_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     up to three output rows it reaches through partial sums carried in registers (the rows unrolled); the nine
     weights (w_ptr: fp32 [9, COUT], _taps_f32) are loaded once. Output channel co reads input channel
     co // COUT_G. Grid (N * row tiles * column tiles, channel tiles)."""
-    pid = tl.program_id(0)
-    tiles_w = tl.cdiv(OW, TW)
-    tiles_h = tl.cdiv(OH, TH)
-    t = pid // tiles_w
-    oh0 = (t % tiles_h) * TH
-    n = (t // tiles_h).to(tl.int64)
-    ow = (pid % tiles_w) * TW + tl.arange(0, TW)
-    co = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ow_ok = ow < OW
-    n_ok = co < COUT
-    mask = ow_ok[:, None] & n_ok[None, :]
-    iw = ow * STRIDE_W - PAD_W
-    c0 = (iw * sxw)[:, None]
-    c1 = c0 + sxw
-    c2 = c1 + sxw
-    ok0 = mask & ((iw >= 0) & (iw < W))[:, None]
-    ok1 = mask & ((iw + 1 >= 0) & (iw + 1 < W))[:, None]
-    ok2 = mask & ((iw + 2 >= 0) & (iw + 2 < W))[:, None]
+    n, oh0, ow, co, ow_ok, n_ok, c0, c1, c2, ok0, ok1, ok2 = _dw3_tile(OH, OW, W, COUT, sxw, STRIDE_W, PAD_W, TH, TW,
+                                                                       BLOCK_N)
     wp = w_ptr + co[None, :]
     w_ok = n_ok[None, :]
     w00 = tl.load(wp, mask=w_ok, other=0.0)
@@ -513,6 +529,73 @@ def _conv_dw_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
             xv = _dw_gather(x_base, oh, ow, kh, kw, m_ok, n_ok, H, W, sxh, sxw,
                             STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W, False)
             tl.store(part + (kh * KW + kw) * COUT, tl.sum(dz * xv, axis=0), mask=n_ok)
+
+
+@triton.jit
+def _fma3(x0, x1, x2, d, a0, a1, a2):
+    """(a0 + x0.d, a1 + x1.d, a2 + x2.d): one dz row times one input row's three column shifts."""
+    return a0 + x0 * d, a1 + x1 * d, a2 + x2 * d
+
+
+@triton.jit
+def _conv_dw3_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
+                           H, W, COUT, COUT_G, OH, OW,
+                           sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw,
+                           STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                           TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The depthwise 3x3 weight gradient (dilation 1, STRIDE_H 1 or 2) as a walk down TH output rows of TW pixels
+    x BLOCK_N channels, this tile's share as _conv_dw_wgrad_kernel's: part[tile, kh*3 + kw, co]. The nine taps'
+    [TW, BLOCK_N] fp32 sums are carried down the rows by FMAs and reduced once at the end (not a tree sum per
+    tap and tile); each input row is read once per kernel column and meets every dz row it reaches (stride 1:
+    the last three, kept in registers); a dz row past OH adds nothing (no 0 * inf). Grid as the forward walk's
+    (_dw3_tile)."""
+    n, oh0, ow, co, ow_ok, n_ok, c0, c1, c2, ok0, ok1, ok2 = _dw3_tile(OH, OW, W, COUT, sxw, STRIDE_W, PAD_W, TH, TW,
+                                                                       BLOCK_N)
+    x_base = x_ptr + n * sxn + (co // COUT_G * sxc)[None, :]
+    rows = (x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2)
+    dz_cols = dz_ptr + n * sdn + (ow * sdw)[:, None] + (co * sdc)[None, :]
+    d_ok = ow_ok[:, None] & n_ok[None, :]
+    zero = tl.zeros((TW, BLOCK_N), dtype=tl.float32)
+    a00, a01, a02, a10, a11, a12, a20, a21, a22 = zero, zero, zero, zero, zero, zero, zero, zero, zero
+    if STRIDE_H == 1:
+        d0, d1, d2 = zero, zero, zero  # the dz rows of output rows oh0 + j, oh0 + j - 1, oh0 + j - 2
+        for j in tl.static_range(TH + 2):  # input row oh0 - PAD_H + j: kernel row kh of output row oh0 + j - kh
+            d2, d1 = d1, d0
+            if j < TH:
+                d0 = tl.load(dz_cols + (oh0 + j) * sdh, mask=d_ok & (oh0 + j < OH), other=0.0).to(tl.float32)
+            x0, x1, x2 = _dw3_x(oh0 - PAD_H + j, *rows)
+            if j < TH:
+                if oh0 + j < OH:
+                    a00, a01, a02 = _fma3(x0, x1, x2, d0, a00, a01, a02)
+            if j >= 1:
+                if j <= TH:
+                    if oh0 + j - 1 < OH:
+                        a10, a11, a12 = _fma3(x0, x1, x2, d1, a10, a11, a12)
+            if j >= 2:
+                if oh0 + j - 2 < OH:
+                    a20, a21, a22 = _fma3(x0, x1, x2, d2, a20, a21, a22)
+    else:
+        x0, x1, x2 = _dw3_x(oh0 * STRIDE_H - PAD_H, *rows)  # kernel row 0 of output row oh0
+        for i in tl.static_range(TH):
+            oh = oh0 + i
+            if oh < OH:  # rows ih, ih + 1, ih + 2; the last is kernel row 0 of output row oh + 1
+                ih = oh * STRIDE_H - PAD_H
+                d = tl.load(dz_cols + oh * sdh, mask=d_ok, other=0.0).to(tl.float32)
+                a00, a01, a02 = _fma3(x0, x1, x2, d, a00, a01, a02)
+                x0, x1, x2 = _dw3_x(ih + 1, *rows)
+                a10, a11, a12 = _fma3(x0, x1, x2, d, a10, a11, a12)
+                x0, x1, x2 = _dw3_x(ih + 2, *rows)
+                a20, a21, a22 = _fma3(x0, x1, x2, d, a20, a21, a22)
+    part = part_ptr + tl.program_id(0).to(tl.int64) * 9 * COUT + co
+    tl.store(part, tl.sum(a00, axis=0), mask=n_ok)
+    tl.store(part + COUT, tl.sum(a01, axis=0), mask=n_ok)
+    tl.store(part + 2 * COUT, tl.sum(a02, axis=0), mask=n_ok)
+    tl.store(part + 3 * COUT, tl.sum(a10, axis=0), mask=n_ok)
+    tl.store(part + 4 * COUT, tl.sum(a11, axis=0), mask=n_ok)
+    tl.store(part + 5 * COUT, tl.sum(a12, axis=0), mask=n_ok)
+    tl.store(part + 6 * COUT, tl.sum(a20, axis=0), mask=n_ok)
+    tl.store(part + 7 * COUT, tl.sum(a21, axis=0), mask=n_ok)
+    tl.store(part + 8 * COUT, tl.sum(a22, axis=0), mask=n_ok)
 
 
 @triton.jit
@@ -718,6 +801,17 @@ _DW3_CONFIGS = [
     dict(TH=8, TW=4, BLOCK_N=64, num_warps=1),
     dict(TH=4, TW=32, BLOCK_N=32, num_warps=4),
 ]
+# The depthwise 3x3 weight gradient's walk (_conv_dw3_wgrad_kernel): nine fp32 sums, three dz rows and three input
+# columns of TW x BLOCK_N live in registers; taller tiles write fewer partials. sm_90 SASS (scratch/sass_wg.py):
+# 8 elements a thread take 166 registers at 16 bits and spill in fp32 (255 + 88 bytes of stack), 4 take 96-115.
+_DW3_WGRAD_CONFIGS = [
+    dict(TH=16, TW=16, BLOCK_N=64, num_warps=4),
+    dict(TH=8, TW=16, BLOCK_N=64, num_warps=4),
+    dict(TH=32, TW=16, BLOCK_N=64, num_warps=4),
+    dict(TH=16, TW=8, BLOCK_N=128, num_warps=4),
+    dict(TH=16, TW=8, BLOCK_N=64, num_warps=4),
+    dict(TH=16, TW=16, BLOCK_N=32, num_warps=4),
+]
 # Taller tiles for the weight gradient: fewer fp32 partials (KH*KW*BLOCK_N per tile) to write and sum, and
 # more pixels per thread summed before the shuffles of each tap's tree sum. On sm_90 the 64-elements-a-thread
 # tiles halve the shuffles per pixel at 16 bits without spills; in fp32 they spill.
@@ -889,6 +983,12 @@ def _direct_tag(direct: bool, oh: int, ow: int) -> tuple:
     """The tuning key's part for the direct kernel: whether it is a candidate, and the image size its tiles
     are clamped to."""
     return ("direct", _runtime.next_power_of_2(oh), _runtime.next_power_of_2(ow)) if direct else ()
+
+
+def _dw3_walks(direct: bool, KH: int, KW: int, stride, dilation) -> bool:
+    """Whether the depthwise 3x3 walks (forward, weight gradient) take this conv: the direct kernels do, the
+    kernel is 3x3, dilation 1, the row stride 1 or 2."""
+    return direct and (KH, KW) == (3, 3) and tuple(dilation) == (1, 1) and stride[0] <= 2
 
 
 def _direct_fits(*ts) -> bool:
@@ -1069,7 +1169,7 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
         else:
             gemm = _configs(_FWD_CONFIGS, P, COUT_G, C_G, x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(x, y, r)
-        walk = direct and (KH, KW) == (3, 3) and tuple(dilation) == (1, 1) and stride[0] <= 2
+        walk = _dw3_walks(direct, KH, KW, stride, dilation)
         configs = _candidates(_DW_CONFIGS, gemm, direct, OH, OW, COUT_G * groups, _DW3_CONFIGS if walk else ())
         tma_configs = _tma_fwd_configs(x, w, stride, groups)
         tma = bool(tma_configs)
@@ -1178,10 +1278,14 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                     launch(dz, x, part, *tma_scalars)
                     dw.copy_(part.sum(0).permute(0, 3, 1, 2))
                 return run_tma
-            if kernel == "direct":  # fp32 partial sums per pixel tile, then one sum over the tiles
+            if kernel in ("direct", "walk"):  # fp32 partial sums per pixel tile, then one sum over the tiles
                 grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
-                launch = _runtime.Launcher(_conv_dw_wgrad_kernel, grid,
-                                           dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg))
+                if kernel == "walk":
+                    launch = _runtime.Launcher(_conv_dw3_wgrad_kernel, grid, dict(
+                        STRIDE_H=stride[0], STRIDE_W=stride[1], PAD_H=padding[0], PAD_W=padding[2], **cfg))
+                else:
+                    launch = _runtime.Launcher(_conv_dw_wgrad_kernel, grid,
+                                               dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg))
                 dw_scalars = (H, W, groups * COUT_G, COUT_G, OH, OW, *dz.stride(), *x.stride())
                 part_shape = (grid[0], KH * KW, groups * COUT_G)
 
@@ -1212,11 +1316,13 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
 
         gemm = _configs(_WGRAD_CONFIGS, COUT_G, cols, P, x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(dz, x)
+        walk = _dw3_walks(direct, KH, KW, stride, dilation)
         tma_configs = _tma_wgrad_configs(dz, x, stride, groups)
-        configs = tma_configs + _candidates(_DW_WGRAD_CONFIGS, gemm, direct, OH, OW, groups * COUT_G)
+        configs = tma_configs + _candidates(_DW_WGRAD_CONFIGS, gemm, direct, OH, OW, groups * COUT_G,
+                                            _DW3_WGRAD_CONFIGS if walk else ())
         tkey = ("wgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, OH, OW),
-                *(("tma",) if tma_configs else ()))
+                *(("tma",) if tma_configs else ()), *(("walk",) if walk else ()))
         return _pick("conv2d", tkey, configs, launcher, (dz, x, dw))
 
     cached_plan(_plans, key, make)(dz, x, dw)
