@@ -600,10 +600,14 @@ def test_depthwise_3x3_input_gradient_as_walk(padding):
 @pytest.mark.parametrize("stride", [1, 2])
 def test_depthwise_3x3_weight_gradient_inf_rows(stride):
     """The walk's weight gradient adds no dz row past the output (its zeros times an input row: 0 * inf): an inf
-    in the last input row, which only some taps reach (stride 2, even H: none), leaves the other taps finite.
-    OH is 9 and 5: the tile (16 and 8 rows here) reaches past it."""
-    inputs = leaves((2, 8, 11 if stride == 1 else 12, 9), (8, 1, 3, 3), bias=False, channels_last=True)
-    inputs["x"][:, :, -1, 4] = float("inf")
+    in one of the last input rows, which only some taps reach, leaves the other taps finite (stride 1, no padding:
+    row H - 2 in channel 0 is no tap 0's, row H - 1 in channel 1 no tap 0's or 1's; stride 2, even H: row H - 1 is
+    no tap's). OH is 17 at both strides: two tiles of 9 rows (_walk_rows), the second reaching past it."""
+    inputs = leaves((2, 8, 19 if stride == 1 else 36, 6), (8, 1, 3, 3), bias=False, channels_last=True)
+    if stride == 1:
+        inputs["x"][:, 0, -2, 4] = inputs["x"][:, 1, -1, 4] = float("inf")
+    else:
+        inputs["x"][:, :, -1, 4] = float("inf")
     kw = dict(stride=stride, groups=8)
     _check.check(dropin_conv(**kw), torch_conv(**kw), inputs, upstream_contiguous=True)
 
