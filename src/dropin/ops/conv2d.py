@@ -532,6 +532,26 @@ def _conv_dw_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
 
 
 @triton.jit
+def _tile_sum_kernel(part_ptr, dw_ptr, T, COUT, sdo, sdh, sdw, KW: tl.constexpr, TAPS: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The depthwise weight gradient from the direct kernels' fp32 partials: dw[co, 0, kh, kw] = the sum over the
+    T tiles of part[t, kh * KW + kw, co], in dw's dtype and strides (one launch for the sum, the transpose and
+    the cast); grid (TAPS, channel blocks)."""
+    tap = tl.program_id(0)
+    co = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = co < COUT
+    rows = tl.arange(0, BLOCK_T)
+    cols = part_ptr + tap * COUT + co[None, :]
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    for t0 in range(0, T, BLOCK_T):
+        t = t0 + rows
+        acc += tl.load(cols + (t.to(tl.int64) * TAPS * COUT)[:, None], mask=(t < T)[:, None] & c_ok[None, :],
+                       other=0.0)
+    dw = dw_ptr + co * sdo + (tap // KW) * sdh + (tap % KW) * sdw
+    tl.store(dw, tl.sum(acc, axis=0).to(dw_ptr.dtype.element_ty), mask=c_ok)
+
+
+@triton.jit
 def _fma3(x0, x1, x2, d, a0, a1, a2):
     """(a0 + x0.d, a1 + x1.d, a2 + x2.d): one dz row times one input row's three column shifts."""
     return a0 + x0 * d, a1 + x1 * d, a2 + x2 * d
@@ -1299,11 +1319,15 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                                                dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg))
                 dw_scalars = (H, W, groups * COUT_G, COUT_G, OH, OW, *dz.stride(), *x.stride())
                 part_shape = (grid[0], KH * KW, groups * COUT_G)
+                block_c = min(32, _runtime.next_power_of_2(groups * COUT_G))
+                tile_sum = _runtime.Launcher(_tile_sum_kernel, (KH * KW, _runtime.cdiv(groups * COUT_G, block_c)),
+                                             dict(KW=KW, TAPS=KH * KW, BLOCK_T=64, BLOCK_C=block_c))
+                sum_scalars = (grid[0], groups * COUT_G, dw.stride(0), *dw.stride()[2:])
 
                 def run_direct(dz, x, dw):
                     part = torch.empty(part_shape, device=dz.device, dtype=torch.float32)
                     launch(dz, x, part, *dw_scalars)
-                    dw.copy_(part.sum(0).t().reshape(dw.shape))
+                    tile_sum(part, dw, *sum_scalars)
                 return run_direct
             splits = max(1, min(cfg.pop("SPLIT_K"), _runtime.cdiv(P, cfg["BLOCK_K"])))
             grid = (_runtime.cdiv(COUT_G, cfg["BLOCK_M"]) * _runtime.cdiv(cols, cfg["BLOCK_N"]), groups, splits)
