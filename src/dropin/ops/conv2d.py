@@ -1055,8 +1055,11 @@ def _co_major(w: torch.Tensor) -> torch.Tensor:
 
 def _taps_f32(w: torch.Tensor) -> torch.Tensor:
     """The depthwise 3x3 weight [COUT, 1, 3, 3] as the walk (_conv_dw3_fwd_kernel) reads it: fp32 [9, COUT], tap
-    major, so a tap's weights are one vector load and need no conversion."""
-    return _derived(w, "taps_f32", lambda w: w.reshape(w.shape[0], 9).t().float().contiguous())
+    major, so a tap's weights are one vector load and need no conversion. (One copy: `.float()` keeps the
+    transposed strides, so `.contiguous()` after it copies twice.)"""
+    def make(w):
+        return torch.empty((9, w.shape[0]), device=w.device, dtype=torch.float32).copy_(w.reshape(w.shape[0], 9).t())
+    return _derived(w, "taps_f32", make)
 
 
 def _flipped(w: torch.Tensor) -> torch.Tensor:
