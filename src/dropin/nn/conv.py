@@ -4,6 +4,7 @@ from typing import Optional
 import torch
 
 from ..ops import conv2d, fold_batchnorm
+from ..ops._common import versions
 from ..ops.activations import activation_ref
 from .module import DropinModule
 
@@ -50,12 +51,12 @@ class ConvBNAct(Conv2d):
         sources = self._sources()
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
             return fold_batchnorm(self.weight, self.bias, self.bn)
-        versions = [(t.data_ptr(), t._version, t.dtype) for t in sources] + [self.bn.eps]
+        key = versions(*sources)
         cache = self._cache
-        if cache is None or cache[1] != versions:
+        if key is None or cache is None or cache[1] != (key, self.bn.eps):
             # the old tensors stay referenced with the cache, so a new tensor cannot reuse their address
-            cache = self._cache = ([t.detach() for t in sources], versions, *fold_batchnorm(self.weight, self.bias,
-                                                                                          self.bn))
+            cache = self._cache = ([t.detach() for t in sources], (key, self.bn.eps),
+                                   *fold_batchnorm(self.weight, self.bias, self.bn))
         return cache[2], cache[3]
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:

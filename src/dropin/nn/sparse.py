@@ -7,6 +7,7 @@ import torch
 from torch.nn.utils import prune
 
 from ..ops import SparseWeight, sparse_conv2d, sparse_linear, sparsify
+from ..ops._common import versions
 from .module import DropinModule
 
 NO_WEIGHT_GRAD = "sparse kernels have no weight gradient"
@@ -153,9 +154,8 @@ class _Sparsified(DropinModule):
                        f"{self.impl.nbytes / max(1, self.impl.weight.dense_nbytes):.2f}x weight bytes)")
 
     def _refresh(self) -> None:
-        tensors = (*weight_sources(self.original), self.original.bias)
-        key = tuple(t if t is None else (id(t), t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
-        if key != self._key:
+        key = versions(*weight_sources(self.original), self.original.bias)
+        if key is None or key != self._key:
             object.__setattr__(self, "impl", type(self).build(self.original))  # not a submodule
             self._key = key
 

@@ -1,5 +1,6 @@
-"""Helpers shared by the ops: the eager / compile switch, and for the memory-bound ops (pooling, norms,
-softmax, activations) dtype checks, strided views, the launch heuristic for row-wise kernels, cached launches."""
+"""Helpers shared by the ops: the eager / compile switch, cached launches and argument checks, the versions of
+tensors that cached values are made from, and for the memory-bound ops (pooling, norms, softmax, activations)
+dtype checks, strided views, the launch heuristic for row-wise kernels."""
 import torch
 
 from .. import _runtime
@@ -16,6 +17,19 @@ def cached_plan(plans: dict, key, make):
             plans.clear()
         plan = plans[key] = make()
     return plan
+
+
+def versions(*tensors):
+    """What identifies the data of these tensors, for a cache of values made from them (a weight in another layout,
+    a folded BatchNorm, a sparse weight): each one's identity, storage address (a new `.data`), version (in-place
+    writes bump it), dtype and device; None for a None. None overall where one cannot be tracked (an inference tensor
+    has no version): make the value anew. Edits through a `.data` alias are invisible here, as to autograd."""
+    key = []
+    for t in tensors:
+        if t is not None and t.is_inference():
+            return None
+        key.append(None if t is None else (id(t), t.data_ptr(), t._version, t.dtype, t.device))
+    return tuple(key)
 
 
 def checked_once(cache: dict, tensors: tuple, args: tuple, check):

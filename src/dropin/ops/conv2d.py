@@ -34,7 +34,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, checked_once
+from ._common import cached_plan, checked_once, versions
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range, switch
 from .matmul import _precision as _matmul_precision
@@ -1030,12 +1030,10 @@ _DERIVED: dict = {}
 
 def _derived(w: torch.Tensor, kind: str, make) -> torch.Tensor:
     """make(w): a copy of a weight in the layout a kernel reads fastest, made once per version of the weight's
-    data and kept while the weight lives. A change is seen as autograd sees one: in-place ops bump the tensor's
-    version, a new `.data` moves its storage; edits through a `.data` alias are invisible to both. An inference
-    tensor has no version: made on every call."""
+    data (`_common.versions`; every call for an inference tensor) and kept while the weight lives."""
     key = (id(w), kind)
     hit = _DERIVED.get(key)
-    version = None if w.is_inference() else (w._version, w.data_ptr())
+    version = versions(w)
     if hit is not None and hit[0]() is w and version is not None and hit[1] == version:
         return hit[2]
     out = make(w)
