@@ -16,9 +16,9 @@ One input channel per group (depthwise, any channel multiplier) also has direct 
 candidates in each pass (the implicit GEMM stays a candidate): [spatial tile of TH x TW pixels, channels]
 tiles with the taps unrolled, int32 offsets inside an image and fp32 FMAs (`_conv_dw_fwd_kernel`,
 `_conv_dw_dgrad_kernel`), and for the weight gradient per-tile tree sums of dz * x for each tap
-(`_conv_dw_wgrad_kernel`) summed over the tiles afterwards. A 3x3 of dilation 1 and row stride 1 or 2 has a
-forward that walks down the rows instead (`_conv_dw3_fwd_kernel`), which also gives the input gradient of
-stride 1 (the taps mirrored).
+(`_conv_dw_wgrad_kernel`) summed over the tiles by `_tile_sum_kernel`. A 3x3 of dilation 1 and row stride 1 or
+2 has a forward and a weight gradient that walk down the rows instead (`_conv_dw3_fwd_kernel`, whose mirrored
+taps also give the input gradient of stride 1; `_conv_dw3_wgrad_kernel`, per-tile sums carried by FMAs).
 float32 follows torch's rule for convolutions: tf32 when `torch.backends.cudnn.allow_tf32` (torch's default:
 True) is set, otherwise true fp32 as tf32x3 (matmul's `_precision`).
 """
