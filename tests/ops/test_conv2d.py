@@ -534,9 +534,9 @@ def _seen_candidates(monkeypatch, first=False) -> dict:
 def test_depthwise_plan_offers_direct_kernel(monkeypatch):
     """One input channel per group: in every pass (forward, input and weight gradient) the direct kernel leads
     the candidates (the untuned default), the implicit GEMM follows, and in a 3x3 forward or weight gradient of
-    dilation 1 and row stride 1 or 2 the walk comes first; a 3x3 of stride 1 takes its input gradient as a forward (the walk's),
-    no input gradient plan of its own. With several input channels per group only the implicit GEMM is
-    offered (in the forward, few channels a group: the rows kernel's GEMM)."""
+    dilation 1 and row stride 1 or 2 the walk comes first; a 3x3 of stride 1 takes its input gradient as a
+    forward (the walk's), no input gradient plan of its own. With several input channels per group only the
+    implicit GEMM is offered (in the forward, few channels a group: the rows kernel's GEMM)."""
     try:
         for w_shape, groups, dilation, fwd, dgrad, wgrad in (
                 ((4, 1, 3, 3), 4, 1, ["walk", "direct", "rows"], None, ["walk", "direct", "gemm"]),

@@ -1013,6 +1013,12 @@ def _walk_rows(oh: int, th: int) -> int:
     return _runtime.cdiv(oh, _runtime.cdiv(oh, th))
 
 
+def _walk_meta(stride, padding) -> dict:
+    """The walks' geometry constexprs (padding: top, bottom, left, right; the bottom and right ones follow from
+    OH and OW)."""
+    return dict(STRIDE_H=stride[0], STRIDE_W=stride[1], PAD_H=padding[0], PAD_W=padding[2])
+
+
 def _dw3_walks(direct: bool, KH: int, KW: int, stride, dilation) -> bool:
     """Whether the depthwise 3x3 walks (forward, weight gradient) take this conv: the direct kernels do, the
     kernel is 3x3, dilation 1, the row stride 1 or 2."""
@@ -1173,9 +1179,8 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
             if kernel == "walk":
                 cfg["TH"] = _walk_rows(OH, cfg["TH"])
                 grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
-                meta = dict(STRIDE_H=stride[0], STRIDE_W=stride[1], PAD_H=padding[0], PAD_W=padding[2], **epilogue,
-                            **cfg)
-                launch = _runtime.Launcher(_conv_dw3_fwd_kernel, grid, meta)
+                launch = _runtime.Launcher(_conv_dw3_fwd_kernel, grid, dict(_walk_meta(stride, padding), **epilogue,
+                                                                           **cfg))
                 walk_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), *y.stride(), *r.stride())
                 return lambda x, w, *tensors: launch(x, _taps_f32(w), *tensors, *walk_scalars)
             if kernel == "direct":
@@ -1311,13 +1316,12 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
             if kernel in ("direct", "walk"):  # fp32 partial sums per pixel tile, then one sum over the tiles
                 if kernel == "walk":
                     cfg["TH"] = _walk_rows(OH, cfg["TH"])
-                grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
-                if kernel == "walk":
-                    launch = _runtime.Launcher(_conv_dw3_wgrad_kernel, grid, dict(
-                        STRIDE_H=stride[0], STRIDE_W=stride[1], PAD_H=padding[0], PAD_W=padding[2], **cfg))
+                    direct_kernel, meta = _conv_dw3_wgrad_kernel, dict(_walk_meta(stride, padding), **cfg)
                 else:
-                    launch = _runtime.Launcher(_conv_dw_wgrad_kernel, grid,
-                                               dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg))
+                    direct_kernel = _conv_dw_wgrad_kernel
+                    meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg)
+                grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
+                launch = _runtime.Launcher(direct_kernel, grid, meta)
                 dw_scalars = (H, W, groups * COUT_G, COUT_G, OH, OW, *dz.stride(), *x.stride())
                 part_shape = (grid[0], KH * KW, groups * COUT_G)
                 block_c = min(32, _runtime.next_power_of_2(groups * COUT_G))
