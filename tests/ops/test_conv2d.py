@@ -244,8 +244,9 @@ def _configs():
             yield pytest.param(name, dict(c, KERNEL="tma"), id=f"{name}-tma-{i}")
     for i, c in enumerate(cv._ROWS_CONFIGS):
         yield pytest.param("fwd", dict(c, KERNEL="rows"), id=f"fwd-rows-{i}")
-    for i, c in enumerate(cv._DW3_CONFIGS):
-        yield pytest.param("fwd", dict(c, KERNEL="walk"), id=f"fwd-walk-{i}")
+    for name, cfgs in (("fwd", cv._DW3_CONFIGS), ("wgrad", cv._DW3_WGRAD_CONFIGS)):
+        for i, c in enumerate(cfgs):
+            yield pytest.param(name, dict(c, KERNEL="walk"), id=f"{name}-walk-{i}")
 
 
 @gpu
@@ -316,9 +317,10 @@ def test_every_config(which, cfg, monkeypatch):
                 check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
                       lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
             return
-        if cfg.get("KERNEL") == "walk":  # depthwise 3x3: multiplier 2, strides (2, 1), padding past the kernel's
-            # reach across, silu; strides (1, 2), channels_last, 13 rows (ragged row tiles), relu (whose gradient
-            # keeps the output's layout in torch, silu's the upstream's); both with an NCHW residual
+        if cfg.get("KERNEL") == "walk":  # depthwise 3x3, the forward's or the weight gradient's walk forced:
+            # multiplier 2, strides (2, 1), padding past the kernel's reach across, silu; strides (1, 2),
+            # channels_last, 13 rows (ragged row tiles), relu (whose gradient keeps the output's layout in torch,
+            # silu's the upstream's); both with an NCHW residual
             for x_shape, w_shape, kw, act, channels_last in (
                     ((2, 40, 17, 9), (80, 1, 3, 3), dict(stride=(2, 1), padding=(1, 3), groups=40), "silu", False),
                     ((1, 24, 13, 10), (24, 1, 3, 3), dict(stride=(1, 2), padding=(2, 0), groups=24), "relu", True)):
