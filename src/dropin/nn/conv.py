@@ -51,12 +51,12 @@ class ConvBNAct(Conv2d):
         sources = self._sources()
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
             return fold_batchnorm(self.weight, self.bias, self.bn)
-        key = versions(*sources)
+        key = (versions(*sources), self.bn.eps)
         cache = self._cache
-        if key is None or cache is None or cache[1] != (key, self.bn.eps):
+        if key[0] is None or cache is None or cache[1] != key:
             # the old tensors stay referenced with the cache, so a new tensor cannot reuse their address
-            cache = self._cache = ([t.detach() for t in sources], (key, self.bn.eps),
-                                   *fold_batchnorm(self.weight, self.bias, self.bn))
+            cache = self._cache = ([t.detach() for t in sources], key, *fold_batchnorm(self.weight, self.bias,
+                                                                                    self.bn))
         return cache[2], cache[3]
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
