@@ -409,23 +409,20 @@ def _dw3_tile(OH, OW, W, COUT, sxw, STRIDE_W: tl.constexpr, PAD_W: tl.constexpr,
 
 
 @triton.jit
-def _dw3_x(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2):
+def _dw3_load(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2):
     """Input row ih's three column-shifted loads (kw = 0, 1, 2; columns c0..c2, masks ok0..ok2; zeros for a row
-    outside the H rows) in fp32."""
+    outside the H rows), in x's dtype."""
     x_row = x_base + ih * sxh
     row_ok = (ih >= 0) & (ih < H)
-    x0 = tl.load(x_row + c0, mask=ok0 & row_ok, other=0.0).to(tl.float32)
-    x1 = tl.load(x_row + c1, mask=ok1 & row_ok, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + c2, mask=ok2 & row_ok, other=0.0).to(tl.float32)
-    return x0, x1, x2
+    return (tl.load(x_row + c0, mask=ok0 & row_ok, other=0.0), tl.load(x_row + c1, mask=ok1 & row_ok, other=0.0),
+            tl.load(x_row + c2, mask=ok2 & row_ok, other=0.0))
 
 
 @triton.jit
-def _dw3_row(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2, wa0, wa1, wa2, a, wb0, wb1, wb2, b, wc0, wc1, wc2):
-    """Input row ih (_dw3_x) folded into a + x.wa, b + x.wb and x.wc: one row feeds three output rows (three
-    kernel rows)."""
-    x0, x1, x2 = _dw3_x(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2)
-    return a + x0 * wa0 + x1 * wa1 + x2 * wa2, b + x0 * wb0 + x1 * wb1 + x2 * wb2, x0 * wc0 + x1 * wc1 + x2 * wc2
+def _dw3_x(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2):
+    """_dw3_load's three loads in fp32."""
+    x0, x1, x2 = _dw3_load(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2)
+    return x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32)
 
 
 @triton.jit
@@ -437,9 +434,10 @@ def _conv_dw3_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                          TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr):
     """The depthwise 3x3 forward (dilation 1, STRIDE_H 1 or 2) as a walk down TH output rows of TW pixels x
     BLOCK_N channels: each input row is read once per kernel column (3 loads, not one per tap: 9) and feeds the
-    up to three output rows it reaches through partial sums carried in registers (the rows unrolled); the nine
-    weights (w_ptr: fp32 [9, COUT], _taps_f32) are loaded once. Output channel co reads input channel
-    co // COUT_G. Grid (N * row tiles * column tiles, channel tiles)."""
+    up to three output rows it reaches through partial sums carried in registers (the rows unrolled); the loads
+    run two input rows ahead of the sums (in program order, as the stores between them keep them). The nine
+    weights (w_ptr: fp32 [9, COUT], _taps_f32) and the bias (the first sum of each output row) are loaded once.
+    Output channel co reads input channel co // COUT_G. Grid (N * row tiles * column tiles, channel tiles)."""
     n, oh0, ow, co, ow_ok, n_ok, c0, c1, c2, ok0, ok1, ok2 = _dw3_tile(OH, OW, W, COUT, sxw, STRIDE_W, PAD_W, TH, TW,
                                                                        BLOCK_N)
     wp = w_ptr + co[None, :]
@@ -453,26 +451,41 @@ def _conv_dw3_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     w20 = tl.load(wp + 6 * COUT, mask=w_ok, other=0.0)
     w21 = tl.load(wp + 7 * COUT, mask=w_ok, other=0.0)
     w22 = tl.load(wp + 8 * COUT, mask=w_ok, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     x_base = x_ptr + n * sxn + (co // COUT_G * sxc)[None, :]
     rows = (x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2)
-    zero = tl.zeros((TW, BLOCK_N), dtype=tl.float32)
-    ih = oh0 * STRIDE_H - PAD_H  # the input row read last
-    # p: output row oh0's partial sum (kernel row 0)
-    _, _, p = _dw3_row(ih, *rows, w00, w01, w02, zero, w00, w01, w02, zero, w00, w01, w02)
-    if STRIDE_H == 1:  # q: output row oh0's (kernel rows 0, 1), p: oh0 + 1's (row 0)
-        ih += 1
-        q, _, p = _dw3_row(ih, *rows, w10, w11, w12, p, w10, w11, w12, zero, w00, w01, w02)
-    for i in tl.static_range(TH):
-        ih += 1
-        if STRIDE_H == 1:  # row ih ends output row i (kernel row 2), feeds i + 1 (row 1), starts i + 2 (row 0)
-            out, q, p = _dw3_row(ih, *rows, w20, w21, w22, q, w10, w11, w12, p, w00, w01, w02)
-        else:  # rows ih (kernel row 1) and ih + 1 (row 2) end output row i; ih + 1 starts row i + 1 (row 0)
-            p, _, _ = _dw3_row(ih, *rows, w10, w11, w12, p, w10, w11, w12, zero, w10, w11, w12)
-            ih += 1
-            out, _, p = _dw3_row(ih, *rows, w20, w21, w22, p, w20, w21, w22, zero, w00, w01, w02)
-        oh = oh0 + i
-        _epilogue(out, y_ptr + n * syn, z_ptr + n * syn, bias_ptr, r_ptr + n * srn, oh * syh + ow * syw,
-                  oh * srh + ow * srw, co, ow_ok & (oh < OH), n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
+    ih0 = oh0 * STRIDE_H - PAD_H
+    R: tl.constexpr = (TH - 1) * STRIDE_H + 3  # the input rows the tile reads
+    ahead = _dw3_load(ih0, *rows)
+    ahead2 = _dw3_load(ih0 + 1, *rows)
+    for r in tl.static_range(R):  # input row ih0 + r, kernel row kh of output row oh0 + (r - kh) / STRIDE_H
+        x0, x1, x2 = ahead
+        ahead = ahead2
+        if r + 2 < R:
+            ahead2 = _dw3_load(ih0 + r + 2, *rows)
+        x0, x1, x2 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32)
+        if r >= 2:
+            if r % STRIDE_H == 0:  # kernel row 2 ends output row (r - 2) / STRIDE_H: q's (stride 1) or p's
+                if STRIDE_H == 1:
+                    out = q + x0 * w20 + x1 * w21 + x2 * w22
+                else:
+                    out = p + x0 * w20 + x1 * w21 + x2 * w22
+                oh = oh0 + (r - 2) // STRIDE_H
+                _epilogue(out, y_ptr + n * syn, z_ptr + n * syn, bias_ptr, r_ptr + n * srn, oh * syh + ow * syw,
+                          oh * srh + ow * srw, co, ow_ok & (oh < OH), n_ok, syc, src, False, HAS_RES, ACT, STORE_Z)
+        if STRIDE_H == 1:
+            if r >= 1:
+                if r <= TH:  # kernel row 1 of output row r - 1
+                    q = p + x0 * w10 + x1 * w11 + x2 * w12
+        elif r % 2 == 1:  # kernel row 1 of output row (r - 1) / 2
+            p = p + x0 * w10 + x1 * w11 + x2 * w12
+        if r % STRIDE_H == 0:
+            if r // STRIDE_H < TH:  # kernel row 0 of output row r / STRIDE_H
+                if HAS_BIAS:
+                    p = bias + x0 * w00 + x1 * w01 + x2 * w02
+                else:
+                    p = x0 * w00 + x1 * w01 + x2 * w02
 
 
 @triton.jit
@@ -579,13 +592,26 @@ def _conv_dw3_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
     a00, a01, a02, a10, a11, a12, a20, a21, a22 = zero, zero, zero, zero, zero, zero, zero, zero, zero
     if STRIDE_H == 1:
         d0, d1, d2 = zero, zero, zero  # the dz rows of output rows oh0 + j, oh0 + j - 1, oh0 + j - 2
+        dz_ahead = tl.load(dz_cols + oh0 * sdh, mask=d_ok & (oh0 < OH), other=0.0)  # loads two rows ahead
+        x_ahead = _dw3_load(oh0 - PAD_H, *rows)
+        if TH > 1:
+            dz_ahead2 = tl.load(dz_cols + (oh0 + 1) * sdh, mask=d_ok & (oh0 + 1 < OH), other=0.0)
+        x_ahead2 = _dw3_load(oh0 - PAD_H + 1, *rows)
         # (the scalar branches also bound how far the compiler hoists loads: without the third, which padding makes
         # redundant, 16 x 16 x 64 at 16 bits spills 3.8 KB instead of taking 166 registers; sm_90, triton 3.8)
         for j in tl.static_range(TH + 2):  # input row oh0 - PAD_H + j: kernel row kh of output row oh0 + j - kh
             d2, d1 = d1, d0
             if j < TH:
-                d0 = tl.load(dz_cols + (oh0 + j) * sdh, mask=d_ok & (oh0 + j < OH), other=0.0).to(tl.float32)
-            x0, x1, x2 = _dw3_x(oh0 - PAD_H + j, *rows)
+                d0 = dz_ahead.to(tl.float32)
+                if j + 1 < TH:
+                    dz_ahead = dz_ahead2
+                if j + 2 < TH:
+                    dz_ahead2 = tl.load(dz_cols + (oh0 + j + 2) * sdh, mask=d_ok & (oh0 + j + 2 < OH), other=0.0)
+            x0, x1, x2 = x_ahead
+            x0, x1, x2 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32)
+            x_ahead = x_ahead2
+            if j + 2 < TH + 2:
+                x_ahead2 = _dw3_load(oh0 - PAD_H + j + 2, *rows)
             if j < TH:
                 if oh0 + j < OH:
                     a00, a01, a02 = _fma3(x0, x1, x2, d0, a00, a01, a02)
@@ -813,14 +839,15 @@ _DW_CONFIGS = [
 ]
 _DW_DGRAD_CONFIGS = _DW_CONFIGS
 # The depthwise 3x3 forward's walk (_conv_dw3_fwd_kernel): TH output rows of TW pixels x BLOCK_N channels. Order
-# from the probe of 2026-11-24 (scratch/probe_dw5.py, CvT-13's six depthwise shapes, bf16 batch 64, H200): (4, 16)
-# x 64 won or came within 6% on five of them.
+# from the probe of 2026-11-24 with the loads two rows ahead (scratch/probe_dw7.py, CvT-13's six depthwise shapes,
+# bf16 batch 64, H200): 16 x 8 x 64 won or came within 8% on all six. Wide rows last, for NCHW (seed 003's one channel).
 _DW3_CONFIGS = [
-    dict(TH=4, TW=16, BLOCK_N=64, num_warps=4),
+    dict(TH=16, TW=8, BLOCK_N=64, num_warps=4),
+    dict(TH=8, TW=16, BLOCK_N=64, num_warps=4),
+    dict(TH=16, TW=16, BLOCK_N=64, num_warps=8),
+    dict(TH=8, TW=4, BLOCK_N=64, num_warps=1),
     dict(TH=8, TW=8, BLOCK_N=64, num_warps=4),
     dict(TH=4, TW=8, BLOCK_N=128, num_warps=4),
-    dict(TH=4, TW=8, BLOCK_N=64, num_warps=2),
-    dict(TH=8, TW=4, BLOCK_N=64, num_warps=1),
     dict(TH=4, TW=32, BLOCK_N=32, num_warps=4),
 ]
 # The depthwise 3x3 weight gradient's walk (_conv_dw3_wgrad_kernel): nine fp32 sums, three dz rows and three input
