@@ -580,8 +580,8 @@ def _conv_dw3_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
     x BLOCK_N channels, this tile's share as _conv_dw_wgrad_kernel's: part[tile, kh*3 + kw, co]. The nine taps'
     [TW, BLOCK_N] fp32 sums are carried down the rows by FMAs and reduced once at the end (not a tree sum per
     tap and tile); each input row is read once per kernel column and meets every dz row it reaches (stride 1:
-    the last three, kept in registers); a dz row past OH adds nothing (no 0 * inf). Grid as the forward walk's
-    (_dw3_tile)."""
+    the last three, kept in registers; at stride 1 the loads run two rows ahead); a dz row past OH adds nothing
+    (no 0 * inf). Grid as the forward walk's (_dw3_tile)."""
     n, oh0, ow, co, ow_ok, n_ok, c0, c1, c2, ok0, ok1, ok2 = _dw3_tile(OH, OW, W, COUT, sxw, STRIDE_W, PAD_W, TH, TW,
                                                                        BLOCK_N)
     x_base = x_ptr + n * sxn + (co // COUT_G * sxc)[None, :]
@@ -598,7 +598,7 @@ def _conv_dw3_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
             dz_ahead2 = tl.load(dz_cols + (oh0 + 1) * sdh, mask=d_ok & (oh0 + 1 < OH), other=0.0)
         x_ahead2 = _dw3_load(oh0 - PAD_H + 1, *rows)
         # (the scalar branches also bound how far the compiler hoists loads: without the third, which padding makes
-        # redundant, 16 x 16 x 64 at 16 bits spills 3.8 KB instead of taking 166 registers; sm_90, triton 3.8)
+        # redundant, 16 x 16 x 64 at 16 bits spills 3.9 KB instead of taking 255 registers; sm_90, triton 3.8)
         for j in tl.static_range(TH + 2):  # input row oh0 - PAD_H + j: kernel row kh of output row oh0 + j - kh
             d2, d1 = d1, d0
             if j < TH:
@@ -852,7 +852,8 @@ _DW3_CONFIGS = [
 ]
 # The depthwise 3x3 weight gradient's walk (_conv_dw3_wgrad_kernel): nine fp32 sums, three dz rows and three input
 # columns of TW x BLOCK_N live in registers; taller tiles write fewer partials. sm_90 SASS (scratch/sass_wg.py):
-# 8 elements a thread take 166 registers at 16 bits and spill in fp32 (255 + 88 bytes of stack), 4 take 96-115.
+# 8 elements a thread take 255 registers at 16 bits (loads two rows ahead; 166 one row ahead) and spill in fp32, 4
+# take 102-115.
 _DW3_WGRAD_CONFIGS = [
     dict(TH=16, TW=16, BLOCK_N=64, num_warps=4),
     dict(TH=8, TW=16, BLOCK_N=64, num_warps=4),
