@@ -4,7 +4,7 @@ Rows of N = prod(normalized_shape) elements, BLOCK_M whole rows per program held
 65536), fp32 statistics (mean, then the centred variance from registers: no E[x^2] - E[x]^2 cancellation):
 - `_ln_fwd_kernel`: y = (x - mean) * rstd * weight + bias; keeps mean and rstd (fp32) for the backward.
 - `_ln_bwd_kernel`: dx per row; weight / bias gradients as per-program partial column sums (a persistent
-  grid striding over row blocks), summed by `_colsum_kernel`: deterministic, no atomics.
+  grid striding over row blocks), summed by `_common.column_sums`: deterministic, no atomics.
 The input is read through its strides as M0 x M1 rows of one strided dim (any view that allows it: slices,
 transposed batch dims); the output and dx are contiguous, as torch's are.
 """
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, checked_once, launch, row_config, row_view, switch
+from ._common import MAX_ROW, check_float, checked_once, column_sums, launch, row_config, row_view, switch
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -95,18 +95,6 @@ def _ln_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, part_ptr,
         tl.store(part_ptr + pid * 2 * N + N + cols, db, mask=c_ok)
 
 
-@triton.jit
-def _colsum_kernel(part_ptr, out_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[j] = sum_g part[g, j] (part fp32 [G, N] contiguous); grid (column tiles,)."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_ok = cols < N
-    acc = tl.zeros((BLOCK_G, BLOCK_N), tl.float32)
-    for g0 in range(0, G, BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G)
-        acc += tl.load(part_ptr + g[:, None] * N + cols[None, :], mask=(g < G)[:, None] & c_ok[None, :], other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=c_ok)
-
-
 # --- 3. Launchers ----------------------------------------------------------------------------------------
 
 def _rows(x: torch.Tensor, n_last: int):
@@ -149,9 +137,7 @@ def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype]
     launch(_ln_bwd_kernel, (G,), x, dx if w is None else w, dy, dx, mean, rstd, part if need_wb else mean,
            M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn, HAS_W=w is not None, PARTIALS=need_wb, **cfg)
     if need_wb:
-        block_n = min(_runtime.next_power_of_2(N), 256)
-        launch(_colsum_kernel, (_runtime.cdiv(2 * N, block_n),), part, dwb, G, 2 * N, BLOCK_G=8, BLOCK_N=block_n,
-               num_warps=4)
+        column_sums(part.view(G, 2 * N), dwb.view(2 * N))
     return dx, dwb
 
 

@@ -8,7 +8,7 @@ replaced by s = x + residual (rounded to x's dtype, as `residual + hidden_states
 Row-wise kernels with the whole hidden size in one block: launch settings follow the hidden size (no
 autotune). Forward: BLOCK_R rows per program; it saves the fp32 1/rms of every row. Backward: each
 program walks a contiguous range of rows, writes dx and its fp32 partial sum of the weight gradient;
-the partial sums are then added up over programs.
+the partial sums are then added up over programs (`_common.column_sums`).
 """
 import math
 from typing import Optional
@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from ._common import column_sums
 from .matmul import switch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -128,16 +129,17 @@ def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd):
     if R * N == 0:
         return dx, torch.zeros_like(weight)
     block_n, block_r, warps = _launch_settings(N)
-    # 4 programs per SM keep loads in flight; their fp32 partial sums of dw cost 4 * SMs * N * 4 bytes.
-    programs = min(_runtime.cdiv(R, block_r), 4 * _runtime.num_sms(x.device.index or 0))
+    # 2 programs per SM: as fast as 4, 8 or 16 on Llama-3-8B's 8192 x 4096 bf16 (H200: 64-70 us) and half the
+    # fp32 partial sums of dw to add up (2 * SMs * N * 4 bytes; their column sums 4.2 us against 11.2 with 4).
+    programs = min(_runtime.cdiv(R, block_r), 2 * _runtime.num_sms(x.device.index or 0))
     rows = _runtime.cdiv(_runtime.cdiv(R, programs), block_r) * block_r
     programs = _runtime.cdiv(R, rows)
     partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
     dsv = dy if ds is None else ds
     _rms_norm_bwd_kernel[(programs,)](
         dy, dsv, x, weight, rstd, dx, partial, R, N, *dy.stride(), *dsv.stride(), *x.stride(), weight.stride(0),
-        rows,        HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
-    return dx, partial.sum(0).to(weight.dtype)
+        rows, HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+    return dx, column_sums(partial, torch.empty(N, device=x.device, dtype=weight.dtype))
 
 
 # --- 4. Registration as custom ops --------------------------------------------------------------------
