@@ -133,15 +133,22 @@ def launch(kernel, grid, *args, **meta) -> None:
 
 
 @triton.jit
-def _colsum_kernel(part_ptr, out_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[j] = sum_g part[g, j] (part fp32 [G, N] contiguous); grid (column tiles,)."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_ok = cols < N
-    acc = tl.zeros((BLOCK_G, BLOCK_N), tl.float32)
-    for g0 in range(0, G, BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G)
-        acc += tl.load(part_ptr + g[:, None] * N + cols[None, :], mask=(g < G)[:, None] & c_ok[None, :], other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=c_ok)
+def sum_partials_kernel(part_ptr, out_ptr, T, C, s_c, s_h, s_w, KW: tl.constexpr, TAPS: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """out[c, tap // KW, tap % KW] (strides s_c, s_h, s_w; out's dtype) = the sum over t of the fp32 partials
+    part[t, tap, c] (contiguous [T, TAPS, C]): one launch for the sum, a transpose and the cast; grid (TAPS,
+    channel blocks)."""
+    tap = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    rows = tl.arange(0, BLOCK_T)
+    cols = part_ptr + tap * C + c[None, :]
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    for t0 in range(0, T, BLOCK_T):
+        t = t0 + rows
+        acc += tl.load(cols + (t.to(tl.int64) * TAPS * C)[:, None], mask=(t < T)[:, None] & c_ok[None, :], other=0.0)
+    out = out_ptr + c * s_c + (tap // KW) * s_h + (tap % KW) * s_w
+    tl.store(out, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=c_ok)
 
 
 def column_sums(part: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -149,6 +156,6 @@ def column_sums(part: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     tiles as narrow as needed for ~128 programs (torch's sum over dim 0 of Llama's 528 x 4096 partials took 16 us)."""
     G, N = part.shape
     block_n = min(256, max(16, _runtime.next_power_of_2(_runtime.cdiv(N, 128))))
-    launch(_colsum_kernel, (_runtime.cdiv(N, block_n),), part, out, G, N, BLOCK_G=max(8, 2048 // block_n),
-           BLOCK_N=block_n, num_warps=4)
+    launch(sum_partials_kernel, (1, _runtime.cdiv(N, block_n)), part, out, G, N, 1, 0, 0, KW=1, TAPS=1,
+           BLOCK_T=max(8, 2048 // block_n), BLOCK_C=block_n, num_warps=4)
     return out

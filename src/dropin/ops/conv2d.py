@@ -16,9 +16,9 @@ One input channel per group (depthwise, any channel multiplier) also has direct 
 candidates in each pass (the implicit GEMM stays a candidate): [spatial tile of TH x TW pixels, channels]
 tiles with the taps unrolled, int32 offsets inside an image and fp32 FMAs (`_conv_dw_fwd_kernel`,
 `_conv_dw_dgrad_kernel`), and for the weight gradient per-tile tree sums of dz * x for each tap
-(`_conv_dw_wgrad_kernel`) summed over the tiles by `_tile_sum_kernel`. A 3x3 of dilation 1 and row stride 1 or
-2 has a forward and a weight gradient that walk down the rows instead (`_conv_dw3_fwd_kernel`, whose mirrored
-taps also give the input gradient of stride 1; `_conv_dw3_wgrad_kernel`, per-tile sums carried by FMAs).
+(`_conv_dw_wgrad_kernel`) summed over the tiles by `_common.sum_partials_kernel`. A 3x3 of dilation 1 and row
+stride 1 or 2 has a forward and a weight gradient that walk down the rows instead (`_conv_dw3_fwd_kernel`, whose
+mirrored taps also give the input gradient of stride 1; `_conv_dw3_wgrad_kernel`, per-tile sums carried by FMAs).
 float32 follows torch's rule for convolutions: tf32 when `torch.backends.cudnn.allow_tf32` (torch's default:
 True) is set, otherwise true fp32 as tf32x3 (matmul's `_precision`).
 """
@@ -34,7 +34,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, checked_once, versions
+from ._common import cached_plan, checked_once, sum_partials_kernel, versions
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range, switch
 from .matmul import _precision as _matmul_precision
@@ -545,26 +545,6 @@ def _conv_dw_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
 
 
 @triton.jit
-def _tile_sum_kernel(part_ptr, dw_ptr, T, COUT, sdo, sdh, sdw, KW: tl.constexpr, TAPS: tl.constexpr,
-                     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The depthwise weight gradient from the direct kernels' fp32 partials: dw[co, 0, kh, kw] = the sum over the
-    T tiles of part[t, kh * KW + kw, co], in dw's dtype and strides (one launch for the sum, the transpose and
-    the cast); grid (TAPS, channel blocks)."""
-    tap = tl.program_id(0)
-    co = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = co < COUT
-    rows = tl.arange(0, BLOCK_T)
-    cols = part_ptr + tap * COUT + co[None, :]
-    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
-    for t0 in range(0, T, BLOCK_T):
-        t = t0 + rows
-        acc += tl.load(cols + (t.to(tl.int64) * TAPS * COUT)[:, None], mask=(t < T)[:, None] & c_ok[None, :],
-                       other=0.0)
-    dw = dw_ptr + co * sdo + (tap // KW) * sdh + (tap % KW) * sdw
-    tl.store(dw, tl.sum(acc, axis=0).to(dw_ptr.dtype.element_ty), mask=c_ok)
-
-
-@triton.jit
 def _fma3(x0, x1, x2, d, a0, a1, a2):
     """(a0 + x0.d, a1 + x1.d, a2 + x2.d): one dz row times one input row's three column shifts."""
     return a0 + x0 * d, a1 + x1 * d, a2 + x2 * d
@@ -610,9 +590,8 @@ def _conv_dw3_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
             x0, x1, x2 = x_ahead
             x0, x1, x2 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32)
             x_ahead = x_ahead2
-            if j + 2 < TH + 2:
-                x_ahead2 = _dw3_load(oh0 - PAD_H + j + 2, *rows)
             if j < TH:
+                x_ahead2 = _dw3_load(oh0 - PAD_H + j + 2, *rows)
                 if oh0 + j < OH:
                     a00, a01, a02 = _fma3(x0, x1, x2, d0, a00, a01, a02)
             if j >= 1:
@@ -1353,7 +1332,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 dw_scalars = (H, W, groups * COUT_G, COUT_G, OH, OW, *dz.stride(), *x.stride())
                 part_shape = (grid[0], KH * KW, groups * COUT_G)
                 block_c = min(32, _runtime.next_power_of_2(groups * COUT_G))
-                tile_sum = _runtime.Launcher(_tile_sum_kernel, (KH * KW, _runtime.cdiv(groups * COUT_G, block_c)),
+                tile_sum = _runtime.Launcher(sum_partials_kernel, (KH * KW, _runtime.cdiv(groups * COUT_G, block_c)),
                                              dict(KW=KW, TAPS=KH * KW, BLOCK_T=64, BLOCK_C=block_c))
                 sum_scalars = (grid[0], groups * COUT_G, dw.stride(0), *dw.stride()[2:])
 
