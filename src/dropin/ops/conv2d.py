@@ -1079,13 +1079,17 @@ def _flipped(w: torch.Tensor) -> torch.Tensor:
     return _derived(w, "flipped", lambda w: w.flip(2, 3).transpose(0, 1).contiguous(memory_format=torch.channels_last))
 
 
-def _tma_wgrad_configs(dz, x, stride, groups: int) -> list:
+def _tma_wgrad_configs(dz, x, stride, groups: int, precision: str) -> list:
     """_conv_wgrad_tma_kernel's candidates, none where it does not apply: the TMA forward's conditions on x
-    (_tma_fwd_configs), and dz dense channels_last with at least 16 channels in 16-byte rows."""
+    (_tma_fwd_configs), and dz dense channels_last with at least 16 channels in 16-byte rows. A pixel tile is
+    one MMA chain, whose every step truncates in true fp32: there at most _max_k pixels (TH cut), as the
+    GEMMs' BLOCK_K (with 128-pixel tiles a short reduction reached 2x cuDNN's error; 64 keep it at 0.7x that)."""
     size, cout = dz.element_size(), dz.shape[1]  # (dz's layout checked in w's place)
     if not (_tma_fwd_configs(x, dz, stride, groups) and cout >= 16 and cout * size % 16 == 0):
         return []
-    fitting = [dict(c, KERNEL="tma") for c in _WGRAD_TMA_CONFIGS if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
+    pixels = _max_k(precision, size)
+    fitting = [dict(c, KERNEL="tma", TH=min(c["TH"], max(1, pixels // c["TW"]))) for c in _WGRAD_TMA_CONFIGS
+               if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
     return _staged(fitting, lambda c: c["TH"] * c["TW"] * (c["BLOCK_M"] + c["BLOCK_N"]) * size)
 
 
@@ -1364,7 +1368,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
         gemm = _configs(_WGRAD_CONFIGS, COUT_G, cols, P, x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(dz, x)
         walk = _dw3_walks(direct, KH, KW, stride, dilation)
-        tma_configs = _tma_wgrad_configs(dz, x, stride, groups)
+        tma_configs = _tma_wgrad_configs(dz, x, stride, groups, precision)
         configs = tma_configs + _candidates(_DW_WGRAD_CONFIGS, gemm, direct, OH, OW, groups * COUT_G,
                                             _DW3_WGRAD_CONFIGS if walk else ())
         tkey = ("wgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
