@@ -143,8 +143,8 @@ def test_tuning_leaves_the_backward_inputs_alone(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "saved"])
 def test_what_the_backward_keeps(recompute):
-    """By default the autograd node keeps the four inputs only; with recompute=False also g and u (on the
-    node, which hands them to the backward)."""
+    """The autograd node keeps the four inputs; by default (recompute=False) also g and u (on the node, which
+    hands them to the backward), with recompute=True nothing more."""
     t = {k: v.requires_grad_() for k, v in leaves((6, 16), 40).items()}
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(s) or s, lambda s: s):

@@ -3,8 +3,8 @@ Liger-Kernel (its LigerSwiGLUMLP computation: two linears, its fused silu * mul 
 
 Full cases (GPU): seed 002 (2 x 1024 tokens, 1024 -> 11008, fp32), Llama-7B (4096 tokens, 4096 -> 11008,
 bf16), Llama-3-8B (8192 tokens, 4096 -> 14336, bf16), each forward and forward + backward (the output and
-the gradients of x and the three weights, for a random upstream gradient; there also dropin_saved, which
-keeps g and u for its backward: recompute=False). The MiB column is the peak
+the gradients of x and the three weights, for a random upstream gradient; there also dropin_recompute,
+which recomputes g and u in its backward instead of keeping them: recompute=True). The MiB column is the peak
 memory a call allocates beyond its inputs. Quick cases (interpreter, or --quick): tiny shapes.
 Without transformers the eager row runs swiglu_mlp_ref, the same computation (tests check it against HF).
 """
@@ -58,8 +58,8 @@ def swiglu_case(tokens: tuple, hidden: int, intermediate: int, dtype: str, backw
     providers = {"dropin": swiglu_mlp, "torch": _hf_mlp(hidden, intermediate),
                  "torch_compile": compiled(swiglu_mlp_ref), "liger": _liger()}
     reference = swiglu_mlp_ref
-    if backward:  # and dropin keeping g and u for its backward instead of recomputing them
-        providers["dropin_saved"] = lambda *args: swiglu_mlp(*args, recompute=False)
+    if backward:  # and dropin recomputing g and u in its backward instead of keeping them
+        providers["dropin_recompute"] = lambda *args: swiglu_mlp(*args, recompute=True)
         providers = {name: with_backward(fn, 4, 4) for name, fn in providers.items()}
         reference = with_backward(reference, 4, 4)
     flops = 2 * m * hidden * intermediate * 3

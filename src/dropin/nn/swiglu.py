@@ -24,10 +24,10 @@ class SwiGLUMLP(nn.Module):
     """`down_proj(silu(gate_proj(x)) * up_proj(x))` with bias-free projections, as LlamaMLP computes it.
 
     The submodules carry LlamaMLP's names (gate_proj, up_proj, down_proj), so state dicts load either way.
-    recompute: see dropin.ops.swiglu_mlp (True: the backward recomputes the gate and up projections; False:
-    they are kept from the forward, faster and heavier between forward and backward)."""
+    recompute: see dropin.ops.swiglu_mlp (False, the default: the gate and up projections are kept from the
+    forward; True: the backward recomputes them, slower and lighter between forward and backward)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, device=None, dtype=None, recompute: bool = True):
+    def __init__(self, hidden_size: int, intermediate_size: int, device=None, dtype=None, recompute: bool = False):
         super().__init__()
         self.recompute = recompute
         factory = {"device": device, "dtype": dtype}
@@ -39,7 +39,7 @@ class SwiGLUMLP(nn.Module):
         return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, self.recompute)
 
     @classmethod
-    def from_llama(cls, mlp: nn.Module, recompute: bool = True) -> "SwiGLUMLP":
+    def from_llama(cls, mlp: nn.Module, recompute: bool = False) -> "SwiGLUMLP":
         """A SwiGLUMLP sharing (not copying) the projections of a HF LlamaMLP (or any module with
         gate_proj / up_proj / down_proj linears and a SiLU act_fn): training either trains both."""
         act = getattr(mlp, "act_fn", None)

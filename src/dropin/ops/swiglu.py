@@ -3,14 +3,15 @@
 Forward: `_swiglu_kernel` computes, for one (M, N) tile, both x @ G^T and x @ U^T in two fp32
 accumulators from one read of each x tile, and writes only h = silu(g) * u: the two pre-activations never
 reach memory. The down projection is dropin's `linear`.
-Backward, by default, recomputes rather than stores: the forward saves only its inputs. With dh = dy @ D,
-the same kernel (BACKWARD) recomputes the tile's g and u and writes h (for D's gradient), du = dh * silu(g)
-and dg = dh * u * silu'(g) over dh itself; the gradients of x and of the three weights are dropin matmuls.
-Nothing of size [tokens, intermediate] lives from the forward to the backward (eager keeps 4: g, silu(g),
-u, h); the backward peaks at 3 such buffers. With recompute=False the forward also writes g and u (SAVE),
-and the backward's elementwise pass (SAVED) turns them into h and du in place: 2 buffers kept, the same
-backward peak, two GEMMs fewer (they are kept on the autograd node, not saved, so that the backward can
-free them as it goes; it therefore runs once per forward).
+Backward, by default (recompute=False), recomputes what is cheap and keeps what is not: the forward also
+writes g and u (SAVE), and the backward's elementwise pass (SAVED) turns them, with dh = dy @ D, into
+h = silu(g) * u (for D's gradient, over g), du = dh * silu(g) (over u) and dg = dh * u * silu'(g) (over dh):
+2 buffers of size [tokens, intermediate] live from the forward to the backward (eager keeps 4: g, silu(g),
+u, h), and the backward peaks at 3; the gradients of x and of the three weights are dropin matmuls. g and u
+are kept on the autograd node, not saved, so that the backward can free them as it goes: it therefore runs
+once per forward (retain_graph raises). recompute=True keeps nothing of that size: the same kernel
+(BACKWARD) recomputes the tile's g and u from x and writes h, du and dg; two GEMMs more, the same backward
+peak.
 float32 follows torch's rule (tf32 only when `torch.backends.cuda.matmul.allow_tf32`), as matmul does.
 """
 import math
@@ -98,13 +99,14 @@ def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
         g, u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
                              stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
                              PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
+    if BACKWARD:  # dh loaded before any store: h may be zg, and a load after a store that may alias it waits
+        dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # for that store
     if SAVE:
         tl.store(zg_ptr + offs, g.to(zg_ptr.dtype.element_ty), mask=mask)
         tl.store(zu_ptr + offs, u.to(zu_ptr.dtype.element_ty), mask=mask)
     act = apply_activation(g, "silu")
     tl.store(h_ptr + offs, (act * u).to(h_ptr.dtype.element_ty), mask=mask)
     if BACKWARD:
-        dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(du_ptr + offs, (dh * act).to(du_ptr.dtype.element_ty), mask=mask)
         tl.store(dh_ptr + offs, (dh * u * activation_grad(g, "silu")).to(dh_ptr.dtype.element_ty), mask=mask)
 
@@ -137,8 +139,8 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
     backward, saved = dh is not None, zg is not None and not save
     precision = _precision(x.dtype)
     max_k = _max_k(precision, x.element_size())
-    if saved:  # elementwise: no product, no tuning
-        configs, kinds = [dict(_cfg(64, 128, 16, 4, 1), TMA=False)], ()
+    if saved:  # elementwise, in place: not tuned (the best of 7 tiles on the H200: 3.1 TB/s)
+        configs, kinds = [dict(_cfg(32, 128, 16, 4, 1), TMA=False)], ()
     else:
         fitting = _fits(_CONFIGS[x.element_size()], M, N, K, max_k)
         if M >= 64:  # the 16-row tiles are for few tokens; fewer candidates, less compiling when tuning
@@ -261,9 +263,9 @@ class _SwiGLUFunction(torch.autograd.Function):
             h, du = _swiglu_bwd(x, gate_weight, up_weight, dg)
         else:
             if ctx.pre_activations is None:
-                raise RuntimeError("swiglu_mlp(recompute=False): the backward turns the kept pre-activations "
-                                   "into its own buffers, so it runs once per forward (retain_graph is not "
-                                   "supported); use recompute=True")
+                raise RuntimeError("swiglu_mlp (recompute=False, the default): the backward turns the kept "
+                                   "pre-activations into its own buffers, so it runs once per forward "
+                                   "(retain_graph is not supported); use recompute=True")
             (g, u), ctx.pre_activations = ctx.pre_activations, None
             _swiglu_bwd_saved(g, u, dg)  # in place: g becomes h, u becomes du
             h, du = g, u
@@ -283,16 +285,18 @@ class _SwiGLUFunction(torch.autograd.Function):
 # --- 6. Public function -------------------------------------------------------------------------------
 
 def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
-               down_weight: torch.Tensor, recompute: bool = True) -> torch.Tensor:
+               down_weight: torch.Tensor, recompute: bool = False) -> torch.Tensor:
     """HF Llama's MLP, `down_proj(silu(gate_proj(x)) * up_proj(x))` without biases.
 
     x [..., hidden] (any strides), gate_weight and up_weight [intermediate, hidden], down_weight
     [hidden, intermediate] (nn.Linear's layouts) -> [..., hidden]. float32 / float16 / bfloat16 (all the
     same), fp32 accumulation; float32 uses tf32 only where torch would. Under torch.autocast the operands
-    are cast as autocast casts linear's. Differentiable in x and all three weights. recompute=True (the
-    default): nothing of size [..., intermediate] is kept for the backward, which recomputes the gate and up
-    projections (two more GEMMs); recompute=False keeps them (2 such buffers, eager keeps 4) and the
-    backward turns them into its own buffers in place: fastest, about the same peak within one MLP."""
+    are cast as autocast casts linear's. Differentiable in x and all three weights. recompute=False (the
+    default) keeps the gate and up projections for the backward (2 buffers of size [..., intermediate], eager
+    keeps 4), which turns them into its own buffers in place: it runs once per forward. recompute=True
+    keeps nothing of that size and recomputes the two projections in the backward (two more GEMMs), for the
+    lowest memory across many layers and a backward that may run again (retain_graph); within one MLP both
+    peak alike."""
     for name, t in (("x", x), ("gate_weight", gate_weight), ("up_weight", up_weight), ("down_weight", down_weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"swiglu_mlp: argument '{name}' must be a Tensor, got {type(t).__name__}")
