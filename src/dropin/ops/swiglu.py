@@ -133,8 +133,9 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
             tma: Optional[bool] = None):
     """The kernel over the [M, N] tiles; x [M, K] and the weights [N, K] with any strides. Backward when
     dh is given; with zg and zu, forward saves g and u there (save) or backward reads them (not save).
-    Candidates for the products: the TMA variant where it applies (Hopper) and the pointer one; the config
-    is tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces the choice (tests)."""
+    Candidates for the products: the TMA variant where it applies (Hopper; not on fp32 FMA dots, where it ran
+    10-30x slower than the pointer one, H200) and the pointer one; the config is tuned once per (pass, dtype,
+    precision, kernels, size bucket). `tma` forces the choice (tests)."""
     (M, N), K = h.shape, x.shape[1]
     backward, saved = dh is not None, zg is not None and not save
     precision = _precision(x.dtype)
@@ -146,7 +147,8 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
         if M >= 64:  # the 16-row tiles are for few tokens; fewer candidates, less compiling when tuning
             fitting = [cfg for cfg in fitting if cfg["BLOCK_M"] > 16] or fitting
         if tma is None:
-            tma_ok = _runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, (x, gate_weight, up_weight)))
+            tma_ok = (_runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, (x, gate_weight, up_weight)))
+                      and not (x.dtype == torch.float32 and precision == "ieee"))
             kinds = (True, False) if tma_ok else (False,)
         else:
             kinds = (tma,)
