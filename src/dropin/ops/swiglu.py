@@ -297,8 +297,9 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     default) keeps the gate and up projections for the backward (2 buffers of size [..., intermediate], eager
     keeps 4), which turns them into its own buffers in place: it runs once per forward. recompute=True
     keeps nothing of that size and recomputes the two projections in the backward (two more GEMMs), for the
-    lowest memory across many layers and a backward that may run again (retain_graph); within one MLP both
-    peak alike."""
+    lowest memory across many layers, a backward that may run again (retain_graph), and activation
+    checkpointing with use_reentrant=False (whose saved-tensor hooks do not see the kept projections, which
+    stay on the autograd node); within one MLP both peak alike."""
     for name, t in (("x", x), ("gate_weight", gate_weight), ("up_weight", up_weight), ("down_weight", down_weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"swiglu_mlp: argument '{name}' must be a Tensor, got {type(t).__name__}")
