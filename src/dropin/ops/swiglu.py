@@ -1,8 +1,8 @@
 """The SwiGLU MLP of HF Llama (LlamaMLP): down(silu(x @ G^T) * (x @ U^T)); forward and backward.
 
-Forward: `_swiglu_kernel` computes, for one (M, N) tile, both x @ G^T and x @ U^T in two fp32
-accumulators from one read of each x tile, and writes only h = silu(g) * u: the two pre-activations never
-reach memory. The down projection is dropin's `linear`.
+Forward: `_swiglu_kernel` (on Hopper `_swiglu_tma_kernel`, persistent) computes, for one (M, N) tile, both
+x @ G^T and x @ U^T in two fp32 accumulators from one read of each x tile, and writes only h = silu(g) * u:
+the two pre-activations never reach memory. The down projection is dropin's `linear`.
 Backward, by default (recompute=False), recomputes what is cheap and keeps what is not: the forward also
 writes g and u (SAVE), and the backward's elementwise pass (SAVED) turns them, with dh = dy @ D, into
 h = silu(g) * u (for D's gradient, over g), du = dh * silu(g) (over u) and dg = dh * u * silu'(g) (over dh):
@@ -40,53 +40,48 @@ def swiglu_mlp_ref(x, gate_weight, up_weight, down_weight):
 @triton.jit
 def _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
                   stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                  PRECISION: tl.constexpr, TMA: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(x @ G^T, x @ U^T) for one tile, fp32, each x tile loaded once for both products. TMA: tensor
-    descriptors (Hopper; unit stride along K, 16-byte aligned rows), which fill past the edges with zeros;
-    otherwise pointer loads with any strides."""
+                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(x @ G^T, x @ U^T) for one tile, fp32, each x tile loaded once for both products; pointer loads with
+    any strides."""
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if TMA:
-        x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [stride_xm, 1], [BLOCK_M, BLOCK_K])
-        g_desc = tl.make_tensor_descriptor(g_ptr, [N, K], [stride_gn, 1], [BLOCK_N, BLOCK_K])
-        u_desc = tl.make_tensor_descriptor(u_ptr, [N, K], [stride_un, 1], [BLOCK_N, BLOCK_K])
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            a = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            acc_g = _dot_acc(acc_g, a, g_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T, PRECISION)
-            acc_u = _dot_acc(acc_u, a, u_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T, PRECISION)
-    else:
-        offs_k = tl.arange(0, BLOCK_K)
-        # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask.
-        rows_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-        rows_n = ((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[None, :]
-        x_ptrs = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
-        g_ptrs = g_ptr + offs_k[:, None] * stride_gk + rows_n * stride_gn
-        u_ptrs = u_ptr + offs_k[:, None] * stride_uk + rows_n * stride_un
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            k_left = K - k * BLOCK_K
-            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            acc_g = _dot_acc(acc_g, a, g, PRECISION)
-            acc_u = _dot_acc(acc_u, a, u, PRECISION)
-            x_ptrs += BLOCK_K * stride_xk
-            g_ptrs += BLOCK_K * stride_gk
-            u_ptrs += BLOCK_K * stride_uk
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask.
+    rows_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    rows_n = ((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[None, :]
+    x_ptrs = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    g_ptrs = g_ptr + offs_k[:, None] * stride_gk + rows_n * stride_gn
+    u_ptrs = u_ptr + offs_k[:, None] * stride_uk + rows_n * stride_un
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc_g = _dot_acc(acc_g, a, g, PRECISION)
+        acc_u = _dot_acc(acc_u, a, u, PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        g_ptrs += BLOCK_K * stride_gk
+        u_ptrs += BLOCK_K * stride_uk
     return acc_g, acc_u
+
+
+@triton.jit
+def _swiglu_values(g, u, dh):
+    """fp32 h = silu(g) * u, du = dh * silu(g), dg = dh * u * silu'(g)."""
+    act = apply_activation(g, "silu")
+    return act * u, dh * act, dh * u * activation_grad(g, "silu")
 
 
 @triton.jit
 def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
                    M, N, K,
                    stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                   BACKWARD: tl.constexpr, SAVE: tl.constexpr, SAVED: tl.constexpr,
-                   PRECISION: tl.constexpr, TMA: tl.constexpr,
+                   BACKWARD: tl.constexpr, SAVE: tl.constexpr, SAVED: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """One [M, N] tile per program: g = x @ G^T and u = x @ U^T in registers; writes h = silu(g) * u, and
-    when BACKWARD also du = dh * silu(g) and dg = dh * u * silu'(g) over dh. SAVE (forward): g and u are
-    also written to zg and zu; SAVED (backward): g and u are read from zg and zu instead of recomputed (an
-    elementwise pass; h and du may then be zg and zu themselves). h, dh, du, zg, zu: contiguous [M, N]."""
+    """One [M, N] tile per program: g = x @ G^T and u = x @ U^T in registers (pointer loads); writes h, and
+    when BACKWARD also du and dg over dh (_swiglu_values). SAVE (forward): g and u are also written to zg and
+    zu; SAVED (backward): g and u are read from zg and zu instead of computed (an elementwise pass; h and du
+    may then be zg and zu themselves). h, dh, du, zg, zu: contiguous [M, N]."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -98,17 +93,63 @@ def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
     else:
         g, u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
                              stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                             PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
+                             PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    dh = 0.0
     if BACKWARD:  # dh loaded before any store: h may be zg, and a load after a store that may alias it waits
         dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # for that store
     if SAVE:
         tl.store(zg_ptr + offs, g.to(zg_ptr.dtype.element_ty), mask=mask)
         tl.store(zu_ptr + offs, u.to(zu_ptr.dtype.element_ty), mask=mask)
-    act = apply_activation(g, "silu")
-    tl.store(h_ptr + offs, (act * u).to(h_ptr.dtype.element_ty), mask=mask)
+    h, du, dg = _swiglu_values(g, u, dh)
+    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
     if BACKWARD:
-        tl.store(du_ptr + offs, (dh * act).to(du_ptr.dtype.element_ty), mask=mask)
-        tl.store(dh_ptr + offs, (dh * u * activation_grad(g, "silu")).to(dh_ptr.dtype.element_ty), mask=mask)
+        tl.store(du_ptr + offs, du.to(du_ptr.dtype.element_ty), mask=mask)
+        tl.store(dh_ptr + offs, dg.to(dh_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_tma_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
+                       M, N, K, stride_xm, stride_gn, stride_un,
+                       BACKWARD: tl.constexpr, SAVE: tl.constexpr, PRECISION: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                       NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """_swiglu_kernel's forward and backward (not SAVED) through tensor descriptors (Hopper: x and the weights
+    with unit stride along K, every row 16-byte aligned, the [M, N] tensors too; zeros past the edges, stores
+    clipped there), persistent: NUM_PROGRAMS programs walk the tiles in _tile_coords' order. The tile loop is
+    not flattened: flattened, it ran 15% slower (H200)."""
+    x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [stride_xm, 1], [BLOCK_M, BLOCK_K])
+    g_desc = tl.make_tensor_descriptor(g_ptr, [N, K], [stride_gn, 1], [BLOCK_N, BLOCK_K])
+    u_desc = tl.make_tensor_descriptor(u_ptr, [N, K], [stride_un, 1], [BLOCK_N, BLOCK_K])
+    h_desc = tl.make_tensor_descriptor(h_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    if BACKWARD:
+        dh_desc = tl.make_tensor_descriptor(dh_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+        du_desc = tl.make_tensor_descriptor(du_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    if SAVE:
+        zg_desc = tl.make_tensor_descriptor(zg_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+        zu_desc = tl.make_tensor_descriptor(zu_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = x_desc.load([off_m, k * BLOCK_K])
+            g = _dot_acc(g, a, g_desc.load([off_n, k * BLOCK_K]).T, PRECISION)
+            u = _dot_acc(u, a, u_desc.load([off_n, k * BLOCK_K]).T, PRECISION)
+        dh = 0.0
+        if BACKWARD:
+            dh = dh_desc.load([off_m, off_n]).to(tl.float32)
+        if SAVE:
+            zg_desc.store([off_m, off_n], g.to(zg_ptr.dtype.element_ty))
+            zu_desc.store([off_m, off_n], u.to(zu_ptr.dtype.element_ty))
+        h, du, dg = _swiglu_values(g, u, dh)
+        h_desc.store([off_m, off_n], h.to(h_ptr.dtype.element_ty))
+        if BACKWARD:
+            du_desc.store([off_m, off_n], du.to(du_ptr.dtype.element_ty))
+            dh_desc.store([off_m, off_n], dg.to(dh_ptr.dtype.element_ty))
 
 
 # --- 3. Launchers -----------------------------------------------------------------------------------
@@ -124,8 +165,17 @@ _CONFIGS = {
 }
 
 
+_TMA_CONFIGS = {  # _swiglu_tma_kernel's (persistent, a program an SM)
+    2: [_cfg(128, 128, 64, 8, 3, WARP_SPECIALIZE=False), _cfg(128, 128, 64, 8, 3, WARP_SPECIALIZE=True),
+        _cfg(128, 128, 64, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 64, 64, 4, 4, WARP_SPECIALIZE=False),
+        _cfg(64, 64, 64, 4, 4, WARP_SPECIALIZE=False)],
+    4: [_cfg(128, 128, 32, 8, 3, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),
+        _cfg(64, 64, 32, 4, 4, WARP_SPECIALIZE=False)],
+}
+
+
 def _tma_ok(t: torch.Tensor) -> bool:
-    """A 2-D operand a tensor descriptor can read: unit stride along K, 16-byte aligned base and rows."""
+    """A 2-D tensor a descriptor can read and write: unit inner stride, 16-byte aligned base and rows."""
     return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
 
@@ -133,9 +183,9 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
             tma: Optional[bool] = None):
     """The kernel over the [M, N] tiles; x [M, K] and the weights [N, K] with any strides. Backward when
     dh is given; with zg and zu, forward saves g and u there (save) or backward reads them (not save).
-    Candidates for the products: the TMA variant where it applies (Hopper; not on fp32 FMA dots, where it ran
-    10-30x slower than the pointer one, H200) and the pointer one; the config is tuned once per (pass, dtype,
-    precision, kernels, size bucket). `tma` forces the choice (tests)."""
+    Candidates for the products: _swiglu_tma_kernel's where every tensor suits a descriptor (Hopper; not on
+    fp32 FMA dots, where TMA loads ran 10-30x slower than pointer ones, H200) and _swiglu_kernel's; the
+    config is tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces the choice (tests)."""
     (M, N), K = h.shape, x.shape[1]
     backward, saved = dh is not None, zg is not None and not save
     precision = _precision(x.dtype)
@@ -143,35 +193,44 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
     if saved:  # elementwise, in place: not tuned (the best of 7 tiles on the H200: 3.1 TB/s)
         configs, kinds = [dict(_cfg(32, 128, 16, 4, 1), TMA=False)], ()
     else:
-        fitting = _fits(_CONFIGS[x.element_size()], M, N, K, max_k)
-        if M >= 64:  # the 16-row tiles are for few tokens; fewer candidates, less compiling when tuning
-            fitting = [cfg for cfg in fitting if cfg["BLOCK_M"] > 16] or fitting
         if tma is None:
-            tma_ok = (_runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, (x, gate_weight, up_weight)))
+            tensors = [t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu) if t is not None]
+            tma_ok = (_runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, tensors))
                       and not (x.dtype == torch.float32 and precision == "ieee"))
             kinds = (True, False) if tma_ok else (False,)
         else:
             kinds = (tma,)
-        configs = [dict(cfg, TMA=kind) for kind in kinds for cfg in fitting]
-    args = [x, gate_weight, up_weight, h, dh, du, zg, zu]
-    args = (*(h if t is None else t for t in args), M, N, K, *x.stride(), *gate_weight.stride(),
-            *up_weight.stride())
+        configs = []
+        for kind in kinds:
+            fitting = _fits((_TMA_CONFIGS if kind else _CONFIGS)[x.element_size()], M, N, K, max_k)
+            if M >= 64:  # the 16-row tiles are for few tokens; fewer candidates, less compiling when tuning
+                fitting = [cfg for cfg in fitting if cfg["BLOCK_M"] > 16] or fitting
+            configs += [dict(cfg, TMA=kind) for cfg in fitting]
+    ptrs = tuple(h if t is None else t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu))
 
-    def launcher(cfg, args):
-        grid = (_runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"]),)
-        meta = dict(cfg, BACKWARD=backward, SAVE=save, SAVED=saved, PRECISION=precision, GROUP_M=8)
-        launch = _runtime.Launcher(_swiglu_kernel, grid, meta, scratch=cfg["TMA"])
-        return lambda: launch(*args)
+    def launcher(cfg, ptrs):
+        cfg = dict(cfg)
+        tiles = _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
+        meta = dict(BACKWARD=backward, SAVE=save, PRECISION=precision, GROUP_M=8)
+        if cfg.pop("TMA"):
+            programs = _runtime.num_sms(x.device.index or 0)
+            launch = _runtime.Launcher(_swiglu_tma_kernel, (min(tiles, programs),),
+                                       dict(meta, NUM_PROGRAMS=programs, **cfg), scratch=True)
+            scalars = (M, N, K, x.stride(0), gate_weight.stride(0), up_weight.stride(0))
+        else:
+            launch = _runtime.Launcher(_swiglu_kernel, (tiles,), dict(meta, SAVED=saved, **cfg))
+            scalars = (M, N, K, *x.stride(), *gate_weight.stride(), *up_weight.stride())
+        return lambda: launch(*ptrs, *scalars)
 
     tuning = {}
 
     def prepare(cfg):  # the backward writes dg over dh: tuning runs, repeated, write over a copy of it
         if backward and not tuning:
-            tuning["args"] = (*args[:4], dh.clone(), *args[5:])
-        return launcher(cfg, tuning.get("args", args))
+            tuning["ptrs"] = (*ptrs[:4], dh.clone(), *ptrs[5:])
+        return launcher(cfg, tuning.get("ptrs", ptrs))
 
     key = ("bwd" if backward else "fwd", saved, save, x.dtype, precision, kinds, *map(_autotune.bucket, (M, N, K)))
-    launcher(_autotune.pick("swiglu", key, configs, prepare), args)()
+    launcher(_autotune.pick("swiglu", key, configs, prepare), ptrs)()
 
 
 def _swiglu_fwd_impl(x, gate_weight, up_weight, save: bool, tma: Optional[bool] = None):
