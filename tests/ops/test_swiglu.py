@@ -122,6 +122,20 @@ def test_tma_and_pointer_kernels_agree(dtype):
             assert_close(got, want, dtype, "bwd", what=f"{name} (tma={tma})")
 
 
+@pytest.mark.parametrize("intermediate,offered", [(72, True), (70, False)], ids=["rows16B", "rows140B"])
+def test_tma_kernel_offered_where_descriptors_fit(intermediate, offered, monkeypatch):
+    """On Hopper the TMA kernel is a candidate only where every tensor, the [tokens, intermediate] outputs
+    included, has 16-byte rows (fp16: intermediate 72, not 70); the call is right either way."""
+    swiglu = importlib.import_module("dropin.ops.swiglu")
+    monkeypatch.setattr(swiglu._runtime, "is_hopper", lambda index=0: True)
+    kinds = []
+    real_pick = swiglu._autotune.pick
+    monkeypatch.setattr(swiglu._autotune, "pick", lambda name, key, configs, prepare: kinds.extend(
+        c["TMA"] for c in configs if name == "swiglu") or real_pick(name, key, configs, prepare))
+    check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves((5, 24), intermediate, torch.float16))
+    assert kinds and (True in kinds) == offered
+
+
 def test_tuning_leaves_the_backward_inputs_alone(monkeypatch, tmp_path):
     """On a GPU the first call of a size tunes: the candidates run repeatedly. The backward kernel writes dg
     over dh, so its tuning runs must not touch the real dh (tuning simulated here by running each launch)."""
