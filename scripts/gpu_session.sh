@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:scratch/pylib PYTHONUNBUFFERED=1 DROPIN_CACHE_DIR=$OUT/tune
 mkdir -p "$DROPIN_CACHE_DIR"  # empty: the shipped choices (src/dropin/ops/tuned) hold (a .tune/ left on the
-# device by an earlier session is not read: its stale choices overrode the shipped ones in session 17)
+# device is not read: a stale cache once came back from a session-17 call)
 i=0
 for step in "$@"; do
   i=$((i + 1)); t0=$(date +%s)
