@@ -419,10 +419,15 @@ def _dw3_load(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2):
 
 
 @triton.jit
-def _dw3_x(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2):
+def _dw3_f32(x0, x1, x2):
     """_dw3_load's three loads in fp32."""
-    x0, x1, x2 = _dw3_load(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2)
     return x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32)
+
+
+@triton.jit
+def _dw3_x(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2):
+    """_dw3_load then _dw3_f32."""
+    return _dw3_f32(*_dw3_load(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2))
 
 
 @triton.jit
@@ -464,7 +469,7 @@ def _conv_dw3_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
         ahead = ahead2
         if r + 2 < R:
             ahead2 = _dw3_load(ih0 + r + 2, *rows)
-        x0, x1, x2 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32)
+        x0, x1, x2 = _dw3_f32(x0, x1, x2)  # (after the next load is issued: 2 registers fewer)
         if r >= 2:
             if r % STRIDE_H == 0:  # kernel row 2 ends output row (r - 2) / STRIDE_H: q's (stride 1) or p's
                 if STRIDE_H == 1:
@@ -587,8 +592,7 @@ def _conv_dw3_wgrad_kernel(dz_ptr, x_ptr, part_ptr,
                     dz_ahead = dz_ahead2
                 if j + 2 < TH:
                     dz_ahead2 = tl.load(dz_cols + (oh0 + j + 2) * sdh, mask=d_ok & (oh0 + j + 2 < OH), other=0.0)
-            x0, x1, x2 = x_ahead
-            x0, x1, x2 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32)
+            x0, x1, x2 = _dw3_f32(*x_ahead)
             x_ahead = x_ahead2
             if j < TH:
                 x_ahead2 = _dw3_load(oh0 - PAD_H + j + 2, *rows)

@@ -163,8 +163,6 @@ _CONFIGS = {
     4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4), _cfg(64, 64, 32, 4, 4),
         _cfg(16, 64, 64, 4, 3), _cfg(16, 32, 32, 4, 2)],
 }
-
-
 _TMA_CONFIGS = {  # _swiglu_tma_kernel's (persistent, a program an SM)
     2: [_cfg(128, 128, 64, 8, 3, WARP_SPECIALIZE=False), _cfg(128, 128, 64, 8, 3, WARP_SPECIALIZE=True),
         _cfg(128, 128, 64, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 64, 64, 4, 4, WARP_SPECIALIZE=False),
@@ -190,12 +188,12 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
     backward, saved = dh is not None, zg is not None and not save
     precision = _precision(x.dtype)
     max_k = _max_k(precision, x.element_size())
+    tensors = (x, gate_weight, up_weight, h, dh, du, zg, zu)
     if saved:  # elementwise, in place: not tuned (the best of 7 tiles on the H200: 3.1 TB/s)
         configs, kinds = [dict(_cfg(32, 128, 16, 4, 1), TMA=False)], ()
     else:
         if tma is None:
-            tensors = [t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu) if t is not None]
-            tma_ok = (_runtime.is_hopper(x.device.index or 0) and all(map(_tma_ok, tensors))
+            tma_ok = (_runtime.is_hopper(x.device.index or 0) and all(_tma_ok(t) for t in tensors if t is not None)
                       and not (x.dtype == torch.float32 and precision == "ieee"))
             kinds = (True, False) if tma_ok else (False,)
         else:
@@ -206,7 +204,7 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
             if M >= 64:  # the 16-row tiles are for few tokens; fewer candidates, less compiling when tuning
                 fitting = [cfg for cfg in fitting if cfg["BLOCK_M"] > 16] or fitting
             configs += [dict(cfg, TMA=kind) for cfg in fitting]
-    ptrs = tuple(h if t is None else t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu))
+    ptrs = tuple(h if t is None else t for t in tensors)
 
     def launcher(cfg, ptrs):
         cfg = dict(cfg)
