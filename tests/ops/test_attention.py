@@ -92,7 +92,15 @@ def test_head_dims(head_dim, dtype):
 
 
 def test_scale():
-    check(qkv(1, 2, 2, 20, 24, 32, torch.float32), scale=0.3)
+    """A given scale, a negative one, and on the same shapes a negative one large enough that a row maximum
+    taken before scaling (the forward does so only for a positive scale: a launch plan of its own) would
+    overflow exp: there finite and within the fp32 tolerance (scores near 1e3 put torch's own fp32 result
+    far enough from the reference that the 2x rule says little)."""
+    leaves = qkv(1, 2, 2, 20, 40, 32, torch.float32)
+    check(leaves, scale=0.3)
+    check(leaves, scale=-0.3)
+    ref = attn.attention_ref(*(t.double() for t in leaves.values()), scale=-10.0)
+    assert_close(dropin.ops.attention(**leaves, scale=-10.0), ref, torch.float32, "fwd")
 
 
 # ---------------------------------------------------------------------------------------------- masks

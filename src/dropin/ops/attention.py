@@ -144,19 +144,28 @@ def _fwd_tiles(acc, l_i, m_i, q, offs_m, lo, hi, k_src, v_src, b, hk, mask_base,
                stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
                stride_mq, stride_mk,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
-               TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Online softmax over the key tiles [lo, hi): the running output, row sums and row maxima."""
+               TMA: tl.constexpr, FOLD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Online softmax over the key tiles [lo, hi): the running output, row sums and row maxima. FOLD (scale
+    > 0): on tiles whose scores are all finite (no mask, not EDGE) the row maximum is taken before scaling and
+    the scale folds into one FMA with its subtraction."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)  # every lo is one (or its range is empty)
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
         k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        s = _scores(_dot(q, tl.trans(k), PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
-                    mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: keep exp away from -inf - -inf
+        qk = _dot(q, tl.trans(k), PRECISION)
+        if FOLD and not EDGE and MASK == "none":
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_use = m_new
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        else:
+            s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
+                        MASK, CAUSAL, EDGE)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: keep exp away from -inf - -inf
+            p = _exp(s - m_use[:, None], MASK)
         alpha = _exp(m_i - m_use, MASK)
-        p = _exp(s - m_use[:, None], MASK)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
@@ -172,7 +181,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
                 stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
                 stride_ob, stride_oh, stride_om, stride_od,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                FOLD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
     """Grid (query tiles, B * H). stats [B, H, 2, Lq] fp32: the row maximum of the scores (+inf for a row that
     attends to nothing) and 1 / the row sum: the backward's P = exp(s - max) / sum is then the forward's own
     (no log-sum-exp, whose rounding would not cancel against O in rowsum(dO * O), and which a finfo.min
@@ -196,11 +206,11 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, offs_m, 0, mid, k_src, v_src, b, hk, mask_base, Lq, Lk,
                                qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
                                stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                               MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
+                               MASK, CAUSAL, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, offs_m, mid, hi, k_src, v_src, b, hk, mask_base, Lq, Lk,
                                qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
                                stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                               MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
+                               MASK, CAUSAL, True, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N)
     empty = l_i == 0.0
     l_i = tl.where(empty, 1.0, l_i)
     out = acc / l_i[:, None]
@@ -502,14 +512,15 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
         fixed = (B, H, HK, Lq, Lk)
         strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *out.stride())
         tma = _tma_ok(q, k, v)
-        meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
+        meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, FOLD=qk_scale > 0, HEAD_DIM=E,
+                    BLOCK_D=_block_d(E))
         configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, mask_kind != "none")
         launch = _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
                         configs, lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H),
                         meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides))
         return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, out, stats, *fixed, qk_scale, *strides)
 
-    cached_plan(_plans, ("fwd", _signature(q, k, v, mask), q.device, is_causal, precision), make)(
+    cached_plan(_plans, ("fwd", _signature(q, k, v, mask), q.device, is_causal, precision, qk_scale > 0), make)(
         q, k, v, mask_t, out, stats, qk_scale)
     return out, stats
 
