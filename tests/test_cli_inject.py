@@ -51,10 +51,6 @@ TINY_LLAMA = ["--layers", "1", "--hidden", "64", "--heads", "2", "--intermediate
 FAST = ["--warmup", "1", "--rep", "1"]
 
 
-def _grad_error(out: str) -> float:
-    return float(re.search(r"max rel. error vs the original (\S+)", out).group(1))
-
-
 @pytest.mark.parametrize("model, flags, kernel", [("llama", TINY_LLAMA, "swiglu_mlp"),
                                                   ("cvt-13", ["--image-size", "16"], "conv2d+bn")])
 def test_inject_hf_models_verified(capsys, model, flags, kernel):
@@ -65,17 +61,33 @@ def test_inject_hf_models_verified(capsys, model, flags, kernel):
 
 
 @pytest.mark.parametrize("model, flags", [("llama", TINY_LLAMA), ("cvt-13", ["--image-size", "16", "--batch", "2"])])
-def test_inject_train_step_gradients_match(capsys, true_fp32, model, flags):
-    """Gradients within 1e-4 of the original's in true fp32 (with cuDNN's default TF32 both sides round, and
-    a LayerNorm weight's gradient differed by 8e-3 on the GPU)."""
+def test_inject_train_step_within_limits(capsys, true_fp32, model, flags):
+    """Output and every gradient against the original in float64: within the backward tolerance or 2x PyTorch's
+    own error (in true fp32; TF32 would only widen the limit)."""
     pytest.importorskip("transformers")
     assert main(["inject", model, "--train", *flags]) == 0
     out = capsys.readouterr().out
-    assert "train mode" in out and _grad_error(out) < 1e-4
+    assert "train mode" in out and "within the limit" in out
+    assert ("stochastic depth off" in out) == (model == "cvt-13")
+
+
+class _WrongGradient(dnn.Linear):
+    """The right output, a gradient 1% too large."""
+    def forward(self, x):
+        y = super().forward(x)
+        return y + 0.01 * (y - y.detach())
+
+
+def test_inject_train_step_wrong_gradient_exits_1(capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(dnn.attention, "Linear", _WrongGradient)  # LlamaAttention's q/k/v/o projections
+    assert main(["inject", "llama", "--train", "--verify", *TINY_LLAMA]) == 1
+    out = capsys.readouterr().out
+    assert "verified: output within" in out and "BEYOND the limit" in out
 
 
 ROW_KEYS = {"model", "provider", "mode", "dtype", "batch", "median_ms", "mean_ms", "min_ms", "max_ms", "graph_ms",
-            "speedup_vs_original", "rel_err_vs_original", "coverage_modules", "coverage_macs"}
+            "speedup_vs_original", "rel_err_vs_fp64", "coverage_modules", "coverage_flops", "coverage_time"}
 
 
 def test_inject_bench_writes_rows(capsys, tmp_path):
@@ -84,14 +96,15 @@ def test_inject_bench_writes_rows(capsys, tmp_path):
     assert main(["inject", "llama", "--bench", "--train", *TINY_LLAMA, *FAST, "--json", str(paths["json"]),
                  "--csv", str(paths["csv"])]) == 0
     out = capsys.readouterr().out
-    assert "err vs orig" in out and "speed-up" in out
+    assert "err vs fp64" in out and "speed-up" in out
     result = json.loads(paths["json"].read_text())
     rows = {r["provider"]: r for r in result["rows"]}
     assert list(rows) == ["original", "original_compile", "dropin", "dropin_compile"]
     assert all(ROW_KEYS <= set(r) for r in rows.values()) and result["env"]["command"].startswith("dropin inject")
-    assert rows["original"]["speedup_vs_original"] == 1.0 and rows["original"]["coverage_macs"] is None
-    assert rows["dropin"]["mode"] == "train" and 0 < rows["dropin"]["rel_err_vs_original"] < 1e-4
-    assert rows["dropin"]["coverage_macs"] == 1.0 and 0 < rows["dropin"]["coverage_modules"] < 1  # embedding
+    assert rows["original"]["speedup_vs_original"] == 1.0 and rows["original"]["coverage_flops"] is None
+    assert rows["dropin"]["mode"] == "train" and 0 < rows["dropin"]["rel_err_vs_fp64"] < 1e-4
+    assert 0.99 < rows["dropin"]["coverage_flops"] < 1 and 0 < rows["dropin"]["coverage_modules"] < 1  # residual adds; embedding
+    assert "torch ops with FLOPs that still ran:" in out and "aten::add" in out
     compiled = rows["dropin_compile"]
     assert (compiled["note"] == "skipped: interpreter") == (compiled["median_ms"] is None)
     assert paths["csv"].read_text().splitlines()[0].startswith("model,provider,mode")

@@ -4,6 +4,8 @@ One copy for the library (inject_'s verification) and the tests (tests/_tol.py i
 """
 import torch
 
+from . import _runtime
+
 # Relative error against float64, (forward, backward).
 TOLERANCES = {
     torch.float32: (1e-5, 1e-4),
@@ -29,3 +31,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if scale == 0.0:
         return 0.0 if diff == 0.0 else float("inf")
     return diff / scale
+
+
+def limit(dtype: torch.dtype, torch_err: float, backward: bool = False) -> float:
+    """The bound for an error against float64: the dtype's tolerance (forward or backward), or 2x PyTorch's own
+    error there (+ NOISE_ULPS unit roundoffs) where that is larger (a model's error compounds with depth, so a
+    deep model may exceed the per-op tolerance in PyTorch too). float32 counts as tf32 where torch's TF32
+    switches are on (on the GPU)."""
+    key = dtype
+    if key == torch.float32 and not _runtime.INTERPRET and (
+            torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32):
+        key = "tf32"
+    key = key if key in TOLERANCES else torch.float32
+    return max(TOLERANCES[key][backward], 2 * torch_err + NOISE_ULPS * UNIT_ROUNDOFF[key])

@@ -8,7 +8,7 @@ import sys
 import torch
 
 from dropin import _runtime
-from dropin._tolerance import rel_err
+from dropin._tolerance import limit
 
 # Suite name -> "module:function"; the function takes `quick` and returns a list of harness.Case.
 SUITES = {
@@ -52,8 +52,11 @@ def _torchvision(args):
 def _cvt(args):
     from transformers import CvtConfig, CvtForImageClassification
 
-    config = CvtConfig(num_labels=1000, **(CVT_TINY if _runtime.INTERPRET else {}))  # CvtConfig(): CvT-13
-    return _pretrained(CvtForImageClassification, args) or CvtForImageClassification(config)
+    # --train: stochastic depth off (CvT-13 drops stage 3's residual branches at random, with masks that differ
+    # between dtypes and under torch.compile: no two runs of a step could be compared)
+    overrides = {"drop_path_rate": [0.0, 0.0, 0.0]} if args.train else {}
+    config = CvtConfig(num_labels=1000, **(CVT_TINY if _runtime.INTERPRET else {}), **overrides)  # CvT-13
+    return _pretrained(CvtForImageClassification, args, **overrides) or CvtForImageClassification(config)
 
 
 def _llama(args):
@@ -166,23 +169,32 @@ def _describe(args, model) -> str:
                 f"heads ({c.num_key_value_heads} kv) of {c.hidden_size // c.num_attention_heads}, intermediate "
                 f"{c.intermediate_size}, vocab {c.vocab_size}; token ids [{args.batch}, {args.seq}]")
     reduced = " (reduced under the interpreter: " + ", ".join(f"{k} {v}" for k, v in CVT_TINY.items()) + ")"
-    return (f"{args.model}{reduced if args.model == 'cvt-13' and _runtime.INTERPRET and not args.weights else ''}, "
+    no_drop_path = ", stochastic depth off" if args.model == "cvt-13" and args.train else ""
+    return (f"{args.model}{reduced if args.model == 'cvt-13' and _runtime.INTERPRET and not args.weights else ''}"
+            f"{no_drop_path}, "
             f"{args.batch}x3x{args.image_size}x{args.image_size} images"
             f"{', channels_last' if args.channels_last else ''}")
 
 
-def _train(original, model, inputs) -> None:
-    """One training step on each model; prints the worst gradient error against the original's."""
+def _train(original, model, inputs) -> bool:
+    """One training step on each model and on a float64 copy of the original; prints the errors against float64 and
+    whether dropin's stay within the limit (for each parameter and the output: the dtype's backward tolerance or 2x
+    PyTorch's own error there, whichever is larger). Returns whether they do."""
     from dropin.bench import models
 
     grad = torch.randn_like(models.main_output(original(*inputs)).detach())
-    out_t, grads_t = models.train_step(original, original, inputs, grad)
-    out, grads = models.train_step(model, model, inputs, grad)
-    errors = models.gradient_errors(grads, grads_t)
-    worst = max(errors, key=errors.get)
-    print(f"train step (loss: sum(output * a fixed random tensor)): output rel. error vs the original "
-          f"{rel_err(out, out_t):.2e}; gradients of {len(errors)} parameters, max rel. error vs the original "
-          f"{errors[worst]:.2e} ({worst}; relative to at least {models.GRAD_FLOOR:g} x the largest gradient's norm)")
+    reference = models.float64_step(original, inputs, grad)
+    theirs = models.step_errors(models.train_step(original, original, inputs, grad), reference)
+    ours = models.step_errors(models.train_step(model, model, inputs, grad), reference)
+    ratio = {k: ours[k] / limit(grad.dtype, theirs[k], backward=True) for k in ours}
+    worst = max(ratio, key=ratio.get)
+    print(f"train step (loss: sum(output * a fixed random tensor)), errors against the original in float64 "
+          f"(gradients relative to at least {models.GRAD_FLOOR:g} x the largest gradient's norm): output "
+          f"{ours['output']:.2e} (PyTorch {theirs['output']:.2e}); {len(ours) - 1} parameter gradients, worst "
+          f"against its limit: {worst} {ours[worst]:.2e} (PyTorch {theirs[worst]:.2e}, limit "
+          f"{limit(grad.dtype, theirs[worst], backward=True):.2e}): {'within' if ratio[worst] <= 1 else 'BEYOND'} "
+          f"the limit")
+    return ratio[worst] <= 1
 
 
 def _inject(args) -> int:
@@ -203,20 +215,22 @@ def _inject(args) -> int:
     inputs = _inputs(args, model)
     original = copy.deepcopy(model) if args.train or args.bench else None
     try:
-        report = inject_(model, InjectConfig(sparse=args.sparse), example_inputs=inputs, verify=args.verify)
+        report = inject_(model, InjectConfig(sparse=args.sparse), example_inputs=inputs, verify=args.verify,
+                         coverage=args.verify and not args.bench)  # (--bench measures it on the step it times)
     except VerificationError as e:
         print(e, file=sys.stderr)
         return 1
     print(f"{_describe(args, model)}, {args.dtype}{', train mode' if args.train else ''}")
     print(report)
-    if args.train:
-        _train(original, model, inputs)
+    if args.train and not _train(original, model, inputs):
+        return 1
     if args.bench:
         from dropin.bench import harness, models
 
+        cover, measured = models.coverage(original, model, inputs, report, args.train)
         rows = models.bench_rows(args.model, original, model, inputs, train=args.train, dtype=args.dtype,
-                                 batch=args.batch, cover=models.coverage(original, inputs, report),
-                                 warmup_ms=args.warmup, rep_ms=args.rep)
+                                 batch=args.batch, cover=cover, warmup_ms=args.warmup, rep_ms=args.rep)
+        print(measured)
         print(models.format_rows(rows))
         result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows}
         for path in filter(None, (args.json and harness.write_json(args.json, result),
@@ -249,8 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
         "inject", help="put dropin kernels into a model and print the report",
         description="Builds the model (random weights unless --weights, eval mode unless --train), swaps in "
                     "dropin modules and prints what was replaced (with its kernel) and what stays torch (with the "
-                    "reason). Exit code 1 if --verify finds a divergence, 2 for bad arguments. Under the Triton "
-                    "interpreter (no GPU) the sizes are small and CvT-13 is reduced.")
+                    "reason). Exit code 1 if --verify finds a divergence or the --train step's errors exceed their "
+                    "limit, 2 for bad arguments. Under the Triton interpreter (no GPU) the sizes are small and CvT-13 "
+                    "is reduced.")
     inject.add_argument("model", choices=sorted(MODELS))
     inject.add_argument("--batch", type=int, help="default: 1, or 2 for llama (seed 002)")
     inject.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")

@@ -1,4 +1,5 @@
-"""inject_ on HF CvT (tiny config, 2 stages): depthwise conv projection + BatchNorm folded, Linear + GELU fused."""
+"""inject_ on HF CvT (tiny config, 2 stages): self-attention through dropin attention (its projections injected
+inside it), depthwise conv projection + BatchNorm folded, Linear + GELU fused."""
 import copy
 
 import pytest
@@ -13,12 +14,13 @@ from _models import assert_same_state, check_hf_backward, randomize_batchnorms, 
 transformers = pytest.importorskip("transformers")
 
 
-def tiny_cvt() -> torch.nn.Module:
+def tiny_cvt(attention_drop_rate: float = 0.0) -> torch.nn.Module:
     """Stage 1: 8 channels at 8x8, stage 2: 16 channels at 4x4 with the cls token, 3 layers in all."""
     two = lambda a, b: [a, b]  # noqa: E731
     config = transformers.CvtConfig(
         patch_sizes=two(7, 3), patch_stride=two(4, 2), patch_padding=two(2, 1), embed_dim=two(8, 16),
-        num_heads=two(1, 2), depth=two(1, 2), mlp_ratio=two(4.0, 4.0), attention_drop_rate=two(0.0, 0.0),
+        num_heads=two(1, 2), depth=two(1, 2), mlp_ratio=two(4.0, 4.0),
+        attention_drop_rate=two(attention_drop_rate, attention_drop_rate),
         drop_rate=two(0.0, 0.0), drop_path_rate=two(0.0, 0.0), qkv_bias=two(True, True), cls_token=two(False, True),
         qkv_projection_method=two("dw_bn", "dw_bn"), kernel_qkv=two(3, 3), padding_kv=two(1, 1),
         stride_kv=two(2, 2), padding_q=two(1, 1), stride_q=two(1, 1), num_labels=5)
@@ -36,6 +38,9 @@ def test_cvt_fused_verified_and_hf_forward_unchanged():
     kernels = [r.kernel for r in report.replaced]
     assert kernels.count("conv2d+bn") == 9 and kernels.count("linear+gelu") == 3  # q, k, v per layer; MLPs
     assert kernels.count("conv2d") == 2 and kernels.count("linear") == 3 * 5 + 1  # embeddings; q/k/v/out/MLP out
+    assert kernels.count("attention") == 3
+    attention = model.cvt.encoder.stages[1].layers[0].attention.attention
+    assert isinstance(attention, dnn.CvtSelfAttention) and isinstance(attention.projection_query, dnn.Linear)
     where = "cvt.encoder.stages.0.layers.0.attention.attention.convolution_projection_query.convolution_projection."
     fold = next(r for r in report.replaced if r.name == where + "convolution")
     assert fold.fused == (where + "normalization",)
@@ -74,3 +79,18 @@ def test_cvt_training_backward_matches_torch():
         layer + "attention.attention.convolution_projection_key.convolution_projection.normalization.weight",
         layer + "attention.attention.projection_query.weight", layer + "intermediate.dense.weight",
         layer + "intermediate.dense.bias", layer + "output.dense.weight", "classifier.weight"])
+
+
+def test_cvt_attention_dropout():
+    """Attention dropout in training mode: the attention stays torch (with the reason); a model injected in eval mode
+    and switched to training raises rather than skip the dropout."""
+    report = dropin.inject_(tiny_cvt(attention_drop_rate=0.1).train(), verify=False)
+    left = [e for e in report.notes if e.type == "CvtSelfAttention"]
+    assert len(left) == 3 and "attention dropout 0.1 in training mode" in left[0].reason
+    assert "attention" not in [r.kernel for r in report.replaced]
+    model = tiny_cvt(attention_drop_rate=0.1)
+    dropin.inject_(model, verify=False)
+    with torch.no_grad():
+        model(pixel_values=pixels())  # eval: no dropout
+        with pytest.raises(RuntimeError, match="attention dropout p=0.1 in training mode"):
+            model.train()(pixel_values=pixels())

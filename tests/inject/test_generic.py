@@ -210,6 +210,35 @@ def test_unsupported_modules_and_root_are_reported():
     assert report.left[0].name == "" and "wrap it" in report.left[0].reason and "<root>" in str(report)
 
 
+class _Product(nn.Module):
+    """x @ w: a matrix product no handler knows."""
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+def test_coverage_measured_with_the_profiler():
+    """All of the cnn's FLOPs run in dropin; a product left to torch shows in the FLOPs and among the kernels."""
+    model, x = cnn().eval(), torch.randn(2, 3, 8, 8, device=DEVICE)
+    cov = dropin.inject_(model, example_inputs=x, coverage=True).coverage
+    assert cov.flops == 1.0 and cov.flops_torch == 0 < cov.flops_total and cov.torch_kernels == []
+    assert (cov.kernel_time is None) == (DEVICE == "cpu")
+    model = nn.Sequential(nn.Linear(4, 16), _Product()).to(DEVICE)
+    report = dropin.inject_(model, example_inputs=torch.randn(32, 4, device=DEVICE), coverage=True)
+    cov, product = report.coverage, 2 * 32 * 16 * 8
+    assert cov.flops_torch == product and cov.flops_total == product + 2 * 32 * 4 * 16 and 0 < cov.flops < 1
+    assert cov.torch_kernels and "of the FLOPs in dropin" in str(report)
+    if DEVICE == "cpu":
+        assert [name for name, *_ in cov.torch_kernels] == ["aten::mm"]
+    else:
+        assert 0 < cov.kernel_time < 1
+    with pytest.raises(ValueError, match="coverage=True"):
+        dropin.inject_(mlp(), coverage=True)
+
+
 @pytest.mark.parametrize("make, shape", [(mlp, (4, 16)), pytest.param(cnn, (2, 3, 8, 8), marks=gpu)])
 def test_torch_compile_fullgraph(make, shape):
     """(the CNN compiles in ~40 s on the CPU: GPU only)"""

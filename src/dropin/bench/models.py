@@ -4,18 +4,21 @@ compared, the share of the work that dropin does, and latency rows (original / i
 Row keys (`--json` / `--csv`): model, provider (original | original_compile | dropin | dropin_compile), mode
 (inference | train: forward + backward), dtype, batch, median_ms, mean_ms, min_ms, max_ms, graph_ms (GPU time
 without the host's launch cost, inference only; None under the interpreter), speedup_vs_original (original eager
-median / this median), rel_err_vs_original (||x - x_original|| / ||x_original|| against the original eager run:
-the output, and in train mode the worst of the output and every parameter's gradient, see `gradient_errors`),
-coverage_modules, coverage_macs (see `coverage`; None on original rows), note (why a row has no numbers, or no
-graph time).
+median / this median), rel_err_vs_fp64 (||x - x_64|| / ||x_64|| against the original model run in float64: the
+output, and in train mode the worst of the output and every parameter's gradient, see `step_errors`),
+coverage_modules, coverage_flops, coverage_time (see `coverage`; None on original rows), note (why a row has no
+numbers, or no graph time).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
 
 from .. import _runtime
 from .._tolerance import rel_err
+from ..inject.coverage import measure
 from . import harness
 
 PROVIDERS = ("original", "original_compile", "dropin", "dropin_compile")
@@ -45,48 +48,39 @@ def train_step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor):
 GRAD_FLOOR = 1e-5
 
 
-def gradient_errors(grads: dict, grads_original: dict) -> dict:
-    """{parameter: ||g - g_original|| / max(||g_original||, GRAD_FLOOR * the largest ||g_original||)}; inf where
-    only one of the two models has a gradient."""
-    floor = GRAD_FLOOR * max((g.double().norm().item() for g in grads_original.values()), default=0.0)
-    errors = {k: float("inf") for k in grads.keys() ^ grads_original.keys()}
-    for k in grads.keys() & grads_original.keys():
-        diff = (grads[k].double() - grads_original[k].double()).norm().item()
-        errors[k] = diff / max(grads_original[k].double().norm().item(), floor) if diff else 0.0
+def gradient_errors(grads: dict, grads_64: dict) -> dict:
+    """{parameter: ||g - g_64|| / max(||g_64||, GRAD_FLOOR * the largest ||g_64||)}; inf where only one of the two
+    has a gradient."""
+    floor = GRAD_FLOOR * max((g.double().norm().item() for g in grads_64.values()), default=0.0)
+    errors = {k: float("inf") for k in grads.keys() ^ grads_64.keys()}
+    for k in grads.keys() & grads_64.keys():
+        diff = (grads[k].double() - grads_64[k].double()).norm().item()
+        errors[k] = diff / max(grads_64[k].double().norm().item(), floor) if diff else 0.0
     return errors
 
 
-def _covered(path: str, report) -> bool:
-    names = [name for r in report.replaced for name in (r.name, *r.fused)]
-    return any(n == "" or path == n or path.startswith(n + ".") for n in names)
+def step_errors(outs: tuple, outs_64: tuple) -> dict:
+    """The errors of a step's (output, gradients) against the float64 step's: {"output": e, parameter: e, ...}."""
+    return {"output": rel_err(outs[0], outs_64[0]), **gradient_errors(outs[1], outs_64[1])}
 
 
-def coverage(original: nn.Module, inputs: tuple, report) -> dict:
-    """coverage_modules: the share of the torch modules without children that compute (the report's count) done
-    by dropin modules. coverage_macs: the share of the multiply-accumulates of the original's nn.Linear and
-    nn.Conv2d layers (counted from the output shapes in one forward) that sit inside a replaced module (attention's
-    own matmuls, norms and activations not counted)."""
-    macs = {}
+def float64_step(original: nn.Module, inputs: tuple, grad: torch.Tensor | None):
+    """(output, gradients) of a float64 copy of `original` on the inputs in float64: the reference."""
+    model = copy.deepcopy(original).double()
+    to64 = lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+    return _step(model, model, tuple(map(to64, inputs)), None if grad is None else grad.double())()
 
-    def count(path):
-        def hook(module, args, out):
-            per_output = module.in_features if isinstance(module, nn.Linear) else (
-                module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1])
-            macs[path] = macs.get(path, 0) + out.numel() * per_output
-        return hook
 
-    handles = [m.register_forward_hook(count(p)) for p, m in original.named_modules()
-               if type(m) in (nn.Linear, nn.Conv2d)]
-    try:
-        with torch.no_grad():
-            original(*inputs)
-    finally:
-        for h in handles:
-            h.remove()
+def coverage(original: nn.Module, injected: nn.Module, inputs: tuple, report, train: bool):
+    """({coverage_modules, coverage_flops, coverage_time}, the measured dropin.inject.coverage.Coverage) of one
+    step (an inference forward, or a training step). coverage_modules: the share of the torch modules
+    without children that compute (the report's count) done by dropin modules; coverage_flops and coverage_time:
+    the profiler's shares of the FLOPs and of the GPU kernel time (None under the interpreter) in dropin."""
+    grad = torch.randn_like(main_output(original(*inputs)).detach()) if train else None
+    measured = measure(injected, original, lambda m: _step(m, m, inputs, grad)())
     covered = sum(r.covers for r in report.replaced)
-    total = sum(macs.values())
-    return {"coverage_modules": covered / max(covered + len(report.left), 1),
-            "coverage_macs": sum(n for p, n in macs.items() if _covered(p, report)) / total if total else None}
+    return {"coverage_modules": covered / max(covered + len(report.left), 1), "coverage_flops": measured.flops,
+            "coverage_time": measured.kernel_time}, measured
 
 
 def _step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor | None):
@@ -105,14 +99,14 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
     """One row per PROVIDERS entry (see the module docstring); compile rows carry a note under the interpreter."""
     grad = torch.randn_like(main_output(original(*inputs)).detach()) if train else None
     models = {"original": original, "dropin": injected}
-    rows, reference = [], None
+    rows, reference = [], float64_step(original, inputs, grad)
     for provider in PROVIDERS:
         model = models[provider.split("_")[0]]
         forward = harness.compiled(model) if provider.endswith("compile") else model
         row = {"model": name, "provider": provider, "mode": "train" if train else "inference", "dtype": dtype,
                "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None, "graph_ms": None,
-               "speedup_vs_original": None, "rel_err_vs_original": None, "coverage_modules": None,
-               "coverage_macs": None}
+               "speedup_vs_original": None, "rel_err_vs_fp64": None, "coverage_modules": None,
+               "coverage_flops": None, "coverage_time": None}
         if provider.startswith("dropin"):
             row.update(cover)
         rows.append(row)
@@ -122,9 +116,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
         except harness.Skipped as e:
             row["note"] = str(e)
             continue
-        reference = outs if reference is None else reference
-        row["rel_err_vs_original"] = max([rel_err(outs[0], reference[0]),
-                                          *gradient_errors(outs[1], reference[1]).values()])
+        row["rel_err_vs_fp64"] = max(step_errors(outs, reference).values())
         row.update(harness.summarize(harness.time_fn(step, warmup_ms, rep_ms)))
         if train and not _runtime.INTERPRET:  # (a step re-seeds the random state and sets .grad: no CUDA graph)
             row["note"] = "no CUDA-graph time for a training step"
@@ -138,8 +130,9 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
 
 # Table columns: (row key, heading, format, width).
 COLUMNS = (("median_ms", "median ms", ".4f", 11), ("graph_ms", "graph ms", ".4f", 10),
-           ("speedup_vs_original", "speed-up", ".2f", 10), ("rel_err_vs_original", "err vs orig", ".2e", 13),
-           ("coverage_modules", "modules", ".0%", 9), ("coverage_macs", "MACs", ".0%", 8))
+           ("speedup_vs_original", "speed-up", ".2f", 10), ("rel_err_vs_fp64", "err vs fp64", ".2e", 13),
+           ("coverage_modules", "modules", ".0%", 9), ("coverage_flops", "FLOPs", ".1%", 8),
+           ("coverage_time", "GPU time", ".1%", 10))
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -152,7 +145,8 @@ def format_rows(rows: list[dict]) -> str:
                  for key, _, fmt, _ in COLUMNS]
         lines.append(f"{r['provider']:<17}" + "".join(f"{c:>{w}}" for c, (*_, w) in zip(cells, COLUMNS))
                      + f"  {r.get('note', '')}")
-    lines.append("err vs orig: relative error against the original eager run (train: worst of the output and the "
-                 "parameter gradients); modules: share of the computing torch modules covered by dropin modules; "
-                 "MACs: share of the nn.Linear/nn.Conv2d multiply-accumulates inside replaced modules")
+    lines.append("err vs fp64: relative error against the original model in float64 (train: worst of the output "
+                 "and the parameter gradients); modules: share of the computing torch modules covered by dropin "
+                 "modules; FLOPs, GPU time: shares of the FLOPs and of the GPU kernel time in dropin kernels (torch "
+                 "profiler)")
     return "\n".join(lines)

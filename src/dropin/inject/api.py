@@ -7,10 +7,10 @@ from typing import Optional, Union
 import torch
 from torch.utils import _pytree as pytree
 
-from .. import _runtime
-from .._tolerance import NOISE_ULPS, TOLERANCES, UNIT_ROUNDOFF, rel_err
+from .._tolerance import limit, rel_err
 from ..nn import DropinModule, Folded
 from . import registry
+from .coverage import Coverage, measure
 
 
 class InjectError(RuntimeError):
@@ -79,7 +79,8 @@ class Replaced:
     original: str  # type of the module it replaced
     kernel: str
     fused: tuple = ()  # paths of the following siblings it computes too (their slots hold Folded stand-ins)
-    covers: int = 1    # torch modules without children whose work it does
+    covers: int = 1    # torch modules without children whose work it does (0 where that work is no module's, as
+                       # CvT's attention products: a module that walks its children reports them one by one)
 
     @property
     def output_name(self) -> str:
@@ -101,6 +102,7 @@ class InjectReport:
     notes: list = field(default_factory=list)     # [Left]: modules with children whose handler declined
                                                   # (the children were handled one by one)
     verification: str = "not verified"
+    coverage: Optional[Coverage] = None           # inject_(coverage=True): measured on the example inputs
 
     @property
     def summary(self) -> str:
@@ -120,6 +122,8 @@ class InjectReport:
             if body:
                 lines += [f"  {head[0]:<{width[0]}}  {head[1]:<{width[1]}}  {head[2]}"]
                 lines += [f"  {name or '<root>':<{width[0]}}  {kind:<{width[1]}}  {text}" for name, kind, text in body]
+        if self.coverage is not None:
+            lines.append(str(self.coverage))
         return "\n".join(lines)
 
 
@@ -144,9 +148,11 @@ def _walk(module: torch.nn.Module, prefix: str, config: InjectConfig, report: In
             for sibling in new.absorbs:
                 setattr(module, sibling, Folded(module._modules[sibling], into=path))
         fused.update(new.absorbs)
-        leaves = sum(not m._modules for m in new.original.modules())
+        leaves = 0 if new.walks_children else sum(not m._modules for m in new.original.modules())
         report.replaced.append(Replaced(path, type(new.original).__name__, new.kernel,
                                         tuple(prefix + s for s in new.absorbs), leaves + len(new.absorbs)))
+        if new.walks_children:
+            _walk(new, path + ".", config, report)
 
 
 def revert_(model: torch.nn.Module) -> torch.nn.Module:
@@ -154,6 +160,8 @@ def revert_(model: torch.nn.Module) -> torch.nn.Module:
     for name, child in list(model._modules.items()):
         if isinstance(child, DropinModule):
             setattr(model, name, child.original)
+            if child.walks_children:  # it shares the original's children, injected inside
+                revert_(child.original)
         elif child is not None:
             revert_(child)
     return model
@@ -161,25 +169,14 @@ def revert_(model: torch.nn.Module) -> torch.nn.Module:
 
 # --- verification ------------------------------------------------------------------------------------------
 
-def _limit(out: torch.Tensor, torch_err: float) -> float:
-    """The dtype's forward tolerance, or 2x PyTorch's own error (+ noise) where that is larger: a model's error
-    compounds with depth, so a deep model may exceed the per-op tolerance in PyTorch too."""
-    key = out.dtype
-    if key == torch.float32 and not _runtime.INTERPRET and (
-            torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32):
-        key = "tf32"
-    key = key if key in TOLERANCES else torch.float32
-    return max(TOLERANCES[key][0], 2 * torch_err + NOISE_ULPS * UNIT_ROUNDOFF[key])
-
-
 def _divergence(out, out_torch, out_64) -> Optional[str]:
     """None where every floating tensor of `out` is within its limit, else what exceeded it."""
     for got, theirs, ref in zip(*(pytree.tree_leaves(o) for o in (out, out_torch, out_64))):
         if isinstance(got, torch.Tensor) and got.is_floating_point():
             torch_err = rel_err(theirs, ref)
-            err, limit = rel_err(got, ref), _limit(got, torch_err)
-            if not err <= limit:
-                return (f"relative error {err:.2e} > limit {limit:.2e} ({got.dtype}, against float64; "
+            err, bound = rel_err(got, ref), limit(got.dtype, torch_err)
+            if not err <= bound:
+                return (f"relative error {err:.2e} > limit {bound:.2e} ({got.dtype}, against float64; "
                         f"PyTorch's own error {torch_err:.2e})")
     return None
 
@@ -258,7 +255,7 @@ def _verify(model: torch.nn.Module, inputs: tuple, report: InjectReport) -> None
 
 
 def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, example_inputs=None,
-            verify: bool = True, strict: bool = False) -> InjectReport:
+            verify: bool = True, strict: bool = False, coverage: bool = False) -> InjectReport:
     """Swaps dropin modules into `model` in place (setattr on the parent of each module replaced); returns the
     report of what was replaced (with its kernel) and what stays torch (with the reason).
 
@@ -267,7 +264,9 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     injected model and a reverted copy run on them (and the copy in float64 as the reference) under no_grad, with
     the same random seed and the model's buffers restored after; a divergence beyond the dtype's tolerance
     reverts the model and raises VerificationError naming the first replaced module whose output diverged.
-    Without inputs nothing is verified (the report says so). strict: raise InjectError (model reverted) when any
+    Without inputs nothing is verified (the report says so). coverage (with inputs): the report gives the share of
+    the FLOPs and of the GPU kernel time in dropin kernels on one forward, and the torch kernels that still ran
+    (dropin.inject.coverage, measured with the torch profiler). strict: raise InjectError (model reverted) when any
     module that computes stays torch. Injecting an injected model again keeps its dropin modules (idempotent)
     and handles what a new config now allows; revert_ undoes all of it.
     """
@@ -277,6 +276,10 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     unknown = set(config.ops or ()) - registry.ops()
     if unknown:
         raise ValueError(f"InjectConfig.ops: unknown op(s) {sorted(unknown)}; known: {sorted(registry.ops())}")
+    inputs = _example(model, config, example_inputs)
+    if coverage and inputs is None:
+        raise ValueError("inject_(coverage=True) measures one forward: pass example_inputs or "
+                         "InjectConfig(input_shape=...)")
     report = InjectReport()
     if model._modules:
         _walk(model, "", config, report)
@@ -287,11 +290,13 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
         revert_(model)
         raise InjectError("inject_(strict=True): these modules would stay torch (the model is reverted):\n" +
                           "\n".join(f"  {e.name or '<root>'} ({e.type}): {e.reason}" for e in report.left))
-    inputs = _example(model, config, example_inputs)
     if verify and inputs is not None:
         _verify(model, inputs, report)
     elif verify:
         report.verification = "NOT verified (pass example_inputs or InjectConfig(input_shape=...))"
     else:
         report.verification = "not verified (verify=False)"
+    if coverage:
+        with torch.no_grad(), _buffers_kept(model):
+            report.coverage = measure(model, revert_(_deepcopy(model)), lambda m: m(*inputs))
     return report

@@ -1,5 +1,5 @@
 """nn.Module drop-ins built on dropin.ops; each can adopt a HF module's parameters without copying them."""
-from .attention import LlamaAttention
+from .attention import CvtSelfAttention, LlamaAttention
 from .conv import Conv2d, ConvBNAct
 from .functional import Op
 from .linear import Linear
@@ -9,6 +9,6 @@ from .rms_norm import RMSNorm
 from .sparse import SparseConv2d, SparseLinear, SparsifiedConv2d, SparsifiedLinear
 from .swiglu import SwiGLUMLP
 
-__all__ = ["Adopted", "Conv2d", "ConvBNAct", "DropinModule", "Folded", "Linear", "LlamaAttention",
+__all__ = ["Adopted", "Conv2d", "ConvBNAct", "CvtSelfAttention", "DropinModule", "Folded", "Linear", "LlamaAttention",
            "ResidualBlock", "RMSNorm", "SparseConv2d", "SparseLinear", "SparsifiedConv2d", "SparsifiedLinear",
            "SwiGLUMLP"]

@@ -10,10 +10,13 @@ class DropinModule(torch.nn.Module):
     `load_state_dict`, `.to()`, `.half()` and optimizers act on the original's own tensors (after any of them
     the original is current: revert_ copies nothing). `train()` / `eval()` set the original's flag too.
     Subclasses set `kernel` (what runs, for the report) and `absorbs` (names of the following siblings in an
-    nn.Sequential that this module computes too; inject_ puts a `Folded` stand-in in their slots).
+    nn.Sequential that this module computes too; inject_ puts a `Folded` stand-in in their slots). A subclass that
+    keeps the original's children as its own and runs them sets `walks_children`: inject_ then injects those
+    children by their own handlers.
     """
 
     kernel = "dropin"
+    walks_children = False
 
     def __init__(self, original: torch.nn.Module, absorbs: tuple = ()):
         super().__init__()

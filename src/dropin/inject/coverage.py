@@ -1,0 +1,98 @@
+"""How much of a model's work runs in dropin kernels, measured with the torch profiler on one step of the model.
+
+FLOPs: those the profiler counts (`with_flops`: matrix products, 2-D convolutions, elementwise mul / add; each op
+once, not again in the ops it calls) in the torch ops of the injected model, against the same count for the
+original (a reverted copy). dropin's kernels are Triton launches, which the profiler counts nothing for, so the
+share is 1 - torch's FLOPs left / the original's FLOPs. GPU kernel time: the device time of dropin's Triton
+kernels (known by name) against all kernels (memset and memcpy included); none under the interpreter.
+"""
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+from .. import _runtime
+
+
+@dataclass
+class Coverage:
+    flops: Optional[float]          # share of the original's FLOPs that no torch op ran in the injected model
+    flops_total: int                # the original's FLOPs, as the profiler counts them
+    flops_torch: int                # the FLOPs that torch ops still ran in the injected model
+    kernel_time: Optional[float]    # share of the GPU kernel time in dropin kernels (None: interpreter)
+    torch_kernels: list = field(default_factory=list)  # [(name, calls, ms)]: the torch kernels that ran; under
+                                                        # the interpreter [(name, calls, FLOPs)]: torch's ops with FLOPs
+
+    def __str__(self) -> str:
+        flops = "-" if self.flops is None else f"{self.flops:.1%}"
+        time = ("no GPU kernels (interpreter)" if self.kernel_time is None else
+                f"{self.kernel_time:.1%} of the GPU kernel time in dropin kernels")
+        gpu = self.kernel_time is not None
+        lines = [f"coverage (torch profiler, one step): {flops} of the FLOPs in dropin ({self.flops_torch:.3g} of "
+                 f"{self.flops_total:.3g} left to torch ops); {time}",
+                 f"  {'torch kernels' if gpu else 'torch ops with FLOPs'} that still ran:"
+                 + ("" if self.torch_kernels else " none")]
+        lines += [f"    {f'{value:8.3f} ms' if gpu else f'{value:9.3g} FLOPs'}  x{calls:<4} {name[:100]}"
+                  for name, calls, value in self.torch_kernels]
+        return "\n".join(lines)
+
+
+def dropin_kernels() -> frozenset:
+    """Names of dropin's Triton kernels (the names the profiler gives their launches)."""
+    names = set()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("dropin.ops") and module is not None:
+            names.update(getattr(v, "fn", v).__name__ for v in vars(module).values()
+                         if isinstance(v, (JITFunction, InterpretedFunction)))
+    return frozenset(names)
+
+
+def _flops(events) -> tuple:
+    """(FLOPs of the ops not inside another counted op, {op name: [calls, FLOPs]})."""
+    total, ops = 0, {}
+    for e in events:
+        parent = e.cpu_parent
+        while parent is not None and not parent.flops:
+            parent = parent.cpu_parent
+        if e.flops and parent is None:
+            total += e.flops
+            entry = ops.setdefault(e.name, [0, 0])
+            entry[0] += 1
+            entry[1] += e.flops
+    return total, ops
+
+
+def _profile(model: torch.nn.Module, run: Callable):
+    activities = [ProfilerActivity.CPU] + ([] if _runtime.INTERPRET else [ProfilerActivity.CUDA])
+    with profile(activities=activities, with_flops=True) as p:
+        run(model)
+        if not _runtime.INTERPRET:
+            torch.cuda.synchronize()
+    return p
+
+
+def measure(model: torch.nn.Module, original: torch.nn.Module, run: Callable) -> Coverage:
+    """Coverage of the injected `model` against `original` (its torch counterpart), `run(m)` being one step of a
+    model (a forward, or forward + backward). One unprofiled step first: the profiled one launches, not tunes."""
+    run(model)
+    total, _ = _flops(_profile(original, run).events())
+    p = _profile(model, run)
+    left, ops = _flops(p.events())
+    coverage = Coverage(1 - left / total if total else None, total, left, None)
+    if _runtime.INTERPRET:
+        coverage.torch_kernels = sorted(((n, c, f) for n, (c, f) in ops.items()), key=lambda t: -t[2])
+        return coverage
+    ours, kernels = dropin_kernels(), {}
+    for e in p.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
+            kernels[e.key] = (e.count, e.device_time_total / 1e3)
+    all_ms = sum(ms for _, ms in kernels.values())
+    torch_ms = sum(ms for name, (_, ms) in kernels.items() if name not in ours)
+    coverage.kernel_time = 1 - torch_ms / all_ms if all_ms else None
+    coverage.torch_kernels = sorted(((n, c, ms) for n, (c, ms) in kernels.items() if n not in ours),
+                                    key=lambda t: -t[2])
+    return coverage
