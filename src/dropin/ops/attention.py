@@ -505,7 +505,7 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
     if out.numel() == 0:
         return out, stats
     mask_t, mask_strides, mask_kind = _mask_args(mask, q)
-    precision = _precision(q.dtype)
+    precision = _precision(q.dtype, tf32x3=False)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
 
     def make():  # sizes and strides are fixed by the plan's key: computed once
@@ -535,7 +535,7 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
     if dq.numel() == 0 or Lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     mask_t, mask_strides, mask_kind = _mask_args(mask, q)
-    precision = _precision(q.dtype)
+    precision = _precision(q.dtype, tf32x3=False)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
     delta = torch.empty((B, H, Lq), device=q.device, dtype=torch.float32)
 

@@ -881,7 +881,7 @@ _plans: dict = {}
 def _precision(dtype: torch.dtype) -> str:
     """tl.dot's input precision: tf32 where torch's convolutions allow it (cudnn.allow_tf32), else true fp32
     as tf32x3 (matmul's `_precision`)."""
-    return _matmul_precision(dtype, torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET, tf32x3=True)
+    return _matmul_precision(dtype, torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET)
 
 
 def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
@@ -889,7 +889,7 @@ def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
     cfg = dict(cfg)
     for name, extent in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
         cfg[name] = max(16, min(cfg[name], _runtime.next_power_of_2(max(extent, 1))))
-    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], _max_k(precision, size))
+    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], _max_k(precision, size, tf32x3_k=64))
     return cfg
 
 
@@ -1091,7 +1091,7 @@ def _tma_wgrad_configs(dz, x, stride, groups: int, precision: str) -> list:
     size, cout = dz.element_size(), dz.shape[1]  # (dz's layout checked in w's place)
     if not (_tma_fwd_configs(x, dz, stride, groups) and cout >= 16 and cout * size % 16 == 0):
         return []
-    pixels = _max_k(precision, size)
+    pixels = _max_k(precision, size, tf32x3_k=64)
     fitting = [dict(c, KERNEL="tma", TH=min(c["TH"], max(1, pixels // c["TW"]))) for c in _WGRAD_TMA_CONFIGS
                if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
     return _staged(fitting, lambda c: c["TH"] * c["TW"] * (c["BLOCK_M"] + c["BLOCK_N"]) * size)

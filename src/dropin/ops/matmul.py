@@ -6,8 +6,8 @@ B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp
   one unit stride among its two matrix dims and 16-byte aligned other strides; A and B may each be
   row- or column-major.
 - `_mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
-float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise
-fp32 FMAs (true fp32).
+float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise true fp32:
+tf32x3 on the tensor cores (K tiles of at most 32, see `_max_k`), fp32 FMAs under the interpreter.
 """
 import math
 from typing import Optional
@@ -356,21 +356,24 @@ def _fits(configs, M, N, K, max_k=256, min_m=16):
     return fitting or configs[-1:]
 
 
-def _precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, tf32x3: bool = False) -> str:
+def _precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, tf32x3: bool = True) -> str:
     """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
-    (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU where
-    `tf32x3` (conv2d), else "ieee" (fp32 FMAs; under the interpreter always: the same numbers at a third
-    of the dots). tf32x3 is 1.1-3.5x faster than the FMAs, but its error went over the 2x rule in three GPU
-    tests with short reductions (attention, SwiGLU, a matmul gradient; likely the MMA's truncating fp32
-    accumulation): only conv2d, whose fp32 GPU tests all pass, takes it (docs/perf-notes.md)."""
+    (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU (three tf32
+    tensor-core products, 1.1-3.5x faster than the FMAs) unless `tf32x3` is False (attention, whose head-dim
+    reduction is one MMA chain of up to 256: its error went over the 2x rule), else "ieee" (fp32 FMAs; under the
+    interpreter always: the same numbers at a third of the dots). See docs/perf-notes.md."""
     if dtype == torch.float32 and (torch.backends.cuda.matmul.allow_tf32 if allow_tf32 is None else allow_tf32):
         return "tf32"
     return "tf32x3" if tf32x3 and dtype == torch.float32 and not _runtime.INTERPRET else "ieee"
 
 
-def _max_k(precision: str, size: int) -> int:
-    """The largest BLOCK_K: 64 for true fp32, bounding the inner sum of _dot_acc's two-level sum."""
-    return 64 if precision in ("ieee", "tf32x3") and size == 4 else 256
+def _max_k(precision: str, size: int, tf32x3_k: int = 32) -> int:
+    """The largest BLOCK_K, which bounds the inner sum of _dot_acc's two-level sum in true fp32: 64 for the FMAs;
+    for tf32x3 `tf32x3_k`, since every step of the MMA chain truncates its fp32 sum (at 64 a matmul gradient went
+    1.02x over the 2x rule; conv2d keeps 64, its fp32 tests' worst at 0.69x of the bound); 256 otherwise."""
+    if size != 4 or precision not in ("ieee", "tf32x3"):
+        return 256
+    return tf32x3_k if precision == "tf32x3" else 64
 
 
 def _tma_layout(t: torch.Tensor):
