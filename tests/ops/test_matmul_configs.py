@@ -54,7 +54,7 @@ def test_every_config(kernel, cfg, dtype, layout, forced):
 def test_tf32x3(kernel, monkeypatch):
     """True fp32 as three tf32 products (the GPU's default for fp32 without TF32): the split of each operand
     into rounded tf32 halves, with values across the exponent range, the largest finite ones, inf and nan."""
-    monkeypatch.setattr(mm, "_precision", lambda dtype, allow_tf32=None: "tf32x3")
+    monkeypatch.setattr(mm, "_precision", lambda dtype, allow_tf32=None, k=None: "tf32x3")
     mm._plans.clear()
     M, N, K = 40, 24, 72
     a = torch.randn(M, K, device=DEVICE) * torch.logspace(-30, 30, K, device=DEVICE)

@@ -7,7 +7,7 @@ B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp
   row- or column-major.
 - `_mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
 float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise true fp32:
-tf32x3 on the tensor cores (K tiles of at most 32, see `_max_k`), fp32 FMAs under the interpreter.
+tf32x3 on the tensor cores for long reductions (`_precision`), fp32 FMAs for short ones and under the interpreter.
 """
 import math
 from typing import Optional
@@ -356,15 +356,26 @@ def _fits(configs, M, N, K, max_k=256, min_m=16):
     return fitting or configs[-1:]
 
 
-def _precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, tf32x3: bool = True) -> str:
+# True fp32 as tf32x3 only for reductions at least this long. Its products are exact, but every step of an MMA
+# chain truncates its fp32 sum: on short reductions that error went over 2x torch's (cuBLAS sums few terms almost
+# exactly: a 10-term weight gradient 1.1x over the bound at 32-long K tiles), on long ones torch's own error grows
+# and tf32x3 stays well within (docs/perf-notes.md).
+TF32X3_MIN_K = 256
+
+
+def _precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, tf32x3: bool = True,
+               k: Optional[int] = None) -> str:
     """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
     (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU (three tf32
-    tensor-core products, 1.1-3.5x faster than the FMAs) unless `tf32x3` is False (attention, whose head-dim
-    reduction is one MMA chain of up to 256: its error went over the 2x rule), else "ieee" (fp32 FMAs; under the
+    tensor-core products, 1.1-3.5x faster than the FMAs) for a reduction of length `k` >= TF32X3_MIN_K (None:
+    the caller bounds its chains itself, conv2d), unless `tf32x3` is False (attention, whose head-dim reduction
+    is one MMA chain of up to 256: its error went over the 2x rule); else "ieee" (fp32 FMAs; under the
     interpreter always: the same numbers at a third of the dots). See docs/perf-notes.md."""
     if dtype == torch.float32 and (torch.backends.cuda.matmul.allow_tf32 if allow_tf32 is None else allow_tf32):
         return "tf32"
-    return "tf32x3" if tf32x3 and dtype == torch.float32 and not _runtime.INTERPRET else "ieee"
+    if tf32x3 and dtype == torch.float32 and not _runtime.INTERPRET and (k is None or k >= TF32X3_MIN_K):
+        return "tf32x3"
+    return "ieee"
 
 
 def _max_k(precision: str, size: int, tf32x3_k: int = 32) -> int:
@@ -411,7 +422,7 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
     z = a.new_empty((batch, M, N)) if save_preact else c  # c stands in for an unused Z
     if c.numel() == 0:
         return c, z if save_preact else None
-    precision = _precision(a.dtype)
+    precision = _precision(a.dtype, k=K)
     if precision == "tf32" and K > 0:
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)

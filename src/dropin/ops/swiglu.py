@@ -186,7 +186,7 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
     config is tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces the choice (tests)."""
     (M, N), K = h.shape, x.shape[1]
     backward, saved = dh is not None, zg is not None and not save
-    precision = _precision(x.dtype)
+    precision = _precision(x.dtype, k=K)
     max_k = _max_k(precision, x.element_size())
     tensors = (x, gate_weight, up_weight, h, dh, du, zg, zu)
     if saved:  # elementwise, in place: not tuned (the best of 7 tiles on the H200: 3.1 TB/s)
