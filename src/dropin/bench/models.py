@@ -131,7 +131,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
 # Table columns: (row key, heading, format, width).
 COLUMNS = (("median_ms", "median ms", ".4f", 11), ("graph_ms", "graph ms", ".4f", 10),
            ("speedup_vs_original", "speed-up", ".2f", 10), ("rel_err_vs_fp64", "err vs fp64", ".2e", 13),
-           ("coverage_modules", "modules", ".0%", 9), ("coverage_flops", "FLOPs", ".1%", 8),
+           ("coverage_modules", "modules", ".0%", 9), ("coverage_flops", "FLOPs", ".2%", 9),
            ("coverage_time", "GPU time", ".1%", 10))
 
 

@@ -28,7 +28,7 @@ class Coverage:
                                                         # the interpreter [(name, calls, FLOPs)]: torch's ops with FLOPs
 
     def __str__(self) -> str:
-        flops = "-" if self.flops is None else f"{self.flops:.1%}"
+        flops = "-" if self.flops is None else f"{self.flops:.2%}"
         time = ("no GPU kernels (interpreter)" if self.kernel_time is None else
                 f"{self.kernel_time:.1%} of the GPU kernel time in dropin kernels")
         gpu = self.kernel_time is not None
