@@ -54,10 +54,11 @@ def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, part_ptr,
     """Split s = program_id(1) covers pixels [s * PER_SPLIT, min(P, (s + 1) * PER_SPLIT)) of channel tile
     program_id(0); with d = x - center (center[0] + center[1]), part[0 / 1, s, c] (fp64) gets sum(d) and
     sum(d * d) (GRAD False; center = K, which split 0 stores in center[0]), or sum(dy) and sum(dy * d) (GRAD
-    True; center = the mean). EXACT (fp32 inputs): d and the products exact in fp64, every sum in fp64 (a tile's
-    sum over pixels has no tree to keep its fp32 error small everywhere). 16-bit inputs: d and the products in
-    fp32 (relative error 2^-24, far below their dtype's), each tile's sum in fp32, the tiles summed in fp64:
-    the fp64 arithmetic per entry made this kernel 3.5x torch's time on CvT-13's training BatchNorms."""
+    True; center = the mean). Each entry of the [BLOCK_P, BLOCK_C] tile keeps its own running sums over the
+    split, reduced over the pixels once at the end (a reduction across warps at every step made this kernel 4x
+    torch's time). EXACT (fp32 inputs): d, the products and the sums in fp64 (a sum over pixels in fp32 has no
+    tree to keep its error small everywhere). 16-bit inputs: in fp32 (relative error ~2^-24 times a split's
+    steps, far below their dtype's), the final sums in fp64."""
     split = tl.program_id(1)
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
@@ -76,8 +77,10 @@ def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, part_ptr,
             tl.store(center_ptr + offs_c, hi, mask=c_ok)
         lo = 0.0
     hi = hi.to(tl.float64)[None, :] if EXACT else hi[None, :]
-    a = tl.zeros((BLOCK_C,), tl.float64)
-    b = tl.zeros((BLOCK_C,), tl.float64)
+    a = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)  # entrywise sums, reduced over the pixels once at the end
+    if EXACT:
+        a = a.to(tl.float64)
+    b = a
     for p0 in range(p_first, p_end, BLOCK_P):
         offs_p = p0 + tl.arange(0, BLOCK_P)
         mask = (offs_p < p_end)[:, None] & c_ok[None, :]
@@ -89,11 +92,11 @@ def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, part_ptr,
             v = v.to(tl.float64) if EXACT else v.to(tl.float32)
         else:
             v = d
-        a += tl.sum(v, axis=0).to(tl.float64)
-        b += tl.sum(v * d, axis=0).to(tl.float64)
+        a += v
+        b += v * d
     S = tl.num_programs(1)
-    tl.store(part_ptr + split * C + offs_c, a, mask=c_ok)
-    tl.store(part_ptr + (S + split) * C + offs_c, b, mask=c_ok)
+    tl.store(part_ptr + split * C + offs_c, tl.sum(a.to(tl.float64), axis=0), mask=c_ok)
+    tl.store(part_ptr + (S + split) * C + offs_c, tl.sum(b.to(tl.float64), axis=0), mask=c_ok)
 
 
 @triton.jit
