@@ -186,15 +186,15 @@ def _train(original, model, inputs) -> bool:
     reference = models.float64_step(original, inputs, grad)
     theirs = models.step_errors(models.train_step(original, original, inputs, grad), reference)
     ours = models.step_errors(models.train_step(model, model, inputs, grad), reference)
-    ratio = {k: ours[k] / limit(grad.dtype, theirs[k], backward=True) for k in ours}
-    worst = max(ratio, key=ratio.get)
+    bound = {k: limit(grad.dtype, theirs[k], backward=True) for k in ours}
+    worst = max(ours, key=lambda k: ours[k] / bound[k])
+    within = ours[worst] <= bound[worst]
     print(f"train step (loss: sum(output * a fixed random tensor)), errors against the original in float64 "
           f"(gradients relative to at least {models.GRAD_FLOOR:g} x the largest gradient's norm): output "
           f"{ours['output']:.2e} (PyTorch {theirs['output']:.2e}); {len(ours) - 1} parameter gradients, worst "
           f"against its limit: {worst} {ours[worst]:.2e} (PyTorch {theirs[worst]:.2e}, limit "
-          f"{limit(grad.dtype, theirs[worst], backward=True):.2e}): {'within' if ratio[worst] <= 1 else 'BEYOND'} "
-          f"the limit")
-    return ratio[worst] <= 1
+          f"{bound[worst]:.2e}): {'within' if within else 'BEYOND'} the limit")
+    return within
 
 
 def _inject(args) -> int:

@@ -67,8 +67,7 @@ def step_errors(outs: tuple, outs_64: tuple) -> dict:
 def float64_step(original: nn.Module, inputs: tuple, grad: torch.Tensor | None):
     """(output, gradients) of a float64 copy of `original` on the inputs in float64: the reference."""
     model = copy.deepcopy(original).double()
-    to64 = lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
-    return _step(model, model, tuple(map(to64, inputs)), None if grad is None else grad.double())()
+    return _step(model, model, tuple(map(harness.to_float64, inputs)), harness.to_float64(grad))()
 
 
 def coverage(original: nn.Module, injected: nn.Module, inputs: tuple, report, train: bool):
