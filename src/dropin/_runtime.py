@@ -81,6 +81,12 @@ def _alloc_scratch(size: int, alignment: int, stream):
     return buf
 
 
+def _active(hook):
+    """A launch hook, or None where there is none to call. Triton's knobs hold a HookChain, never None, even
+    when empty: passed on, the launcher calls it on every launch and needs the launch metadata built for it."""
+    return None if hook is None or getattr(hook, "calls", None) == [] else hook
+
+
 class Launcher:
     """Launches one Triton kernel on one grid with fixed constexprs, as `kernel[grid](*args, **constexprs)`.
 
@@ -110,7 +116,7 @@ class Launcher:
             return
         stream = torch._C._cuda_getCurrentRawStream(self.device)
         hooks = triton.knobs.runtime
-        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        enter, leave = _active(hooks.launch_enter_hook), _active(hooks.launch_exit_hook)
         metadata = None if enter is None and leave is None else compiled.launch_metadata(self.grid, stream, *args)
         compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
                      *args, *self.tail)

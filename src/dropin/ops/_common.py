@@ -118,17 +118,17 @@ def row_config(n: int) -> dict:
 _launchers: dict = {}
 
 
-def launch(kernel, grid, *args, **meta) -> None:
+def launch(kernel, grid, *args, scratch: bool = False, **meta) -> None:
     """`kernel[grid](*args, **meta)` through a cached `_runtime.Launcher` (the lean launch path after the
     first call), keyed by everything Triton specializes on: dtypes, 16-byte alignment, scalar values; and by
-    the device (args[0]'s), whose stream the direct launch uses."""
+    the device (args[0]'s), whose stream the direct launch uses. `scratch`: as for `_runtime.Launcher`."""
     key = (kernel, grid, args[0].device, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a
                                                for a in args), tuple(meta.items()))
     launcher = _launchers.get(key)
     if launcher is None:
         if len(_launchers) > 4096:
             _launchers.clear()
-        launcher = _launchers[key] = _runtime.Launcher(kernel, grid, meta)
+        launcher = _launchers[key] = _runtime.Launcher(kernel, grid, meta, scratch)
     launcher(*args)
 
 

@@ -34,7 +34,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, checked_once, sum_partials_kernel, versions
+from ._common import cached_plan, checked_once, column_sums, launch, sum_partials_kernel, versions
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range, switch
 from .matmul import _precision as _matmul_precision
@@ -1395,11 +1395,12 @@ def _act_grad_impl(dy, z, activation: str, bias_grad: bool):
     part = torch.empty((tiles_p, COUT) if bias_grad else (0,), device=dy.device, dtype=torch.float32)
     if P * COUT > 0:
         zz = z if activation != "none" else dy
-        _conv_act_grad_kernel[(tiles_p, _runtime.cdiv(COUT, block_c))](
-            dy, zz, dz if activation != "none" else dy, part, COUT, OH, OW, P, *dy.stride(), *zz.stride(),
-            ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c)
-    dbias = part.sum(0).to(dy.dtype) if bias_grad else dy.new_empty(0)
-    return dz, dbias
+        launch(_conv_act_grad_kernel, (tiles_p, _runtime.cdiv(COUT, block_c)), dy, zz,
+               dz if activation != "none" else dy, part, COUT, OH, OW, P, *dy.stride(), *zz.stride(),
+               ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c)
+    if not bias_grad:
+        return dz, dy.new_empty(0)
+    return dz, column_sums(part, dy.new_empty(COUT)) if P * COUT > 0 else dy.new_zeros(COUT)
 
 
 # --- 4. Registration as custom ops (what torch.compile traces) --------------------------------------------

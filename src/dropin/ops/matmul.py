@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, checked_once, switch
+from ._common import cached_plan, checked_once, launch, switch
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -439,7 +439,7 @@ def _tf32_operand(t: torch.Tensor, k_dim: int) -> torch.Tensor:
     batch, R, C = t.shape
     y = t.new_empty((batch, R, C)) if k_dim == 2 else t.new_empty((batch, C, R)).mT
     grid = (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch)
-    _tf32_copy_kernel[grid](t, y, R, C, *t.stride(), *y.stride(), BLOCK_R=64, BLOCK_C=64)
+    launch(_tf32_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), BLOCK_R=64, BLOCK_C=64)
     return y
 
 
@@ -536,11 +536,11 @@ def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool):
     splits = _runtime.cdiv(R, rows)
     partial = grad_bias.view(1, N) if (splits == 1 and bias_grad) else \
         torch.empty((splits, N) if bias_grad else (0,), device=grad_y.device, dtype=torch.float32)
-    _act_grad_kernel[(n_blocks, splits)](g2, g2 if z is None else z, grad_z, partial, R, N, *g2.stride(), rows,
-                                         ACT=activation, COL_SUM=bias_grad, BLOCK_R=block_r, BLOCK_N=block_n)
+    launch(_act_grad_kernel, (n_blocks, splits), g2, g2 if z is None else z, grad_z, partial, R, N, *g2.stride(), rows,
+           ACT=activation, COL_SUM=bias_grad, BLOCK_R=block_r, BLOCK_N=block_n)
     if bias_grad and splits > 1:
-        _act_grad_kernel[(n_blocks, 1)](partial, partial, partial, grad_bias, splits, N, N, 1, splits,
-                                        ACT="none", COL_SUM=True, BLOCK_R=block_r, BLOCK_N=block_n)
+        launch(_act_grad_kernel, (n_blocks, 1), partial, partial, partial, grad_bias, splits, N, N, 1, splits,
+               ACT="none", COL_SUM=True, BLOCK_R=block_r, BLOCK_N=block_n)
     return grad_z, grad_bias
 
 

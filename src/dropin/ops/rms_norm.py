@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import column_sums
+from ._common import column_sums, launch
 from .matmul import switch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -134,7 +134,7 @@ def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float):
         return y, s, rstd
     block_n, block_r, warps = _launch_settings(N)
     res = x if residual is None else residual
-    _rms_norm_fwd_kernel[(_runtime.cdiv(R, block_r),)](
+    launch(_rms_norm_fwd_kernel, (_runtime.cdiv(R, block_r),),
         x, res, weight, y, s, rstd, R, N, *x.stride(), *res.stride(), weight.stride(0), eps,
         HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
     return y, s, rstd
@@ -156,7 +156,7 @@ def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd):
     programs = _runtime.cdiv(R, rows)
     partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
     dsv = dy if ds is None else ds
-    _rms_norm_bwd_kernel[(programs,)](
+    launch(_rms_norm_bwd_kernel, (programs,),
         dy, dsv, x, weight, rstd, dx, partial, R, N, *dy.stride(), *dsv.stride(), *x.stride(), weight.stride(0),
         rows, HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
     return dx, column_sums(partial, torch.empty(N, device=x.device, dtype=weight.dtype))

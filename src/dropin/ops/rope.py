@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from ._common import launch
 from .matmul import switch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -114,7 +115,7 @@ def _rope_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_ou
     block_half = _runtime.next_power_of_2(half)
     block_t = max(1, 2048 // block_half)  # rows per program: tiles of 2 x 2048 elements
     q_tiles = _runtime.cdiv(B * HQ * S, block_t)
-    _rope_kernel[(q_tiles + _runtime.cdiv(B * HK * S, block_t),)](
+    launch(_rope_kernel, (q_tiles + _runtime.cdiv(B * HK * S, block_t),),
         q, k, q_out, k_out, cos, sin, pos, B, S, HQ, HK, half, q_tiles,
         *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
         *_table_strides(cos, B), *_table_strides(sin, B), *pos_strides,

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
+from ._common import launch
 from .activations import activation_grad, apply_activation
 from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul, switch
 
@@ -212,13 +213,11 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
         meta = dict(BACKWARD=backward, SAVE=save, PRECISION=precision, GROUP_M=8)
         if cfg.pop("TMA"):
             programs = _runtime.num_sms(x.device.index or 0)
-            launch = _runtime.Launcher(_swiglu_tma_kernel, (min(tiles, programs),),
-                                       dict(meta, NUM_PROGRAMS=programs, **cfg), scratch=True)
             scalars = (M, N, K, x.stride(0), gate_weight.stride(0), up_weight.stride(0))
-        else:
-            launch = _runtime.Launcher(_swiglu_kernel, (tiles,), dict(meta, SAVED=saved, **cfg))
-            scalars = (M, N, K, *x.stride(), *gate_weight.stride(), *up_weight.stride())
-        return lambda: launch(*ptrs, *scalars)
+            return lambda: launch(_swiglu_tma_kernel, (min(tiles, programs),), *ptrs, *scalars, scratch=True,
+                                  NUM_PROGRAMS=programs, **meta, **cfg)
+        scalars = (M, N, K, *x.stride(), *gate_weight.stride(), *up_weight.stride())
+        return lambda: launch(_swiglu_kernel, (tiles,), *ptrs, *scalars, SAVED=saved, **meta, **cfg)
 
     tuning = {}
 
