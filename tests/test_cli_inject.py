@@ -60,10 +60,12 @@ def test_inject_hf_models_verified(capsys, model, flags, kernel):
     assert kernel in out and "verified: output within" in out
 
 
-@pytest.mark.parametrize("model, flags", [("llama", TINY_LLAMA), ("cvt-13", ["--image-size", "16", "--batch", "2"])])
+@pytest.mark.parametrize("model, flags", [("llama", TINY_LLAMA), ("cvt-13", ["--image-size", "32", "--batch", "2"])])
 def test_inject_train_step_within_limits(capsys, true_fp32, model, flags):
     """Output and every gradient against the original in float64: within the backward tolerance or 2x PyTorch's
-    own error (in true fp32; TF32 would only widen the limit)."""
+    own error (in true fp32; TF32 would only widen the limit). CvT-13 at 32 pixels: at 16 its second stage attends
+    to a single key, whose gradients are exactly 0 (HF's softmax backward gives 0 exactly; a flash backward, ours
+    or SDPA's, leaves the rounding of dP - rowsum(dO * O), up to 1.8e-4 on the GPU, which BatchNorm amplifies)."""
     pytest.importorskip("transformers")
     assert main(["inject", model, "--train", *flags]) == 0
     out = capsys.readouterr().out

@@ -5,6 +5,7 @@ import torch
 
 from ..ops import conv2d, fold_batchnorm
 from ..ops._common import versions
+from ..ops.conv2d import frozen
 from ..ops.activations import activation_ref
 from .module import DropinModule
 
@@ -55,8 +56,8 @@ class ConvBNAct(Conv2d):
         cache = self._cache
         if key[0] is None or cache is None or cache[1] != key:
             # the old tensors stay referenced with the cache, so a new tensor cannot reuse their address
-            cache = self._cache = ([t.detach() for t in sources], key, *fold_batchnorm(self.weight, self.bias,
-                                                                                    self.bn))
+            weight, bias = fold_batchnorm(self.weight, self.bias, self.bn)
+            cache = self._cache = ([t.detach() for t in sources], key, frozen(weight), bias)
         return cache[2], cache[3]
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:

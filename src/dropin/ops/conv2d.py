@@ -1045,9 +1045,20 @@ def _direct_fits(*ts) -> bool:
 _DERIVED: dict = {}
 
 
+def frozen(t: torch.Tensor) -> torch.Tensor:
+    """Marks t, a tensor dropin made and never writes again (a folded weight), as one whose derived copies may be
+    cached (`_derived`); returns it."""
+    t._dropin_frozen = True
+    return t
+
+
 def _derived(w: torch.Tensor, kind: str, make) -> torch.Tensor:
     """make(w): a copy of a weight in the layout a kernel reads fastest, made once per version of the weight's
-    data (`_common.versions`; every call for an inference tensor) and kept while the weight lives."""
+    data (`_common.versions`; every call for an inference tensor) and kept while the weight lives. Only for
+    parameters and `frozen` tensors; made anew for any other: compiled code reuses its buffers and writes them
+    without bumping their version (torch.compile of an injected CvT read a stale copy of a folded weight)."""
+    if not (isinstance(w, torch.nn.Parameter) or getattr(w, "_dropin_frozen", False)):
+        return make(w)
     key = (id(w), kind)
     hit = _DERIVED.get(key)
     version = versions(w)
