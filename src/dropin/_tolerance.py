@@ -1,4 +1,4 @@
-"""DESIGN.md's tolerance table and the relative error it is measured in.
+"""DESIGN.md's tolerance table, the relative error it is measured in and the float64 copies it is measured against.
 
 One copy for the library (inject_'s verification) and the tests (tests/_tol.py imports it from here).
 """
@@ -17,6 +17,11 @@ TOLERANCES = {
 # on top (an fp32 activation derivative 2 ulps off is not a defect).
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, "tf32": 2.0**-11, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 NOISE_ULPS = 2
+
+
+def to_float64(x):
+    """float64 copy of a floating tensor; anything else unchanged."""
+    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -176,14 +176,12 @@ def _describe(args, model) -> str:
             f"{', channels_last' if args.channels_last else ''}")
 
 
-def _train(original, model, inputs) -> bool:
-    """One training step on each model and on a float64 copy of the original; prints the errors against float64 and
-    whether dropin's stay within the limit (for each parameter and the output: the dtype's backward tolerance or 2x
-    PyTorch's own error there, whichever is larger). Returns whether they do."""
+def _train(original, model, inputs, grad, reference) -> bool:
+    """One training step (upstream gradient `grad`) on each model; prints their errors against `reference` (the
+    float64 step) and whether dropin's stay within the limit (for each parameter and the output: the dtype's
+    backward tolerance or 2x PyTorch's own error there, whichever is larger). Returns whether they do."""
     from dropin.bench import models
 
-    grad = torch.randn_like(models.main_output(original(*inputs)).detach())
-    reference = models.float64_step(original, inputs, grad)
     theirs = models.step_errors(models.train_step(original, original, inputs, grad), reference)
     ours = models.step_errors(models.train_step(model, model, inputs, grad), reference)
     bound = {k: limit(grad.dtype, theirs[k], backward=True) for k in ours}
@@ -222,14 +220,19 @@ def _inject(args) -> int:
         return 1
     print(f"{_describe(args, model)}, {args.dtype}{', train mode' if args.train else ''}")
     print(report)
-    if args.train and not _train(original, model, inputs):
+    if not (args.train or args.bench):
+        return 0
+    from dropin.bench import harness, models
+
+    grad = models.upstream_gradient(original, inputs) if args.train else None
+    reference = models.float64_step(original, inputs, grad)  # one float64 copy for the check and the bench rows
+    if args.train and not _train(original, model, inputs, grad, reference):
         return 1
     if args.bench:
-        from dropin.bench import harness, models
-
-        cover, measured = models.coverage(original, model, inputs, report, args.train)
-        rows = models.bench_rows(args.model, original, model, inputs, train=args.train, dtype=args.dtype,
-                                 batch=args.batch, cover=cover, warmup_ms=args.warmup, rep_ms=args.rep)
+        cover, measured = models.coverage(original, model, inputs, report, grad)
+        rows = models.bench_rows(args.model, original, model, inputs, grad=grad, reference=reference,
+                                 dtype=args.dtype, batch=args.batch, cover=cover, warmup_ms=args.warmup,
+                                 rep_ms=args.rep)
         print(measured)
         print(models.format_rows(rows))
         result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows}

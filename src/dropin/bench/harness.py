@@ -28,6 +28,7 @@ from typing import Callable, ContextManager
 import torch
 
 from dropin import _runtime
+from dropin._tolerance import to_float64
 
 # Forward tolerances on ||out - ref|| / ||ref|| against float64 (DESIGN.md), keyed by Case.dtype; the
 # backward column for cases whose outputs include gradients (Case.backward).
@@ -137,11 +138,6 @@ def randn(*shape: int, dtype: str | torch.dtype) -> torch.Tensor:
     """Standard-normal tensor on the device the kernels run on; dtype is a torch dtype or a TOLERANCES key."""
     dtype = TORCH_DTYPES.get(dtype, dtype)
     return torch.randn(*shape, dtype=dtype, device=_runtime.KERNEL_DEVICE)
-
-
-def to_float64(x):
-    """float64 copy of a floating tensor; anything else unchanged."""
-    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
 def rel_error(out, ref) -> float:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .. import _runtime
-from .._tolerance import rel_err
+from .._tolerance import rel_err, to_float64
 from ..inject.coverage import measure
 from . import harness
 
@@ -64,18 +64,24 @@ def step_errors(outs: tuple, outs_64: tuple) -> dict:
     return {"output": rel_err(outs[0], outs_64[0]), **gradient_errors(outs[1], outs_64[1])}
 
 
+def upstream_gradient(original: nn.Module, inputs: tuple) -> torch.Tensor:
+    """A fixed random upstream gradient for a training step (the loss sum(output * it)), shaped by one forward."""
+    return torch.randn_like(main_output(original(*inputs)).detach())
+
+
 def float64_step(original: nn.Module, inputs: tuple, grad: torch.Tensor | None):
-    """(output, gradients) of a float64 copy of `original` on the inputs in float64: the reference."""
+    """(output, gradients) of a float64 copy of `original` on the inputs in float64 (a training step with
+    upstream gradient `grad`, an inference forward for None): the reference."""
     model = copy.deepcopy(original).double()
-    return _step(model, model, tuple(map(harness.to_float64, inputs)), harness.to_float64(grad))()
+    return _step(model, model, tuple(map(to_float64, inputs)), to_float64(grad))()
 
 
-def coverage(original: nn.Module, injected: nn.Module, inputs: tuple, report, train: bool):
+def coverage(original: nn.Module, injected: nn.Module, inputs: tuple, report, grad: torch.Tensor | None):
     """({coverage_modules, coverage_flops, coverage_time}, the measured dropin.inject.coverage.Coverage) of one
-    step (an inference forward, or a training step). coverage_modules: the share of the torch modules
+    step (an inference forward, or a training step with upstream gradient `grad`). coverage_modules: the share of
+    the torch modules
     without children that compute (the report's count) done by dropin modules; coverage_flops and coverage_time:
     the profiler's shares of the FLOPs and of the GPU kernel time (None under the interpreter) in dropin."""
-    grad = torch.randn_like(main_output(original(*inputs)).detach()) if train else None
     measured = measure(injected, original, lambda m: _step(m, m, inputs, grad)())
     covered = sum(r.covers for r in report.replaced)
     return {"coverage_modules": covered / max(covered + len(report.left), 1), "coverage_flops": measured.flops,
@@ -93,16 +99,18 @@ def _step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor | None):
     return lambda: train_step(forward, model, inputs, grad)
 
 
-def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tuple, *, train: bool, dtype: str,
-               batch: int, cover: dict, warmup_ms: float = 25, rep_ms: float = 100) -> list[dict]:
-    """One row per PROVIDERS entry (see the module docstring); compile rows carry a note under the interpreter."""
-    grad = torch.randn_like(main_output(original(*inputs)).detach()) if train else None
+def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tuple, *, grad: torch.Tensor | None,
+               reference: tuple, dtype: str, batch: int, cover: dict, warmup_ms: float = 25,
+               rep_ms: float = 100) -> list[dict]:
+    """One row per PROVIDERS entry (see the module docstring): a training step with upstream gradient `grad`, or
+    inference for None; errors against `reference` (float64_step's for the same grad). Compile rows carry a note
+    under the interpreter."""
     models = {"original": original, "dropin": injected}
-    rows, reference = [], float64_step(original, inputs, grad)
+    rows = []
     for provider in PROVIDERS:
         model = models[provider.split("_")[0]]
         forward = harness.compiled(model) if provider.endswith("compile") else model
-        row = {"model": name, "provider": provider, "mode": "train" if train else "inference", "dtype": dtype,
+        row = {"model": name, "provider": provider, "mode": "inference" if grad is None else "train", "dtype": dtype,
                "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None, "graph_ms": None,
                "speedup_vs_original": None, "rel_err_vs_fp64": None, "coverage_modules": None,
                "coverage_flops": None, "coverage_time": None}
@@ -117,12 +125,12 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
             continue
         row["rel_err_vs_fp64"] = max(step_errors(outs, reference).values())
         row.update(harness.summarize(harness.time_fn(step, warmup_ms, rep_ms)))
-        if train and not _runtime.INTERPRET:  # (a step re-seeds the random state and sets .grad: no CUDA graph)
-            row["note"] = "no CUDA-graph time for a training step"
-        elif not train:
+        if grad is None:
             row["graph_ms"], note = harness.graph_time(step)
             if note:
                 row["note"] = note
+        elif not _runtime.INTERPRET:  # (a step re-seeds the random state and sets .grad: no CUDA graph)
+            row["note"] = "no CUDA-graph time for a training step"
         row["speedup_vs_original"] = rows[0]["median_ms"] / row["median_ms"]
     return rows
 

@@ -7,7 +7,7 @@ from typing import Optional, Union
 import torch
 from torch.utils import _pytree as pytree
 
-from .._tolerance import limit, rel_err
+from .._tolerance import limit, rel_err, to_float64
 from ..nn import DropinModule, Folded
 from . import registry
 from .coverage import Coverage, measure
@@ -239,8 +239,7 @@ def _verify(model: torch.nn.Module, inputs: tuple, report: InjectReport) -> None
     with torch.no_grad(), _buffers_kept(model):
         out, seen, order = _run(model, inputs, list(names), seed)
         out_t, seen_t, _ = _run(reference, inputs, list(names.values()), seed)
-        to64 = lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
-        out_64, seen_64, _ = _run(reference.double(), pytree.tree_map(to64, inputs), list(names.values()), seed)
+        out_64, seen_64, _ = _run(reference.double(), pytree.tree_map(to_float64, inputs), list(names.values()), seed)
     problem = _divergence(out, out_t, out_64)
     if problem is None:
         report.verification = "verified: output within tolerance of PyTorch's (float64 reference)"
