@@ -79,9 +79,9 @@ def float64_step(original: nn.Module, inputs: tuple, grad: torch.Tensor | None):
 def coverage(original: nn.Module, injected: nn.Module, inputs: tuple, report, grad: torch.Tensor | None):
     """({coverage_modules, coverage_flops, coverage_time}, the measured dropin.inject.coverage.Coverage) of one
     step (an inference forward, or a training step with upstream gradient `grad`). coverage_modules: the share of
-    the torch modules
-    without children that compute (the report's count) done by dropin modules; coverage_flops and coverage_time:
-    the profiler's shares of the FLOPs and of the GPU kernel time (None under the interpreter) in dropin."""
+    the torch modules without children that compute (the report's count) done by dropin modules; coverage_flops
+    and coverage_time: the profiler's shares of the FLOPs and of the GPU kernel time (None under the interpreter)
+    in dropin."""
     measured = measure(injected, original, lambda m: _step(m, m, inputs, grad)())
     covered = sum(r.covers for r in report.replaced)
     return {"coverage_modules": covered / max(covered + len(report.left), 1), "coverage_flops": measured.flops,
