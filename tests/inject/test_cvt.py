@@ -50,6 +50,29 @@ def test_cvt_fused_verified_and_hf_forward_unchanged():
     assert_close(logits, ref, torch.float32, "fwd")
 
 
+def test_cvt_class_token_rows_without_concatenation(monkeypatch):
+    """In inference the q/k/v conv projections write their rows after the class token's (conv2d out=): no
+    torch.cat but the stage's own (HF's CvtStage adds the token); with autograd on, or a hook on a module the
+    shortcut passes by, the concatenations are back. Every way is checked against float64."""
+    model = tiny_cvt()
+    ref = copy.deepcopy(model).double()
+    dropin.inject_(model, verify=False)
+    x = pixels()
+    with torch.no_grad():
+        ref = ref(pixel_values=x.double()).logits
+    cat, cats = torch.cat, []
+    monkeypatch.setattr(torch, "cat", lambda *a, **k: cats.append(1) or cat(*a, **k))
+    projection = model.cvt.encoder.stages[1].layers[0].attention.attention.convolution_projection_key
+    for grad, hook, expected in ((False, False, 1), (True, False, 1 + 2 * 3), (False, True, 1 + 1)):
+        cats.clear()
+        handle = projection.register_forward_hook(lambda *a: None) if hook else None
+        with torch.set_grad_enabled(grad):
+            logits = model(pixel_values=x).logits
+        handle and handle.remove()
+        assert len(cats) == expected, (grad, hook)
+        assert_close(logits.detach(), ref, torch.float32, "fwd")
+
+
 def test_cvt_state_dict_and_revert():
     model = tiny_cvt()
     state, x = snapshot(model), pixels()

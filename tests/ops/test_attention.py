@@ -224,6 +224,25 @@ def test_no_grad_and_output_layout():
     assert out.transpose(1, 2).is_contiguous(), "stored [B, L, H, E], as torch's flash attention stores it"
 
 
+CHUNKED = {  # id -> (B, H, HK, Lq, Lk, E, keyword arguments)
+    "causal-gqa-d40": (2, 4, 2, 45, 37, 40, {"is_causal": True, "enable_gqa": True}),
+    "mask-d64": (1, 2, 2, 33, 50, 64, {"attn_mask": "float"}),
+}
+
+
+@pytest.mark.skipif(ON_GPU, reason="forces 16-column chunks on the interpreter's small tiles")
+@pytest.mark.parametrize("case", CHUNKED)
+def test_head_dim_in_chunks(case, monkeypatch):
+    """The products over the head dim read in chunks of columns (CHUNK, tf32x3's path on the GPU, where
+    `test_float32_follows_allow_tf32` and `test_every_config` run it at d256), forced here at 16 columns (the
+    last one partial at d40) with the interpreter's FMA dots."""
+    B, H, HK, Lq, Lk, E, kwargs = CHUNKED[case]
+    monkeypatch.setattr(attn, "_chunk", lambda precision: 16)
+    if kwargs.get("attn_mask") == "float":
+        kwargs = dict(kwargs, attn_mask=randn(B, 1, Lq, Lk))
+    check(qkv(B, H, HK, Lq, Lk, E, torch.float32), **kwargs)
+
+
 # ------------------------------------------------------------------------------------------------ configs
 def test_config_tables():
     """Forward / dQ tiles: BLOCK_M a multiple of BLOCK_N; dK/dV: BLOCK_N a multiple of BLOCK_M (the diagonal

@@ -226,6 +226,56 @@ def test_partial_gradients_and_no_grad():
     torch.testing.assert_close(y2, y.detach(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("case", ["depthwise-cls", "dense-nchw", "pointwise", "unbatched-residual"])
+def test_out(case):
+    """out=: the result written into a view of a larger poisoned buffer (CvT's [B, 1 + HW, C] rows after a class
+    token, channels_last; a strided NCHW slice), nothing around it touched, out itself returned; a residual may
+    be out itself."""
+    x_shape, w_shape, kw = {
+        "depthwise-cls": ((3, 24, 7, 5), (24, 1, 3, 3), dict(stride=2, padding=1, groups=24)),
+        "dense-nchw": ((2, 6, 9, 7), (10, 6, 3, 3), dict(padding=1, dilation=(1, 2))),
+        "pointwise": ((2, 16, 5, 3), (8, 16, 1, 1), dict()),
+        "unbatched-residual": ((6, 9, 7), (5, 6, 3, 3), dict(padding=1)),
+    }[case]
+    inputs = leaves(x_shape, w_shape, channels_last=case == "depthwise-cls")
+    x, w, b = inputs.values()
+    shape = F.conv2d(x, w, **kw).shape
+    if case == "depthwise-cls":  # rows 1: of [N, 1 + OH*OW, C], viewed as channels_last NCHW
+        n, c, oh, ow = shape
+        buf = torch.full((n, 1 + oh * ow, c), float("nan"), device=DEVICE)
+        out = buf[:, 1:].unflatten(1, (oh, ow)).permute(0, 3, 1, 2)
+    else:  # every other column of a wider NCHW buffer
+        buf = torch.full((*shape[:-1], 2 * shape[-1]), float("nan"), device=DEVICE)
+        out = buf[..., ::2]
+    ref = F.conv2d(x.double(), w.double(), b.double(), **kw)
+    r = None
+    if case == "unbatched-residual":
+        out.copy_(torch.randn(shape, device=DEVICE))
+        ref, r = F.relu(ref + out.double()), out
+    with torch.no_grad():
+        got = dropin.conv2d(x, w, b, activation="relu" if r is not None else None, residual=r, out=out, **kw)
+    assert got is out
+    assert_close(out, ref, torch.float32, "fwd")
+    untouched = buf[:, 0] if case == "depthwise-cls" else buf[..., 1::2]
+    assert untouched.isnan().all(), "out=: elements outside 'out' were written"
+
+
+@pytest.mark.parametrize("case", ["grad", "overlap", "expanded"])
+def test_out_errors(case):
+    x, w = _t(1, 4, 8, 8), _t(6, 4, 3, 3)
+    out = _t(1, 6, 6, 6)
+    if case == "grad":
+        with pytest.raises(RuntimeError, match="out="):
+            dropin.conv2d(x, w.requires_grad_(), out=out)
+    elif case == "overlap":
+        buf = _t(1, 6, 8, 8)
+        with pytest.raises(RuntimeError, match="'out' overlaps 'input'"):
+            dropin.conv2d(buf[:, :4], _t(6, 4, 3, 3), out=buf[:, :, 1:7, 1:7])
+    else:
+        with pytest.raises(RuntimeError, match="'out'"):
+            dropin.conv2d(x, w, out=_t(1, 6, 6, 1).expand(1, 6, 6, 6))
+
+
 def test_empty_batch():
     y = dropin.conv2d(torch.randn(0, 3, 5, 5, device=DEVICE), torch.randn(4, 3, 3, 3, device=DEVICE))
     assert y.shape == (0, 4, 3, 3)
@@ -388,6 +438,9 @@ ERRORS = [
      RuntimeError, "residual"),
     ("residual-dtype", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3),
                                              residual=_t(1, 6, 6, 6, dtype=torch.float16)), RuntimeError, "residual"),
+    ("out-shape", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), out=_t(1, 6, 8, 8)), RuntimeError, "out"),
+    ("out-dtype", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), out=_t(1, 6, 6, 6, dtype=torch.float16)),
+     RuntimeError, "out"),
 ]
 
 

@@ -3,8 +3,9 @@ and CvT's (CvtSelfAttention: its score product, softmax and context product as o
 import torch
 
 from ..ops import attention, rope
+from .conv import Conv2d
 from .linear import Linear
-from .module import DropinModule
+from .module import DropinModule, Folded
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -55,14 +56,42 @@ class CvtSelfAttention(DropinModule):
         if self.training and self.dropout.p:
             raise RuntimeError(f"dropin CvtSelfAttention: attention dropout p={self.dropout.p} in training mode; "
                                f"dropin attention has no dropout (revert_ the model, or set the dropout's p to 0)")
+        cls_token = None
         if a.with_cls_token:
             cls_token, hidden_state = torch.split(hidden_state, [1, height * width], 1)
         batch, _, channels = hidden_state.shape
         hidden_state = hidden_state.permute(0, 2, 1).view(batch, channels, height, width)
-        qkv = [getattr(self, f"convolution_projection_{n}")(hidden_state) for n in ("query", "key", "value")]
-        if a.with_cls_token:
-            qkv = [torch.cat((cls_token, t), dim=1) for t in qkv]
+        qkv = [self._projection(n, hidden_state, cls_token) for n in ("query", "key", "value")]
         q, k, v = (getattr(self, f"projection_{n}")(t).view(batch, t.shape[1], a.num_heads, -1).transpose(1, 2)
                    for n, t in zip(("query", "key", "value"), qkv))
         out = attention(q, k, v, scale=a.scale)
         return out.transpose(1, 2).reshape(batch, q.shape[2], a.embed_dim)
+
+    def _projection(self, name: str, hidden_state, cls_token):
+        """The conv projection `name` as [B, L, C] rows, after the class token where there is one. In inference
+        (no autograd, eager) with the projection's conv a dropin conv with its BatchNorm folded in and no hooks on
+        the modules it passes by, the conv writes its rows straight after the token's (out=): no concatenation."""
+        projection = getattr(self, f"convolution_projection_{name}")
+        if cls_token is None:
+            return projection(hidden_state)
+        inner = getattr(projection, "convolution_projection", None)
+        conv = getattr(inner, "convolution", None)
+        if (torch.is_grad_enabled() or torch.compiler.is_compiling() or not isinstance(conv, Conv2d)
+                or isinstance(conv.original.padding, str) or not isinstance(inner.normalization, Folded)
+                or _hooked(projection, inner, inner.normalization, projection.linear_projection)):
+            return torch.cat((cls_token, projection(hidden_state)), dim=1)
+        c = conv.original
+        batch, channels, height, width = hidden_state.shape
+        oh, ow = (1 + (size + 2 * p - d * (k - 1) - 1) // s for size, k, s, p, d in
+                  zip((height, width), c.kernel_size, c.stride, c.padding, c.dilation))
+        rows = hidden_state.new_empty(batch, 1 + oh * ow, c.out_channels)
+        rows.narrow(1, 0, 1).copy_(cls_token)
+        conv(hidden_state, out=rows[:, 1:].unflatten(1, (oh, ow)).permute(0, 3, 1, 2))
+        return rows
+
+
+def _hooked(*modules) -> bool:
+    """Whether a forward hook would run on any of these modules (its own or a global one)."""
+    hooks = torch.nn.modules.module
+    return bool(hooks._global_forward_hooks or hooks._global_forward_pre_hooks) or any(
+        m._forward_hooks or m._forward_pre_hooks for m in modules)

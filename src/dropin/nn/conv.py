@@ -18,12 +18,14 @@ class Conv2d(DropinModule):
         self.activation = activation
         self.kernel = "conv2d" + (f"+{activation}" if activation else "")
 
-    def _conv(self, x, weight, bias, activation, residual):
+    def _conv(self, x, weight, bias, activation, residual, out=None):
         c = self.original
-        return conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups, activation, residual)
+        return conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups, activation, residual, out=out)
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self._conv(x, self.weight, self.bias, self.activation, residual)
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, *,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """out: see dropin.ops.conv2d (inference only)."""
+        return self._conv(x, self.weight, self.bias, self.activation, residual, out)
 
 
 class ConvBNAct(Conv2d):
@@ -60,8 +62,10 @@ class ConvBNAct(Conv2d):
             cache = self._cache = ([t.detach() for t in sources], key, frozen(weight), bias)
         return cache[2], cache[3]
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, *,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
         if not self.bn.training:
-            return self._conv(x, *self._folded(), self.activation, residual)
+            return self._conv(x, *self._folded(), self.activation, residual, out)
         y = self.bn(self._conv(x, self.weight, self.bias, None, None))
-        return activation_ref(y if residual is None else y + residual, self.activation)
+        y = activation_ref(y if residual is None else y + residual, self.activation)
+        return y if out is None else out.copy_(y)

@@ -18,8 +18,9 @@ read through strides with stride 0 over broadcast dims. With an additive mask th
 units (exp instead of exp2): HF's finfo.min masks then keep torch's meaning, which scaling by log2 e would
 overflow to -inf.
 Rows that attend to no key give 0, as torch does (its math backend, torch >= 2.5), with 0 gradients.
-float32 follows torch's rule for matmuls: tf32 when `torch.backends.cuda.matmul.allow_tf32`, otherwise
-fp32 FMAs (true fp32).
+float32 follows torch's rule for matmuls: tf32 when `torch.backends.cuda.matmul.allow_tf32`, otherwise true
+fp32: tf32x3 on the tensor cores where the head dim and both lengths are >= 256 (matmul's rule; every MMA chain
+at most 32 long, the head dim read in chunks of 32), fp32 FMAs elsewhere.
 """
 import math
 from typing import Optional
@@ -95,6 +96,38 @@ def _tile(src, b, h, start, rows, stride_b, stride_h, stride_l, stride_d,
 
 
 @triton.jit
+def _cols(ptr, b, h, rows, stride_b, stride_h, stride_l, stride_d, d0,
+          HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
+    """Columns d0 .. d0 + CHUNK of `rows` of head (b, h) (pointer loads), columns past HEAD_DIM 0."""
+    offs_d = d0 + tl.arange(0, CHUNK)
+    ptrs = (ptr + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + rows[:, None] * stride_l
+            + offs_d[None, :] * stride_d)
+    if HEAD_DIM % CHUNK == 0:
+        tile = tl.load(ptrs)
+    else:
+        tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return tile
+
+
+@triton.jit
+def _dot_t(a, a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, b, b_ptr, b_b, b_h, b_rows, sb_b, sb_h, sb_l, sb_d,
+           PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
+    """a @ b^T, a product over the head dim of two row tiles. CHUNK > 0 (true fp32 on the tensor cores, tf32x3,
+    whose MMA chains truncate their running sums): the rows are read again from memory CHUNK columns at a time
+    and the chunks' products summed in fp32, so that no chain is longer than CHUNK (a two-level sum, as
+    _dot_acc's); else the tiles a and b as they are."""
+    if CHUNK:  # (a loop, not unrolled: each unrolled chunk's operands took shared memory of their own)
+        c = tl.zeros((a.shape[0], b.shape[0]), dtype=tl.float32)
+        for d0 in tl.range(0, BLOCK_D, CHUNK):
+            c = c - _dot(-_cols(a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, d0, HEAD_DIM, CHUNK),
+                         tl.trans(_cols(b_ptr, b_b, b_h, b_rows, sb_b, sb_h, sb_l, sb_d, d0, HEAD_DIM, CHUNK)),
+                         PRECISION)
+    else:
+        c = _dot(a, tl.trans(b), PRECISION)
+    return c
+
+
+@triton.jit
 def _scores(qk, qi, kj, Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
             MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr):
     """Scores of one tile from qk = q . k; qi / kj: the query / key index of each entry (broadcasting to the
@@ -140,12 +173,13 @@ def _key_ranges(start_m, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, offs_m, lo, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+def _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+               offs_m, lo, hi, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk, qk_scale,
                stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
                stride_mq, stride_mk,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
                TMA: tl.constexpr, FOLD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+               BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
     """Online softmax over the key tiles [lo, hi): the running output, row sums and row maxima. FOLD (scale
     > 0): on tiles whose scores are all finite (no mask, not EDGE) the row maximum is taken before scaling and
     the scale folds into one FMA with its subtraction."""
@@ -154,7 +188,9 @@ def _fwd_tiles(acc, l_i, m_i, q, offs_m, lo, hi, k_src, v_src, b, hk, mask_base,
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
         k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        qk = _dot(q, tl.trans(k), PRECISION)
+        qk = _dot_t(q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                    k, k_ptr, b, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
+                    PRECISION, HEAD_DIM, BLOCK_D, CHUNK)
         if FOLD and not EDGE and MASK == "none":
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_use = m_new
@@ -182,7 +218,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
                 stride_ob, stride_oh, stride_om, stride_od,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                 FOLD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+                BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
     """Grid (query tiles, B * H). stats [B, H, 2, Lq] fp32: the row maximum of the scores (+inf for a row that
     attends to nothing) and 1 / the row sum: the backward's P = exp(s - max) / sum is then the forward's own
     (no log-sum-exp, whose rounding would not cancel against O in rowsum(dO * O), and which a finfo.min
@@ -203,14 +239,16 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, offs_m, 0, mid, k_src, v_src, b, hk, mask_base, Lq, Lk,
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                               offs_m, 0, mid, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
                                qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
                                stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                               MASK, CAUSAL, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, offs_m, mid, hi, k_src, v_src, b, hk, mask_base, Lq, Lk,
+                               MASK, CAUSAL, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                               offs_m, mid, hi, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
                                qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
                                stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                               MASK, CAUSAL, True, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N)
+                               MASK, CAUSAL, True, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
     empty = l_i == 0.0
     l_i = tl.where(empty, 1.0, l_i)
     out = acc / l_i[:, None]
@@ -243,11 +281,13 @@ def _delta_kernel(o_ptr, do_ptr, delta_ptr, H, Lq,
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, offs_n, lo, hi, q_src, do_src, b, h, stats_base, delta_base, mask_base,
-                Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm, stride_qd,
+def _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd, offs_n, lo, hi, q_ptr, q_src, do_ptr, do_src, b, h,
+                stats_base, delta_base, mask_base, Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm, stride_qd,
                 stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
-                TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+                TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                CHUNK: tl.constexpr):
     """dK, dV of one key tile summed over the query tiles [lo, hi) of head h, in the transposed orientation
     (rows are keys), so that P^T and dS^T feed the products as they come out of the score product."""
     for start_m in tl.range(lo, hi, BLOCK_M):
@@ -255,7 +295,10 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, lo, hi, q_src, do_src, b, h, stats_base, d
         offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, EDGE)
         q = _tile(q_src, b, h, start_m, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
                   HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-        st = _scores(_dot(k, tl.trans(q), PRECISION), offs_m[None, :], offs_n[:, None], Lq, Lk,
+        kq = _dot_t(k, k_ptr, b, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
+                    q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd, PRECISION, HEAD_DIM,
+                    BLOCK_D, CHUNK)
+        st = _scores(kq, offs_m[None, :], offs_n[:, None], Lq, Lk,
                      mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m = tl.load(stats_base + rows_m)
         inv_l = tl.load(stats_base + Lq + rows_m)
@@ -263,7 +306,9 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, lo, hi, q_src, do_src, b, h, stats_base, d
         do = _tile(do_src, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
                    HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
         dv = _dot_acc(dv, pt.to(do.dtype), do, PRECISION)
-        dpt = _dot(v, tl.trans(do), PRECISION)
+        dpt = _dot_t(v, v_ptr, b, hk, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
+                     do, do_ptr, b, h, rows_m, stride_db, stride_dh, stride_dm, stride_dd, PRECISION, HEAD_DIM,
+                     BLOCK_D, CHUNK)
         dst = pt * (dpt - tl.load(delta_base + rows_m)[None, :])
         dk = _dot_acc(dk, dst.to(q.dtype), q, PRECISION)
     return dk, dv
@@ -276,7 +321,8 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk
                  stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
                  stride_db, stride_dh, stride_dm, stride_dd,
                  MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CHUNK: tl.constexpr):
     """Grid (key tiles, B * HK); dk and dv are contiguous [B, HK, Lk, E]. BLOCK_N is a multiple of BLOCK_M.
     Causal: query tiles before the key tile see none of it; those on the diagonal are EDGE tiles."""
     start_n = tl.program_id(0) * BLOCK_N
@@ -305,18 +351,24 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk
         h = hk * group + g
         row = (b * H + h).to(tl.int64) * Lq
         mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
-        dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, lo, band, q_src, do_src, b, h, stats_ptr + 2 * row,
-                             delta_ptr + row, mask_base, Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm,
-                             stride_qd, stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
-                             MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, band, full, q_src, do_src, b, h, stats_ptr + 2 * row,
-                             delta_ptr + row, mask_base, Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm,
-                             stride_qd, stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
-                             MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, tail, Lq, q_src, do_src, b, h, stats_ptr + 2 * row,
-                             delta_ptr + row, mask_base, Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm,
-                             stride_qd, stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
-                             MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
+                             stride_vb, stride_vh, stride_vn, stride_vd, offs_n, lo, band, q_ptr, q_src, do_ptr,
+                             do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk, qk_scale,
+                             stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
+                             stride_mq, stride_mk, MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M,
+                             CHUNK)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
+                             stride_vb, stride_vh, stride_vn, stride_vd, offs_n, band, full, q_ptr, q_src, do_ptr,
+                             do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk, qk_scale,
+                             stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
+                             stride_mq, stride_mk, MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M,
+                             CHUNK)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
+                             stride_vb, stride_vh, stride_vn, stride_vd, offs_n, tail, Lq, q_ptr, q_src, do_ptr,
+                             do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk, qk_scale,
+                             stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
+                             stride_mq, stride_mk, MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M,
+                             CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
     offs = bhk.to(tl.int64) * Lk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     store_mask = (offs_n[:, None] < Lk) & (offs_d[None, :] < HEAD_DIM)
@@ -325,23 +377,32 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, m, inv_l, delta, offs_m, lo, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+def _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+              stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, lo, hi, k_ptr, k_src, v_ptr,
+              v_src, b, hk, mask_base, Lq, Lk, qk_scale,
               stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
               stride_mq, stride_mk,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
-              TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+              TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              CHUNK: tl.constexpr):
     """dQ of one query tile summed over the key tiles [lo, hi)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)  # every lo is one (or its range is empty)
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
         k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        s = _scores(_dot(q, tl.trans(k), PRECISION), offs_m[:, None], offs_n[None, :], Lq, Lk,
+        qk = _dot_t(q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                    k, k_ptr, b, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd, PRECISION, HEAD_DIM,
+                    BLOCK_D, CHUNK)
+        s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk,
                     mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         p = _exp(s - m[:, None], MASK) * inv_l[:, None]
         v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        ds = p * (_dot(do, tl.trans(v), PRECISION) - delta[:, None])
+        dp = _dot_t(do, do_ptr, b, h, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
+                    v, v_ptr, b, hk, rows_n, stride_vb, stride_vh, stride_vn, stride_vd, PRECISION, HEAD_DIM,
+                    BLOCK_D, CHUNK)
+        ds = p * (dp - delta[:, None])
         dq = _dot_acc(dq, ds.to(k.dtype), k, PRECISION)
     return dq
 
@@ -353,7 +414,8 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dq_p
                stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
                stride_db, stride_dh, stride_dm, stride_dd,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CHUNK: tl.constexpr):
     """Grid (query tiles, B * H); dq is contiguous [B, H, Lq, E]."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -374,12 +436,16 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dq_p
     mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, m, inv_l, delta, offs_m, 0, mid, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+    dq = _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                   stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, 0, mid, k_ptr, k_src, v_ptr,
+                   v_src, b, hk, mask_base, Lq, Lk, qk_scale,
                    stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_mq, stride_mk, MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, m, inv_l, delta, offs_m, mid, hi, k_src, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
+                   stride_mq, stride_mk, MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
+    dq = _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                   stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, mid, hi, k_ptr, k_src, v_ptr,
+                   v_src, b, hk, mask_base, Lq, Lk, qk_scale,
                    stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_mq, stride_mk, MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N)
+                   stride_mq, stride_mk, MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
     offs = row * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(dq_ptr + offs, (dq * sm_scale).to(dq_ptr.dtype.element_ty),
@@ -395,7 +461,8 @@ def _cfg(block_m, block_n, warps, stages):
 # Candidates by (bytes per element, head-dim tile), the default first. Forward and dQ: BLOCK_M (queries) is a
 # multiple of BLOCK_N (keys); dK/dV: BLOCK_N is a multiple of BLOCK_M (the diagonal falls on tile edges).
 # Forward key tiles no wider than the head-dim tile (as tutorial 06 keeps them). Three each: tuning compiles
-# every candidate (twice on Hopper: TMA and pointer loads), a few seconds apiece.
+# every candidate (twice on Hopper: TMA and pointer loads), a few seconds apiece; fp32 d256 has a fourth for
+# its tf32x3 path (the fastest there, `scratch/probe_attn_x3.py`; the FMA path spills in it).
 _FWD_CONFIGS = {
     (2, 64): [_cfg(128, 64, 4, 3), _cfg(64, 64, 4, 4), _cfg(128, 32, 4, 3)],
     (2, 128): [_cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(64, 64, 4, 3)],
@@ -410,7 +477,7 @@ _DKDV_CONFIGS = {
     (2, 256): [_cfg(32, 64, 4, 2), _cfg(16, 64, 4, 2), _cfg(16, 32, 4, 2)],
     (4, 64): [_cfg(32, 64, 4, 3), _cfg(32, 128, 8, 2), _cfg(16, 32, 4, 3)],
     (4, 128): [_cfg(32, 64, 4, 2), _cfg(16, 64, 4, 2), _cfg(16, 32, 4, 3)],
-    (4, 256): [_cfg(16, 32, 4, 2), _cfg(16, 64, 4, 1), _cfg(16, 16, 4, 2)],
+    (4, 256): [_cfg(16, 32, 4, 2), _cfg(16, 64, 4, 1), _cfg(16, 16, 4, 2), _cfg(32, 32, 4, 2)],
 }
 _DQ_CONFIGS = {
     (2, 64): [_cfg(128, 32, 4, 5), _cfg(128, 64, 8, 3), _cfg(64, 32, 4, 3)],
@@ -418,18 +485,32 @@ _DQ_CONFIGS = {
     (2, 256): [_cfg(64, 32, 4, 2), _cfg(32, 32, 4, 2), _cfg(32, 16, 4, 2)],
     (4, 64): [_cfg(64, 32, 4, 3), _cfg(64, 64, 8, 2), _cfg(32, 16, 4, 3)],
     (4, 128): [_cfg(64, 32, 4, 2), _cfg(32, 32, 4, 2), _cfg(32, 16, 4, 3)],
-    (4, 256): [_cfg(32, 16, 4, 2), _cfg(32, 32, 4, 1), _cfg(16, 16, 4, 2)],
+    (4, 256): [_cfg(32, 16, 4, 2), _cfg(32, 32, 4, 1), _cfg(16, 16, 4, 2), _cfg(64, 32, 4, 2)],
 }
 _DELTA_BLOCK_M = 64
+
+
+def _attention_precision(q: torch.Tensor, Lk: int) -> str:
+    """tl.dot's precision: matmul's rule (`_precision`), with the shortest of the head dim and the two lengths as
+    its reduction: tf32x3 for float32 where all are >= TF32X3_MIN_K (then every product's chains are cut to
+    `_chunk`'s length), FMAs where one is shorter."""
+    return _precision(q.dtype, k=min(q.shape[2], q.shape[3], Lk))
+
+
+def _chunk(precision: str) -> int:
+    """The longest MMA chain of a product (CHUNK; 0: unbounded): 32 for tf32x3, as matmul's `_max_k`."""
+    return 32 if precision == "tf32x3" else 0
 
 
 def _block_d(head_dim: int) -> int:
     return max(16, _runtime.next_power_of_2(head_dim))
 
 
-def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, masked: bool) -> list:
+def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, masked: bool, chunk: int = 0,
+                reduced: str = "") -> list:
     """The table's list for this dtype and head dim, less tiles larger than the bucketed lengths (the
     smallest candidate if none fits); with `tma`, each with TMA loads first, then with pointer loads.
+    chunk > 0: only tiles whose `reduced` block (the one the kernel's tile products sum over) is at most chunk.
     masked: at most 2 stages where the head dim is 128 or more (the mask tiles take shared memory too: the
     3-stage 128x128 bf16 tile asked 234 KB of the H200's 227 KB, so the untuned default did not launch)."""
     configs = table[(min(q.element_size(), 4), max(64, _block_d(q.shape[-1])))]
@@ -437,6 +518,8 @@ def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, maske
         configs = [dict(c, num_stages=min(c["num_stages"], 2)) for c in configs]
     bm, bn = _autotune.bucket(Lq), _autotune.bucket(Lk)
     configs = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn] or configs[-1:]
+    if chunk:
+        configs = [c for c in configs if c[reduced] <= chunk]
     return [dict(c, TMA=True) for c in configs if tma] + [dict(c, TMA=False) for c in configs]
 
 
@@ -505,16 +588,17 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
     if out.numel() == 0:
         return out, stats
     mask_t, mask_strides, mask_kind = _mask_args(mask, q)
-    precision = _precision(q.dtype, tf32x3=False)
+    precision = _attention_precision(q, Lk)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
 
     def make():  # sizes and strides are fixed by the plan's key: computed once
         fixed = (B, H, HK, Lq, Lk)
         strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *out.stride())
         tma = _tma_ok(q, k, v)
+        chunk = _chunk(precision)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, FOLD=qk_scale > 0, HEAD_DIM=E,
-                    BLOCK_D=_block_d(E))
-        configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, mask_kind != "none")
+                    BLOCK_D=_block_d(E), CHUNK=chunk)
+        configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, mask_kind != "none", chunk, "BLOCK_N")
         launch = _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
                         configs, lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H),
                         meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides))
@@ -535,7 +619,7 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
     if dq.numel() == 0 or Lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     mask_t, mask_strides, mask_kind = _mask_args(mask, q)
-    precision = _precision(q.dtype, tf32x3=False)
+    precision = _attention_precision(q, Lk)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
     delta = torch.empty((B, H, Lq), device=q.device, dtype=torch.float32)
 
@@ -544,15 +628,19 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
         strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
         delta_fixed = (H, Lq, *out.stride(), *grad_out.stride())
         tma = _tma_ok(q, k, v, grad_out)
-        meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E))
+        chunk = _chunk(precision)
+        meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E),
+                    CHUNK=chunk)
         key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
         masked = mask_kind != "none"
         launch_delta = _runtime.Launcher(_delta_kernel, (_runtime.cdiv(Lq, _DELTA_BLOCK_M), B * H),
                                          dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M))
-        launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, masked),
+        dkdv_configs = _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_M")
+        dq_configs = _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
+        launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, dkdv_configs,
                              lambda c: (_runtime.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
                              (q, k, v, mask_t, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides))
-        launch_dq = _tuned(_dq_kernel, "attention_dq", key, _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked),
+        launch_dq = _tuned(_dq_kernel, "attention_dq", key, dq_configs,
                            lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
                            (q, k, v, mask_t, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides))
 

@@ -1164,10 +1164,13 @@ def _staged(configs: list, stage_bytes) -> list:
     return out
 
 
-def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, activation: str, save_preact: bool):
+def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, activation: str, save_preact: bool,
+              out=None):
+    """(y, z): y into `out` where given (any strides; not with save_preact)."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
     fmt = _out_format(x, w)
-    y = torch.empty((N, COUT_G * groups, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt)
+    y = torch.empty((N, COUT_G * groups, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt) \
+        if out is None else out
     z = torch.empty_like(y) if save_preact else y.new_empty(0)
     if y.numel() == 0:
         return y, z
@@ -1179,7 +1182,8 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
         return y, z
     precision = _precision(x.dtype)
     r = y if residual is None else residual
-    key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), r.stride(), x.dtype, _align(x, w, y, bias, residual),
+    key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), y.stride(), r.stride(), x.dtype,
+           _align(x, w, y, bias, residual),
            stride, padding, dilation, groups, activation, save_preact, precision, fmt)
     tensors = (x, w, y, y if bias is None else bias, z if save_preact else y, r)
 
@@ -1577,25 +1581,51 @@ def conv_args(op: str, input: torch.Tensor, weight_shape, bias: Optional[torch.T
     return x, stride, pads, dilation, unbatched
 
 
-def _check_conv2d(input, weight, bias, residual, stride, padding, dilation, groups, activation) -> tuple:
-    """conv2d's argument checks; (act, stride, pads, dilation, unbatched)."""
+def _check_conv2d(input, weight, bias, residual, out, stride, padding, dilation, groups, activation) -> tuple:
+    """conv2d's argument checks (those that hold for every call of these shapes, dtypes and devices; `_check_out`
+    has the rest); (act, stride, pads, dilation, unbatched)."""
     act = check_activation(activation)
-    _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias, residual=residual)
+    _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias, residual=residual, out=out)
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
         if t is not None and t.dtype not in _DTYPES:
             raise RuntimeError(f"conv2d: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
-    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual), ("out", out)):
         if t is not None and t.dtype != input.dtype:
             raise RuntimeError(f"conv2d: expected 'input' and '{name}' to have the same dtype, but got "
                                f"{input.dtype} and {t.dtype}")
     x, stride, pads, dilation, unbatched = conv_args("conv2d", input, weight.shape, bias, stride, padding,
                                                      dilation, groups)
-    if residual is not None:
-        out_shape = [x.shape[0], weight.shape[0], *_out_hw(*x.shape[2:], *weight.shape[2:], stride, pads, dilation)]
-        if list(residual.shape) != out_shape[unbatched:]:
-            raise RuntimeError(f"conv2d: expected 'residual' of the output's size {out_shape[unbatched:]}, but got "
-                               f"{list(residual.shape)}")
+    out_shape = [x.shape[0], weight.shape[0], *_out_hw(*x.shape[2:], *weight.shape[2:], stride, pads, dilation)]
+    for name, t in (("residual", residual), ("out", out)):
+        if t is not None and list(t.shape) != out_shape[unbatched:]:
+            raise RuntimeError(f"conv2d: expected '{name}' of the output's size {out_shape[unbatched:]}, but got "
+                               f"{list(t.shape)}")
     return act, stride, pads, dilation, unbatched
+
+
+def _span(t: torch.Tensor) -> tuple:
+    """[first, last] byte address that t's elements touch."""
+    extent = sum((size - 1) * st for size, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size() - 1
+
+
+def _check_out(out: torch.Tensor, *tensors) -> None:
+    """conv2d's checks of `out` that depend on more than shapes: no autograd, no element written twice, no overlap
+    with an operand (a residual may be `out` itself: each element is read before it is written)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (out, *tensors)):
+        raise RuntimeError("conv2d: out= is for inference: it does not support automatic differentiation, but one "
+                           "of the arguments requires grad")
+    if any(size > 1 and st == 0 for size, st in zip(out.shape, out.stride())):
+        raise RuntimeError("conv2d: 'out' has elements that share memory (a stride of 0); it must not")
+    first, last = _span(out)
+    input, weight, bias, residual = tensors
+    for name, t in (("input", input), ("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is None or t.numel() == 0 or name == "residual" and (t.data_ptr(), t.stride()) == (out.data_ptr(),
+                                                                                                 out.stride()):
+            continue
+        lo, hi = _span(t)
+        if lo <= last and first <= hi:
+            raise RuntimeError(f"conv2d: 'out' overlaps '{name}' in memory; dropin cannot write it in place")
 
 
 _checked: dict = {}
@@ -1603,7 +1633,7 @@ _checked: dict = {}
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
            dilation=1, groups: int = 1, activation: Optional[str] = None,
-           residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+           residual: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`activation(F.conv2d(input, weight, bias, stride, padding, dilation, groups) + residual)` in one kernel.
 
     input [N, C, H, W] or unbatched [C, H, W], any strides (NCHW and channels_last read without copies);
@@ -1614,17 +1644,29 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     (+ identity) -> relu is this one call. float32 / float16 / bfloat16 (all the same),
     fp32 accumulation; float32 uses tf32 only where torch's convolutions would
     (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is. Under torch.autocast
-    input, weight, bias and residual are cast to its dtype, as F.conv2d's operands are."""
+    input, weight, bias and residual are cast to its dtype, as F.conv2d's operands are.
+
+    out: where given, the result is written there and `out` returned (inference only: no argument may require
+    grad; any strides, e.g. a slice of a larger buffer, which saves a copy into it; no overlap with an operand)."""
     input, weight, bias, residual = _autocast(input, weight, bias, residual)
     act, stride, pads, dilation, unbatched = checked_once(
-        _checked, (input, weight, bias, residual), (stride, padding, dilation, groups, activation),
-        lambda: _check_conv2d(input, weight, bias, residual, stride, padding, dilation, groups, activation))
+        _checked, (input, weight, bias, residual, out), (stride, padding, dilation, groups, activation),
+        lambda: _check_conv2d(input, weight, bias, residual, out, stride, padding, dilation, groups, activation))
+    if out is not None:
+        _check_out(out, input, weight, bias, residual)
     x = input.unsqueeze(0) if unbatched else input
     KH, KW = weight.shape[2:]
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # the kernel reads bias with unit stride
     if residual is not None and unbatched:
         residual = residual.unsqueeze(0)
+    if out is not None:
+        y = out.unsqueeze(0) if unbatched else out
+        if torch.compiler.is_compiling():  # (the registered op returns a new tensor)
+            y.copy_(_fwd(x, weight, bias, residual, stride, pads, dilation, groups, act, False)[0])
+        else:
+            _fwd_impl(x, weight, bias, residual, stride, pads, dilation, groups, act, False, y)
+        return out
     if (KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and residual is None:
         pixels = x.permute(0, 2, 3, 1)
         if pixels.is_contiguous() and (x.dtype != torch.float32 or _precision(x.dtype) == _matmul_precision(x.dtype)):
