@@ -1169,8 +1169,8 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
     """(y, z): y into `out` where given (any strides; not with save_preact)."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
     fmt = _out_format(x, w)
-    y = torch.empty((N, COUT_G * groups, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt) \
-        if out is None else out
+    y = out if out is not None else torch.empty((N, COUT_G * groups, OH, OW), device=x.device, dtype=x.dtype,
+                                                memory_format=fmt)
     z = torch.empty_like(y) if save_preact else y.new_empty(0)
     if y.numel() == 0:
         return y, z
