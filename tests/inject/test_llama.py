@@ -120,7 +120,7 @@ def test_llama_training_backward_matches_torch():
         layer + "mlp.down_proj.weight", layer + "input_layernorm.weight", "model.norm.weight", "lm_head.weight"])
 
 
-def test_llama_unsupported_configs_stay_torch_with_reasons():
+def test_llama_unsupported_configs_stay_torch_with_reasons(monkeypatch):
     report = dropin.inject_(tiny_llama(attn_implementation="eager", mlp_bias=True), verify=False)
     notes = {e.name: e.reason for e in report.notes}
     assert "attn_implementation 'eager'" in notes["model.layers.0.self_attn"]
@@ -128,6 +128,13 @@ def test_llama_unsupported_configs_stay_torch_with_reasons():
     assert "model.layers.0.self_attn.q_proj" in {r.name for r in report.replaced}  # handled one by one
     report = dropin.inject_(tiny_llama(attention_dropout=0.1), verify=False)
     assert "attention_dropout 0.1" in {e.name: e.reason for e in report.notes}["model.layers.1.self_attn"]
+    # a forward with an argument dropin's does not follow (transformers <= 5.16 passed cache_position)
+    hf_attention = transformers.models.llama.modeling_llama.LlamaAttention
+    hf_forward = hf_attention.forward
+    monkeypatch.setattr(hf_attention, "forward", lambda self, hidden_states, cache_position=None, **kwargs:
+                        hf_forward(self, hidden_states, **kwargs))
+    report = dropin.inject_(tiny_llama(), verify=False)
+    assert "its forward takes cache_position" in {e.name: e.reason for e in report.notes}["model.layers.0.self_attn"]
 
 
 def test_import_dropin_does_not_import_transformers():

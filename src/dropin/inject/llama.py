@@ -1,6 +1,8 @@
 """Handlers for HF Llama (transformers.models.llama): LlamaMLP -> fused SwiGLU, LlamaRMSNorm -> dropin rms_norm,
 LlamaAttention -> dropin linear + rope + attention. (nn.Embedding and LlamaRotaryEmbedding stay torch: no
 dropin op for them; lm_head is an nn.Linear, which the generic handler takes.)"""
+import inspect
+
 from torch import nn
 
 from .. import nn as dnn
@@ -17,6 +19,10 @@ def _adopt(module: nn.Module, make, kernel: str):
 
 
 def _attention_reason(attn: nn.Module):
+    unknown = set(inspect.signature(type(attn).forward).parameters) - dnn.LlamaAttention.FORWARD_PARAMETERS
+    if unknown:
+        return (f"its forward takes {', '.join(sorted(unknown))}: a transformers version whose LlamaAttention dropin "
+                f"does not follow (it follows 5.17+)")
     impl = attn.config._attn_implementation
     if impl != "sdpa":
         return f"attn_implementation '{impl}': dropin follows HF's 'sdpa' path only (no attention weights)"

@@ -15,23 +15,30 @@ class LlamaAttention(DropinModule):
     """LlamaAttention.forward as HF runs it with attn_implementation='sdpa': the q/k/v/o projections through
     dropin linear (the children keep their names), RoPE through dropin rope with the (cos, sin) HF passes in,
     attention through dropin attention with HF's 4-D mask (or causal where HF passes none) and the K/V heads
-    shared by query groups without repeating them. A cache passed in (past_key_values) is updated by its own
-    `update`, as HF does. Returns (output, None): no attention weights, as HF's sdpa path."""
+    shared by query groups without repeating them. A cache passed in (`cache`, named `past_key_values` before
+    transformers 5.24) is updated by its own `update`, as HF does. Returns (output, None): no attention weights, as
+    HF's sdpa path. FORWARD_PARAMETERS: the names of HF's forward this one follows (the handler refuses others)."""
 
     kernel = "linear(q, k, v) + rope + attention + linear(o)"
+    FORWARD_PARAMETERS = {"self", "hidden_states", "position_embeddings", "attention_mask", "past_key_values",
+                          "cache", "kwargs"}
 
     def __init__(self, original: torch.nn.Module):
         super().__init__(original)
         for name, child in original.named_children():
             self.add_module(name, Linear(child) if name in PROJECTIONS else child)
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, cache=None,
+                **kwargs):
         a = self.original
+        if cache is not None and past_key_values is not None:
+            raise TypeError("dropin LlamaAttention: both cache and past_key_values given (they name one argument)")
+        cache = past_key_values if cache is None else cache
         shape = (*hidden_states.shape[:-1], -1, a.head_dim)
         q, k, v = (getattr(self, n)(hidden_states).view(shape).transpose(1, 2) for n in PROJECTIONS[:3])
         q, k = rope(q, k, *position_embeddings)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, a.layer_idx)
+        if cache is not None:
+            k, v = cache.update(k, v, a.layer_idx)
         causal = q.shape[2] > 1 and attention_mask is None and kwargs.get("is_causal", a.is_causal)
         out = attention(q, k, v, attention_mask, is_causal=causal, scale=a.scaling, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(*hidden_states.shape[:-1], -1)), None
