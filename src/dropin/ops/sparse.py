@@ -298,11 +298,12 @@ def _scatter_kernel(val_ptr, off_ptr, chunk_ptr, w_ptr, N, K, chunks,
 
 # --- 3. Launcher --------------------------------------------------------------------------------------
 
-# Candidates by token count (BLOCK_N, BLOCK_C, BLOCK_P, warps), from a sweep on the H200 (docs/perf-notes.md);
+# Candidates by token count (BLOCK_N, BLOCK_C, BLOCK_P, warps), from sweeps on the H200 (docs/perf-notes.md);
 # the first is the default when not tuning. BLOCK_M = min(16, M rounded up to a power of two); BLOCK_C is cut
 # to the chunk count rounded up to a power of two, and K is split over programs (fp32 partials summed by a
 # second kernel) only beyond BLOCK_C chunks. Short steps (BLOCK_P 2-8 entries of each run) over many runs
-# (BLOCK_N * BLOCK_C = 64-512) won: 4096 to 8192 products a step. DENSE (many tokens): the weight expanded
+# won; with several tokens, one or two rows a program on one or two warps (more programs a wave: the kernel
+# waits on its gathers, ncu). DENSE (many tokens): the weight expanded
 # into a temporary dense [N, K] (one scatter kernel) for dropin's tensor-core `linear`; the default where
 # M * density >= 2.
 def _cfg(n, c, p, warps):
@@ -310,8 +311,9 @@ def _cfg(n, c, p, warps):
 
 
 _CONFIGS = {
-    "one": [_cfg(4, 64, 8, 4), _cfg(8, 32, 8, 8), _cfg(8, 64, 8, 4), _cfg(8, 32, 8, 4), _cfg(4, 16, 32, 4)],
-    "few": [_cfg(8, 32, 4, 4), _cfg(4, 64, 2, 4), _cfg(8, 16, 4, 4), _cfg(4, 32, 4, 4), _cfg(8, 32, 4, 8)],
+    "one": [_cfg(4, 64, 8, 4), _cfg(1, 16, 8, 1), _cfg(8, 32, 8, 8), _cfg(8, 64, 8, 4), _cfg(4, 16, 32, 4)],
+    "few": [_cfg(1, 16, 2, 1), _cfg(1, 16, 4, 1), _cfg(2, 16, 2, 1), _cfg(2, 16, 2, 2), _cfg(8, 32, 4, 4),
+            _cfg(4, 64, 2, 4)],
 }
 _CONFIGS["many"] = _CONFIGS["few"] + [dict(DENSE=True)]
 MAX_M_TILES = 65535  # the grid's second dimension; more tokens take the dense path
