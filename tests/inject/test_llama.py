@@ -128,7 +128,7 @@ def test_llama_unsupported_configs_stay_torch_with_reasons(monkeypatch):
     assert "model.layers.0.self_attn.q_proj" in {r.name for r in report.replaced}  # handled one by one
     report = dropin.inject_(tiny_llama(attention_dropout=0.1), verify=False)
     assert "attention_dropout 0.1" in {e.name: e.reason for e in report.notes}["model.layers.1.self_attn"]
-    # a forward with an argument dropin's does not follow (transformers <= 5.16 passed cache_position)
+    # a forward with an argument dropin's does not follow (transformers 4.x and 5.0 passed cache_position)
     hf_attention = transformers.models.llama.modeling_llama.LlamaAttention
     hf_forward = hf_attention.forward
     monkeypatch.setattr(hf_attention, "forward", lambda self, hidden_states, cache_position=None, **kwargs:

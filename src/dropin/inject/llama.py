@@ -22,7 +22,7 @@ def _attention_reason(attn: nn.Module):
     unknown = set(inspect.signature(type(attn).forward).parameters) - dnn.LlamaAttention.FORWARD_PARAMETERS
     if unknown:
         return (f"its forward takes {', '.join(sorted(unknown))}: a transformers version whose LlamaAttention dropin "
-                f"does not follow (it follows 5.17+)")
+                f"does not follow (it follows the forward of transformers 5.17 to 5.24)")
     impl = attn.config._attn_implementation
     if impl != "sdpa":
         return f"attn_implementation '{impl}': dropin follows HF's 'sdpa' path only (no attention weights)"
