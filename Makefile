@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test setup
+.PHONY: run test setup test-gpu test-gpu-quick test-gpu-slow
 setup: $(BIN)/.ready
 
 $(BIN)/.ready: pyproject.toml
@@ -22,3 +22,18 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -n auto
+
+# The GPU suites, on a CUDA machine whose $(PYTHON) has torch, triton, pytest, pytest-xdist, hypothesis,
+# torchvision and transformers (nothing is installed): the sources run from src/. Workers share the one GPU;
+# REPORT=path names the junit XML file (default test-gpu*.xml here).
+GPU_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 16 ] && n=16; echo $$n)
+GPU_PYTEST = PYTHONPATH=src $(PYTHON) -m pytest -q -n $(GPU_WORKERS) --dist worksteal -p no:cacheprovider
+
+test-gpu:         # every GPU test but the slow sweeps (under 8 minutes on one H100)
+	$(GPU_PYTEST) -m "not slow" --junitxml=$(or $(REPORT),test-gpu.xml) tests
+
+test-gpu-quick:   # each public op, injector handler and execution mode once (under 2 minutes)
+	$(GPU_PYTEST) -m quick --junitxml=$(or $(REPORT),test-gpu-quick.xml) tests
+
+test-gpu-slow:    # the sweeps test-gpu leaves out: every kernel config, long fp32 attention, full-size CLI runs
+	$(GPU_PYTEST) -m slow --junitxml=$(or $(REPORT),test-gpu-slow.xml) tests

@@ -17,6 +17,9 @@ DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 ON_GPU = DEVICE == "cuda"
 
 gpu = pytest.mark.gpu
+# A sweep that `make test-gpu` leaves to `make test-gpu-slow`: a faster test covers the same code path (on the CPU
+# every test runs).
+slow = pytest.mark.slow
 
 # Under the interpreter tl.dot on bfloat16 is garbage (numpy sees uint16), so bf16 runs on the GPU only.
 DTYPES = [

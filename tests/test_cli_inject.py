@@ -10,7 +10,7 @@ from torch import nn
 import dropin.nn as dnn
 from dropin.cli import MODELS, main
 from dropin.inject import registry
-from _tol import gpu
+from _tol import gpu, slow
 
 
 def _tiny_cnn():
@@ -60,7 +60,8 @@ def test_inject_hf_models_verified(capsys, model, flags, kernel):
     assert kernel in out and "verified: output within" in out
 
 
-@pytest.mark.parametrize("model, flags", [("llama", TINY_LLAMA), ("cvt-13", ["--image-size", "32", "--batch", "2"])])
+@pytest.mark.parametrize("model, flags", [("llama", TINY_LLAMA),
+                                          pytest.param("cvt-13", ["--image-size", "32", "--batch", "2"], marks=slow)])
 def test_inject_train_step_within_limits(capsys, true_fp32, model, flags):
     """Output and every gradient against the original in float64: within the backward tolerance or 2x PyTorch's
     own error (in true fp32; TF32 would only widen the limit). CvT-13 at 32 pixels: at 16 its second stage attends
@@ -162,8 +163,10 @@ def test_inject_bad_arguments(capsys, argv, message):
 
 @gpu
 @pytest.mark.parametrize("argv", [["llama", "--verify", "--bench", "--rep", "20"],  # seed 002's config
-                                  ["llama", "--train", "--bench", "--dtype", "bfloat16", "--rep", "20"],
-                                  ["cvt-13", "--verify", "--bench", "--batch", "4", "--rep", "20"]])
+                                  pytest.param(["llama", "--train", "--bench", "--dtype", "bfloat16", "--rep", "20"],
+                                               marks=slow),
+                                  pytest.param(["cvt-13", "--verify", "--bench", "--batch", "4", "--rep", "20"],
+                                               marks=slow)])
 def test_inject_hf_models_full_size(capsys, argv):
     """Full-size defaults on the GPU: verified (or a training step compared) and timed, compile rows included."""
     pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import _check
 import dropin
-from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, slow
 
 # fp16 on the CPU where its path differs (lengths, masks, padding and empty rows, TMA, default configs);
 # elsewhere fp32 only there, to keep the interpreter's run short: every dtype on the GPU.
@@ -71,9 +71,11 @@ SHAPES = [  # (B, H, Lq, Lk, E)
     pytest.param((2, 1, 33, 7, 64), id="lq-33-lk-7"),
     pytest.param((1, 2, 7, 50, 64), id="lq-7-lk-50"),
     pytest.param((2, 4, 1, 33, 32), id="lq-1-lk-33"),  # 8 rows: a lone row's error ratio to torch's is noise
-    pytest.param((2, 4, 1000, 1000, 64), id="1000x1000-d64", marks=gpu),
-    pytest.param((1, 3, 1000, 333, 128), id="1000x333-d128", marks=gpu),
-    pytest.param((1, 2, 257, 1000, 128), id="257x1000-d128", marks=gpu),
+]
+LONG_SHAPES = [
+    pytest.param((2, 4, 1000, 1000, 64), id="1000x1000-d64"),
+    pytest.param((1, 3, 1000, 333, 128), id="1000x333-d128"),
+    pytest.param((1, 2, 257, 1000, 128), id="257x1000-d128"),
 ]
 
 
@@ -81,6 +83,17 @@ SHAPES = [  # (B, H, Lq, Lk, E)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_lengths(shape, causal, dtype):
+    B, H, Lq, Lk, E = shape
+    check(qkv(B, H, H, Lq, Lk, E, dtype), is_causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [*DTYPES[1:], pytest.param(torch.float32, id="fp32", marks=slow)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", LONG_SHAPES)
+def test_long_lengths(shape, causal, dtype):
+    """Many tiles of each kernel; fp32 runs the same tile walk as the 16-bit dtypes (its own products are
+    test_lengths' and test_head_dims')."""
     B, H, Lq, Lk, E = shape
     check(qkv(B, H, H, Lq, Lk, E, dtype), is_causal=causal)
 
@@ -303,6 +316,7 @@ EVERY_CONFIG = [pytest.param(table, key, i, tma, id=f"{table}-{key[0]}B-d{key[1]
 
 
 @gpu
+@slow
 @pytest.mark.parametrize("table,key,index,tma", EVERY_CONFIG)
 def test_every_config(table, key, index, tma, monkeypatch):
     """Each candidate forced (the others' defaults), causal with grouped heads (diagonal band, ragged ends,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import _check
 import dropin
-from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, slow
 
 cv = __import__("dropin.ops.conv2d", fromlist=["_plans"])
 
@@ -104,6 +104,7 @@ def conv_configs(draw):
                 channels_last=draw(st.booleans()))
 
 
+@slow
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=conv_configs())
 def test_random_configs(cfg):
@@ -319,6 +320,7 @@ def test_tma_forward_resnet_shapes(dtype, cfg, monkeypatch):
         cv._plans.clear()
 
 
+@slow
 @pytest.mark.parametrize("which,cfg", list(_configs()))
 def test_every_config(which, cfg, monkeypatch):
     """The tuner is bypassed: each candidate (clamped to the problem as the plan clamps it) runs on ragged

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dropin  # noqa: F401
-from _tol import DEVICE, ON_GPU, assert_close
+from _tol import DEVICE, ON_GPU, assert_close, slow
 
 mm = __import__("dropin.ops.matmul", fromlist=["_make_plan"])
 
@@ -31,6 +31,7 @@ def forced(monkeypatch):
     mm._plans.clear()
 
 
+@slow
 @pytest.mark.parametrize("kernel,cfg,dtype", CONFIGS)
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
 def test_every_config(kernel, cfg, dtype, layout, forced):

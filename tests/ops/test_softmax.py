@@ -5,7 +5,7 @@ import torch
 
 import dropin.ops as ops
 from _check import check
-from _tol import DEVICE, gpu
+from _tol import DEVICE, gpu, slow
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -66,7 +66,8 @@ def test_torch_compile_fullgraph():
 @gpu
 @pytest.mark.parametrize("fns", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(4, 32, 1024, 1024), (8192, 32000), (64, 65536), (4096, 1)])
+@pytest.mark.parametrize("shape", [pytest.param((4, 32, 1024, 1024), marks=slow),
+                                   pytest.param((8192, 32000), marks=slow), (64, 65536), (4096, 1)])
 def test_large_gpu(shape, dtype, fns):
     check(_along(fns[0], -1), _along(fns[1], -1), {"x": torch.randn(shape, dtype=dtype, device=DEVICE)})
 
