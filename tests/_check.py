@@ -123,3 +123,15 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
             assert_close(g, g_64.to(g.device), dtype, "bwd", torch_out=g_t, what=what)
         if layouts.get(name):
             _assert_layout(layouts[name], what, g, g_t, leaves[name])
+
+
+def opcheck(op, *args, **kwargs) -> None:
+    """torch.library.opcheck of a registered dropin op (e.g. torch.ops.dropin.rms_norm_fwd.default) on these
+    arguments: its schema, its fake (the traced impl run on tensors without data: what torch.compile sees) against
+    the real outputs' metadata, and tracing it with dynamic shapes. Arguments that require grad are detached: the
+    ops are differentiated by their autograd.Functions, not registered formulas."""
+    def detached(a):
+        return a.detach() if isinstance(a, torch.Tensor) else a
+    args = tuple(detached(a) for a in args)
+    kwargs = {k: detached(v) for k, v in kwargs.items()}
+    torch.library.opcheck(op, args, kwargs, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))

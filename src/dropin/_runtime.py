@@ -17,7 +17,8 @@ import triton  # noqa: E402  (after the interpreter switch)
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false")
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 # Triton versions whose CompiledKernel.run(grid..., stream, function, metadata, hooks, *args) signature was
-# read and used (3.6 on the GPU, 3.8 in source); others take the ordinary `kernel[grid](...)` path every call.
+# read and used (3.6 on the GPU, 3.8 in source) by ops/_dispatch.Launch; others take the ordinary
+# `kernel[grid](...)` path every call.
 DIRECT_LAUNCH = (3, 6) <= TRITON_VERSION <= (3, 8)
 # The device a kernel runs on: CUDA tensors, or CPU tensors under the interpreter.
 KERNEL_DEVICE = "cpu" if INTERPRET else "cuda"
@@ -29,8 +30,25 @@ def cdiv(a: int, b: int) -> int:
 
 
 def next_power_of_2(n: int) -> int:
-    """triton.next_power_of_2 for host code (0 for n <= 0, as triton's), at a plain function's cost."""
+    """triton.next_power_of_2 for host code (0 for n <= 0, as triton's), at a plain function's cost. For a symbolic
+    size (torch.compile, dynamic shapes) the power of two of the traced value, guarded: another value outside
+    (p / 2, p] recompiles."""
+    if type(n) is not int:
+        p = next_power_of_2(size_hint(n))
+        if not (p // 2 < n <= p):  # comparisons of a symbolic size install the guard
+            raise AssertionError(f"next_power_of_2: {n} outside ({p // 2}, {p}]")
+        return p
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def size_hint(n) -> int:
+    """n as an int: a symbolic size (torch.compile with dynamic shapes) gives the value it was traced with, without
+    a guard. For choices that only tune (a tile size), never for ones a result depends on."""
+    if type(n) is int:
+        return n
+    shapes = torch.fx.experimental.symbolic_shapes
+    # torch 2.11 names it hint_int; later versions optimization_hint
+    return (shapes.optimization_hint if hasattr(shapes, "optimization_hint") else shapes.hint_int)(n)
 
 
 def capturing() -> bool:
@@ -64,62 +82,6 @@ def gpu_slug() -> str:
         if slug in name:
             return slug
     return "cpu" if not HAS_CUDA else name.replace("nvidia", "").strip().replace(" ", "-")
-
-
-_scratch: dict = {}
-
-
-def _alloc_scratch(size: int, alignment: int, stream):
-    """Global scratch for a launch (Triton's allocator hook): one buffer per (stream, size), kept and reused, as
-    launches on one stream run one after the other; a new buffer per launch cost a caching-allocator call of CPU
-    time on every launch."""
-    buf = _scratch.get((stream, size))
-    if buf is None:
-        if len(_scratch) > 256:
-            _scratch.clear()  # a dropped buffer goes back to torch's allocator, reused in its stream's order
-        buf = _scratch[stream, size] = torch.empty(size, dtype=torch.int8, device=KERNEL_DEVICE)
-    return buf
-
-
-def _active(hook):
-    """A launch hook, or None where there is none to call. Triton's knobs hold a HookChain, never None, even
-    when empty: passed on, the launcher calls it on every launch and needs the launch metadata built for it."""
-    return None if hook is None or getattr(hook, "calls", None) == [] else hook
-
-
-class Launcher:
-    """Launches one Triton kernel on one grid with fixed constexprs, as `kernel[grid](*args, **constexprs)`.
-
-    After the first launch on a GPU, later calls re-launch the compiled kernel directly, skipping Triton's
-    per-call argument binding and cache look-up (about 15 us of CPU time per launch). The caller guarantees
-    that later `args` specialize as the first ones did (same dtypes, same 16-byte alignment, same integers).
-    `scratch`: the kernel builds tensor descriptors on the device, which take global scratch memory from
-    Triton's allocator; that setting is per thread (autograd runs backward in threads of its own), so it is
-    made before each launch.
-    """
-
-    def __init__(self, kernel, grid, constexprs: dict, scratch: bool = False):
-        self.kernel, self.grid, self.constexprs = kernel, tuple(grid) + (1,) * (3 - len(grid)), constexprs
-        self.scratch = scratch
-        self.compiled = None
-
-    def __call__(self, *args):
-        if self.scratch:
-            triton.set_allocator(_alloc_scratch)
-        compiled = self.compiled
-        if compiled is None:
-            compiled = self.kernel[self.grid](*args, **self.constexprs)
-            if DIRECT_LAUNCH and not INTERPRET:
-                self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
-                self.device = torch.cuda.current_device()
-                self.compiled = compiled
-            return
-        stream = torch._C._cuda_getCurrentRawStream(self.device)
-        hooks = triton.knobs.runtime
-        enter, leave = _active(hooks.launch_enter_hook), _active(hooks.launch_exit_hook)
-        metadata = None if enter is None and leave is None else compiled.launch_metadata(self.grid, stream, *args)
-        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
-                     *args, *self.tail)
 
 
 def check_kernel_device(op: str, **tensors: torch.Tensor) -> torch.device:

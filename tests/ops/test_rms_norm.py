@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dropin
+import _check
 from _check import check, poison_allocations
 from _tol import DEVICE, ON_GPU, gpu
 
@@ -134,6 +135,18 @@ def test_only_new_residual_used():
     _, s = dropin.ops.rms_norm(x, torch.ones(8, device=DEVICE), residual=r)
     s.sum().backward()
     assert torch.equal(x.grad, torch.ones_like(x)) and torch.equal(r.grad, torch.ones_like(r))
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_registered_ops(residual):
+    """Schema, fake and dynamic-shape tracing of the forward and backward ops (what torch.compile sees)."""
+    x, w = torch.randn(5, 3, 40, device=DEVICE)[:, 1], torch.randn(40, device=DEVICE)
+    r = torch.randn(5, 40, device=DEVICE) if residual else None
+    _check.opcheck(torch.ops.dropin.rms_norm_fwd.default, x, w, r, 1e-6)
+    y, s, rstd = torch.ops.dropin.rms_norm_fwd(x, w, r, 1e-6)
+    ds = torch.randn(5, 40, device=DEVICE) if residual else None
+    _check.opcheck(torch.ops.dropin.rms_norm_bwd.default, torch.randn(5, 40, device=DEVICE), ds,
+                   s if residual else x, w, rstd)
 
 
 def test_torch_compile_fullgraph():

@@ -7,9 +7,11 @@ launch (`prepare(config)` returns it, ready to call repeatedly) with
 (same file names), so the benchmark shapes need no tuning there. Under the interpreter, or with
 DROPIN_AUTOTUNE=0, no timing happens: the first candidate (the heuristic default) is used.
 """
+import contextlib
 import json
 import os
 import pathlib
+import threading
 
 import triton
 
@@ -20,11 +22,24 @@ _CACHE_DIR = pathlib.Path(os.environ.get("DROPIN_CACHE_DIR", pathlib.Path.home()
 _SHIPPED_DIR = pathlib.Path(__file__).with_name("tuned")
 _memory: dict = {}
 _disk: dict | None = None
+_untimed = threading.local()
+
+
+@contextlib.contextmanager
+def untimed():
+    """Within it, `pick` times nothing (planning under torch.compile's tracing, whose tensors have no data): a
+    remembered choice, else the first candidate, which is not remembered."""
+    saved = getattr(_untimed, "on", False)
+    _untimed.on = True
+    try:
+        yield
+    finally:
+        _untimed.on = saved
 
 
 def bucket(n: int) -> int:
     """Sizes that share a config: the next power of two (at least 16)."""
-    return max(16, _runtime.next_power_of_2(n))
+    return max(16, _runtime.next_power_of_2(_runtime.size_hint(n)))
 
 
 def _cache_file(folder: pathlib.Path | None = None) -> pathlib.Path:
@@ -67,7 +82,7 @@ def _time(prepare, config) -> float:
 def pick(name: str, key: tuple, configs: list, prepare) -> dict:
     """The config for `key`: a remembered one if it is still a candidate, else (when tuning) the one whose
     launch `prepare(config)` runs fastest, else configs[0]. While a CUDA graph is being captured nothing can
-    be timed: configs[0], not remembered, so that the next call outside a capture tunes."""
+    be timed, nor under `untimed`: configs[0], not remembered, so that the next call that may time tunes."""
     full_key = f"{name}|{'|'.join(map(str, key))}"
     for remembered in (_memory.get(full_key), _load_disk().get(full_key)):
         if remembered in configs:
@@ -75,7 +90,7 @@ def pick(name: str, key: tuple, configs: list, prepare) -> dict:
             return remembered
     config = configs[0]
     if TUNING and len(configs) > 1:
-        if _runtime.capturing():
+        if _runtime.capturing() or getattr(_untimed, "on", False):
             return config
         times = [_time(prepare, c) for c in configs]
         config = configs[min(range(len(configs)), key=times.__getitem__)]

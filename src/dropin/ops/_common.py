@@ -1,25 +1,14 @@
-"""Helpers shared by the ops: the eager / compile switch, cached launches and argument checks, the versions of
-tensors that cached values are made from, and for the memory-bound ops (pooling, norms, softmax, activations)
-dtype checks, strided views, the launch heuristic for row-wise kernels; the column sums of per-program fp32
-partials (the norms' weight gradients)."""
+"""Helpers shared by the ops: the versions of tensors that cached values are made from, and for the memory-bound
+ops (pooling, norms, softmax, activations) dtype checks, strided views, the launch heuristic for row-wise kernels;
+the column sums of per-program fp32 partials (the norms' weight gradients)."""
 import torch
 import triton
 import triton.language as tl
 
 from .. import _runtime
+from ._dispatch import launch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def cached_plan(plans: dict, key, make):
-    """plans[key], made by make() on first use (tuning then) and reused: a small op's launch costs about as
-    much CPU time as its kernel takes GPU time. The cache is emptied past 4096 signatures (ever-new shapes)."""
-    plan = plans.get(key)
-    if plan is None:
-        if len(plans) > 4096:
-            plans.clear()
-        plan = plans[key] = make()
-    return plan
 
 
 def versions(*tensors):
@@ -33,42 +22,6 @@ def versions(*tensors):
             return None
         key.append(None if t is None else (id(t), t.data_ptr(), t._version, t.dtype, t.device))
     return tuple(key)
-
-
-def checked_once(cache: dict, tensors: tuple, args: tuple, check):
-    """check()'s result (a public function's argument checks, whose outcome depends on nothing but `tensors`'
-    shapes, dtypes and devices and `args`): run once per signature and reused from `cache` on a repeat call;
-    run on every call that has no signature."""
-    key = signature(tensors, args)
-    return check() if key is None else cached_plan(cache, key, check)
-
-
-def signature(tensors: tuple, args: tuple = ()):
-    """A key for a call's argument checks (checked_once): each tensor's shape, dtype and device, and the other
-    arguments; None where a check cannot be keyed: a tensor argument that is no Tensor, or an argument that is not
-    None, a str, an int or a tuple of ints (as keys True == 1 and 1.0 == 1, which the checks tell apart), and while
-    torch.compile traces (checked once per graph there; shapes may be symbolic)."""
-    if torch.compiler.is_compiling():
-        return None
-    key = []
-    for t in tensors:
-        if t is None:
-            key.append(None)
-        elif isinstance(t, torch.Tensor):
-            key.append((t.shape, t.dtype, t.device))
-        else:
-            return None
-    for a in args:
-        if not (a is None or type(a) is int or type(a) is str
-                or type(a) is tuple and all(type(v) is int for v in a)):
-            return None
-        key.append(a)
-    return tuple(key)
-
-
-def switch(op, impl):
-    """The registered op while torch.compile traces; the launcher itself in eager mode (no dispatch cost)."""
-    return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)
 
 
 def check_float(op: str, **tensors) -> None:
@@ -115,23 +68,6 @@ def row_config(n: int) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=min(32, block_m * block_n // 256))
 
 
-_launchers: dict = {}
-
-
-def launch(kernel, grid, *args, scratch: bool = False, **meta) -> None:
-    """`kernel[grid](*args, **meta)` through a cached `_runtime.Launcher` (the lean launch path after the
-    first call), keyed by everything Triton specializes on: dtypes, 16-byte alignment, scalar values; and by
-    the device (args[0]'s), whose stream the direct launch uses. `scratch`: as for `_runtime.Launcher`."""
-    key = (kernel, grid, args[0].device, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a
-                                               for a in args), tuple(meta.items()))
-    launcher = _launchers.get(key)
-    if launcher is None:
-        if len(_launchers) > 4096:
-            _launchers.clear()
-        launcher = _launchers[key] = _runtime.Launcher(kernel, grid, meta, scratch)
-    launcher(*args)
-
-
 @triton.jit
 def sum_partials_kernel(part_ptr, out_ptr, T, C, s_c, s_h, s_w, KW: tl.constexpr, TAPS: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -151,11 +87,11 @@ def sum_partials_kernel(part_ptr, out_ptr, T, C, s_c, s_h, s_w, KW: tl.constexpr
     tl.store(out, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=c_ok)
 
 
-def column_sums(part: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def column_sums(part: torch.Tensor, out: torch.Tensor, traced: bool = False) -> torch.Tensor:
     """out[j] = sum_g part[g, j] in out's dtype (part fp32 [G, N] and out [N], both contiguous), one launch: column
     tiles as narrow as needed for ~128 programs (torch's sum over dim 0 of Llama's 528 x 4096 partials took 16 us)."""
     G, N = part.shape
     block_n = min(256, max(16, _runtime.next_power_of_2(_runtime.cdiv(N, 128))))
     launch(sum_partials_kernel, (1, _runtime.cdiv(N, block_n)), part, out, G, N, 1, 0, 0, KW=1, TAPS=1,
-           BLOCK_T=max(8, 2048 // block_n), BLOCK_C=block_n, num_warps=4)
+           BLOCK_T=max(8, 2048 // block_n), BLOCK_C=block_n, num_warps=4, traced=traced)
     return out

@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, launch, merge_dims, switch
+from ._common import check_float, merge_dims
+from ._dispatch import launch, switch
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 

@@ -33,8 +33,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan
-from .matmul import _autocast, _dot, _dot_acc, _precision, switch
+from ._dispatch import Launch, plan, switch
+from .matmul import _autocast, _dot, _dot_acc, _precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -565,11 +565,11 @@ def _signature(*tensors) -> tuple:
     return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16) for t in tensors)
 
 
-def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta: dict, args: tuple) -> _runtime.Launcher:
+def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta: dict, args: tuple) -> Launch:
     """A launcher of `kernel` with the config that `_autotune.pick` chooses for `key` (timing launches on
     `args` when tuning); grid(config) gives its grid."""
     def launcher(cfg):
-        return _runtime.Launcher(kernel, grid(cfg), dict(meta, **cfg), scratch=cfg["TMA"])
+        return Launch(kernel, grid(cfg), dict(meta, **cfg), scratch=cfg["TMA"])
 
     def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
         launch = launcher(cfg)
@@ -604,7 +604,7 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
                         meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides))
         return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, out, stats, *fixed, qk_scale, *strides)
 
-    cached_plan(_plans, ("fwd", _signature(q, k, v, mask), q.device, is_causal, precision, qk_scale > 0), make)(
+    plan(_plans, ("fwd", _signature(q, k, v, mask), q.device, is_causal, precision, qk_scale > 0), make)(
         q, k, v, mask_t, out, stats, qk_scale)
     return out, stats
 
@@ -633,7 +633,7 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
                     CHUNK=chunk)
         key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
         masked = mask_kind != "none"
-        launch_delta = _runtime.Launcher(_delta_kernel, (_runtime.cdiv(Lq, _DELTA_BLOCK_M), B * H),
+        launch_delta = Launch(_delta_kernel, (_runtime.cdiv(Lq, _DELTA_BLOCK_M), B * H),
                                          dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M))
         dkdv_configs = _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_M")
         dq_configs = _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
@@ -651,7 +651,7 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
         return run
 
     plan_key = ("bwd", _signature(grad_out, q, k, v, mask, out), q.device, is_causal, precision)
-    cached_plan(_plans, plan_key, make)(
+    plan(_plans, plan_key, make)(
         grad_out, q, k, v, mask_t, out, stats, delta, dq, dk, dv, qk_scale, scale)
     return dq, dk, dv
 

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, launch, merge_dims, switch
+from ._common import check_float, merge_dims
+from ._dispatch import launch, switch
 from .conv2d import _channels_last, _pixel
 from .pooling import _tiles
 

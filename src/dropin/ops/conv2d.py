@@ -34,9 +34,10 @@ from torch._prims_common import suggest_memory_format
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, checked_once, column_sums, launch, sum_partials_kernel, versions
+from ._common import column_sums, sum_partials_kernel, versions
+from ._dispatch import Launch, checked_once, launch, plan, switch
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
-from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range, switch
+from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range
 from .matmul import _precision as _matmul_precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -991,13 +992,13 @@ def _rows_launcher(x, w, y, r, padding, groups: int, grid, OH: int, OW: int, P: 
     HP, WP = H + padding[0] + padding[1], W + padding[2] + padding[3]
     block_c = min(_runtime.next_power_of_2(groups * CP), 64)
     block_w = max(1, 1024 // block_c)
-    pad = _runtime.Launcher(_pad_kernel, (N * HP, _runtime.cdiv(WP, block_w), _runtime.cdiv(groups * CP, block_c)),
+    pad = Launch(_pad_kernel, (N * HP, _runtime.cdiv(WP, block_w), _runtime.cdiv(groups * CP, block_c)),
                             dict(PAD_H=padding[0], PAD_W=padding[2], CP=CP, BLOCK_W=block_w, BLOCK_C=block_c))
     pad_scalars = (C_G, groups, H, W, HP, WP, *x.stride())
     row_pad = min(_rows_pad(KW, C_G), meta["BLOCK_K"])
     kwp = _runtime.cdiv(KW * CP, row_pad) * row_pad
     meta = {k: v for k, v in meta.items() if k not in ("PAD_H", "PAD_W")}
-    launch = _runtime.Launcher(_conv_fwd_rows_kernel, grid, dict(meta, CP=CP, ROW_PAD=row_pad))
+    launch = Launch(_conv_fwd_rows_kernel, grid, dict(meta, CP=CP, ROW_PAD=row_pad))
     scalars = (groups, HP, WP, COUT // groups, OH, OW, P, KH, KW, kwp, COUT, *y.stride(), *r.stride())
 
     def run(x, w, *tensors):
@@ -1203,13 +1204,13 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 programs = min(tiles, occupancy * _runtime.num_sms(x.device.index or 0)) if occupancy else tiles
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue,
                             **cfg)
-                launch = _runtime.Launcher(_conv_fwd_tma_kernel, (programs,), meta, scratch=True)
+                launch = Launch(_conv_fwd_tma_kernel, (programs,), meta, scratch=True)
                 tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride(), programs)
                 return lambda *tensors: launch(*tensors, *tma_scalars)
             if kernel == "walk":
                 cfg["TH"] = _walk_rows(OH, cfg["TH"])
                 grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
-                launch = _runtime.Launcher(_conv_dw3_fwd_kernel, grid, dict(_walk_meta(stride, padding), **epilogue,
+                launch = Launch(_conv_dw3_fwd_kernel, grid, dict(_walk_meta(stride, padding), **epilogue,
                                                                            **cfg))
                 walk_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), *y.stride(), *r.stride())
                 return lambda x, w, *tensors: launch(x, _taps_f32(w), *tensors, *walk_scalars)
@@ -1219,13 +1220,13 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                               *r.stride())
                 grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **epilogue, **cfg)
-                launch = _runtime.Launcher(_conv_dw_fwd_kernel, grid, meta)
+                launch = Launch(_conv_dw_fwd_kernel, grid, meta)
                 return lambda x, w, *tensors: launch(x, _co_major(w), *tensors, *dw_scalars)
             grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), _runtime.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
             meta = dict(_conv_meta(stride, padding, dilation, precision), **epilogue, **cfg)
             if kernel == "rows":
                 return _rows_launcher(x, w, y, r, padding, groups, grid, OH, OW, P, meta)
-            launch = _runtime.Launcher(_conv_fwd_kernel, grid, meta)
+            launch = Launch(_conv_fwd_kernel, grid, meta)
             return lambda *tensors: launch(*tensors, *scalars)
 
         if rows:  # BLOCK_K fitted to KH whole rows of KW x CP columns, padded
@@ -1245,7 +1246,7 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 *(("tma",) if tma else ()), *(("walk",) if walk else ()))
         return _pick("conv2d", tkey, configs, launcher, tensors)
 
-    cached_plan(_plans, key, make)(*tensors)
+    plan(_plans, key, make)(*tensors)
     return y, z
 
 
@@ -1282,11 +1283,11 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 scalars = (groups, H, W, COUT_G, OH, OW, *dz.stride(), ws[0], *ws[2:], *dx.stride())
                 grid = (N * _tiles(H, W, cfg), _runtime.cdiv(groups, cfg["BLOCK_N"]))
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg)
-                launch = _runtime.Launcher(_conv_dw_dgrad_kernel, grid, meta)
+                launch = Launch(_conv_dw_dgrad_kernel, grid, meta)
                 return lambda dz, w, dx: launch(dz, _co_major(w), dx, *scalars)
             scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *w.stride(), *dx.stride())
             grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), _runtime.cdiv(C_G, cfg["BLOCK_N"]), groups)
-            launch = _runtime.Launcher(_conv_dgrad_kernel, grid,
+            launch = Launch(_conv_dgrad_kernel, grid,
                                        dict(_conv_meta(stride, padding, dilation, precision), **cfg))
             return lambda dz, w, dx: launch(dz, w, dx, *scalars)
 
@@ -1297,7 +1298,7 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, H, W))
         return _pick("conv2d", tkey, configs, launcher, (dz, w, dx))
 
-    cached_plan(_plans, key, make)(dz, w, dx)
+    plan(_plans, key, make)(dz, w, dx)
     return dx
 
 
@@ -1334,7 +1335,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 programs = cfg.pop("OCC") * _runtime.num_sms(x.device.index or 0)
                 per_split = _runtime.cdiv(pixel_tiles, max(1, min(pixel_tiles, programs // out_tiles)))
                 splits = _runtime.cdiv(pixel_tiles, per_split)
-                launch = _runtime.Launcher(_conv_wgrad_tma_kernel, (out_tiles, splits),
+                launch = Launch(_conv_wgrad_tma_kernel, (out_tiles, splits),
                                            dict(meta0, KH=KH, KW=KW, **cfg), scratch=True)
                 tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, per_split)
 
@@ -1351,11 +1352,11 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                     direct_kernel = _conv_dw_wgrad_kernel
                     meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg)
                 grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
-                launch = _runtime.Launcher(direct_kernel, grid, meta)
+                launch = Launch(direct_kernel, grid, meta)
                 dw_scalars = (H, W, groups * COUT_G, COUT_G, OH, OW, *dz.stride(), *x.stride())
                 part_shape = (grid[0], KH * KW, groups * COUT_G)
                 block_c = min(32, _runtime.next_power_of_2(groups * COUT_G))
-                tile_sum = _runtime.Launcher(sum_partials_kernel, (KH * KW, _runtime.cdiv(groups * COUT_G, block_c)),
+                tile_sum = Launch(sum_partials_kernel, (KH * KW, _runtime.cdiv(groups * COUT_G, block_c)),
                                              dict(KW=KW, TAPS=KH * KW, BLOCK_T=64, BLOCK_C=block_c))
                 sum_scalars = (grid[0], groups * COUT_G, dw.stride(0), *dw.stride()[2:])
 
@@ -1367,7 +1368,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
             splits = max(1, min(cfg.pop("SPLIT_K"), _runtime.cdiv(P, cfg["BLOCK_K"])))
             grid = (_runtime.cdiv(COUT_G, cfg["BLOCK_M"]) * _runtime.cdiv(cols, cfg["BLOCK_N"]), groups, splits)
             one_tap = tap_major and C_G % cfg["BLOCK_N"] == 0
-            launch = _runtime.Launcher(_conv_wgrad_kernel, grid, dict(meta0, TAP_MAJOR=tap_major, ONE_TAP=one_tap,
+            launch = Launch(_conv_wgrad_kernel, grid, dict(meta0, TAP_MAJOR=tap_major, ONE_TAP=one_tap,
                                                                       **cfg))
             if splits == 1:
                 scalars = base + (*dw.stride(), 0)
@@ -1395,7 +1396,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 *(("tma",) if tma_configs else ()), *(("walk",) if walk else ()))
         return _pick("conv2d", tkey, configs, launcher, (dz, x, dw))
 
-    cached_plan(_plans, key, make)(dz, x, dw)
+    plan(_plans, key, make)(dz, x, dw)
     return dw
 
 

@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, checked_once, column_sums, launch, row_config, row_view, switch
+from ._common import MAX_ROW, check_float, column_sums, row_config, row_view
+from ._dispatch import checked_once, launch, switch
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, checked_once, launch, switch
+from ._dispatch import Launch, checked_once, launch, plan, switch
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -428,7 +428,7 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
         a, b, precision = _tf32_operand(a, 2), _tf32_operand(b, 1), "tf32_rounded"
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16, b.data_ptr() % 16,
            None if bias is None else bias.data_ptr() % 16, activation, save_preact, precision, tma)
-    plan = cached_plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision))
+    plan = plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision))
     plan(a, b, c, c if bias is None else bias, z)
     return c, z if save_preact else None
 
@@ -476,7 +476,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision):
             meta = dict(HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact, BLOCK_M=cfg["BLOCK_M"],
                         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
             scalars = (M, N, K, *a.stride(), *b.stride())
-            launch = _runtime.Launcher(_fma_kernel, (tiles, batch), meta)
+            launch = Launch(_fma_kernel, (tiles, batch), meta)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         if kernel == "tma":
             programs = cfg.pop("OCC", 1) * _runtime.num_sms(a.device.index or 0)
@@ -484,21 +484,21 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision):
             scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
             meta = dict(epilogue, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs)
             meta.update(cfg)
-            launch = _runtime.Launcher(_mm_tma_kernel, grid, meta, scratch=True)
+            launch = Launch(_mm_tma_kernel, grid, meta, scratch=True)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         scalars = (M, N, K, *a.stride(), *b.stride())
         if splits == 1:
             meta = dict(epilogue)
             meta.update(cfg)
-            launch = _runtime.Launcher(_mm_kernel, (tiles, batch, 1), meta)
+            launch = Launch(_mm_kernel, (tiles, batch, 1), meta)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         partial_meta = dict(epilogue, HAS_BIAS=False, ACT="none", STORE_Z=False)
         partial_meta.update(cfg)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
                         BLOCK_R=32, BLOCK_N=64)
-        launch_partial = _runtime.Launcher(_mm_kernel, (tiles, batch, splits), partial_meta)
+        launch_partial = Launch(_mm_kernel, (tiles, batch, splits), partial_meta)
         sum_grid = (_runtime.cdiv(batch * M, 32), _runtime.cdiv(N, 64))
-        launch_sum = _runtime.Launcher(_split_sum_kernel, sum_grid, sum_meta)
+        launch_sum = Launch(_split_sum_kernel, sum_grid, sum_meta)
 
         def run_split(a, b, c, bias, z):
             partial = torch.empty((splits, batch, M, N), device=a.device, dtype=torch.float32)

@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, launch, switch
+from ._common import check_float
+from ._dispatch import launch, switch
 from .conv2d import _channels_last, _pixel
 
 # --- 1. References ---------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import column_sums, launch
-from .matmul import switch
+from ._common import column_sums
+from ._dispatch import launch, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 32768  # one row lives in registers
@@ -123,9 +123,9 @@ def _launch_settings(N: int):
     return block_n, block_r, 4 if tile <= 2048 else 8 if tile <= 8192 else 16
 
 
-def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float):
+def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float, traced: bool = False):
     """x, residual [R, N] (any strides), weight [N] -> (y [R, N], s [R, N] (empty without residual),
-    rstd [R] fp32), all contiguous."""
+    rstd [R] fp32), all contiguous. traced: under torch.compile (`_dispatch`)."""
     R, N = x.shape
     y = x.new_empty((R, N), dtype=torch.promote_types(x.dtype, weight.dtype))
     s = x.new_empty((R, N) if residual is not None else (0,))
@@ -136,11 +136,11 @@ def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float):
     res = x if residual is None else residual
     launch(_rms_norm_fwd_kernel, (_runtime.cdiv(R, block_r),),
         x, res, weight, y, s, rstd, R, N, *x.stride(), *res.stride(), weight.stride(0), eps,
-        HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+        HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps, traced=traced)
     return y, s, rstd
 
 
-def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd):
+def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd, traced: bool = False):
     """dy, ds [R, N] (any strides; ds the gradient of the new residual, or None), x [R, N] the normalized
     input (any strides), rstd [R] -> (dx [R, N] contiguous in x's dtype, dw [N] in weight's dtype)."""
     R, N = x.shape
@@ -158,34 +158,22 @@ def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd):
     dsv = dy if ds is None else ds
     launch(_rms_norm_bwd_kernel, (programs,),
         dy, dsv, x, weight, rstd, dx, partial, R, N, *dy.stride(), *dsv.stride(), *x.stride(), weight.stride(0),
-        rows, HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
-    return dx, column_sums(partial, torch.empty(N, device=x.device, dtype=weight.dtype))
+        rows, HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps, traced=traced)
+    return dx, column_sums(partial, torch.empty(N, device=x.device, dtype=weight.dtype), traced)
 
 
-# --- 4. Registration as custom ops --------------------------------------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
 
-@torch.library.custom_op("dropin::rms_norm_fwd", mutates_args=())
+@torch_op("dropin::rms_norm_fwd", mutates_args=())
 def _rms_norm_fwd_op(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
                      eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _rms_norm_fwd_impl(x, weight, residual, eps)
+    return _rms_norm_fwd_impl(x, weight, residual, eps, traced=True)
 
 
-@_rms_norm_fwd_op.register_fake
-def _(x, weight, residual, eps):
-    R, N = x.shape
-    return (x.new_empty((R, N), dtype=torch.promote_types(x.dtype, weight.dtype)),
-            x.new_empty((R, N) if residual is not None else (0,)), x.new_empty((R,), dtype=torch.float32))
-
-
-@torch.library.custom_op("dropin::rms_norm_bwd", mutates_args=())
+@torch_op("dropin::rms_norm_bwd", mutates_args=())
 def _rms_norm_bwd_op(dy: torch.Tensor, ds: Optional[torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rms_norm_bwd_impl(dy, ds, x, weight, rstd)
-
-
-@_rms_norm_bwd_op.register_fake
-def _(dy, ds, x, weight, rstd):
-    return x.new_empty(x.shape), torch.empty_like(weight)
+    return _rms_norm_bwd_impl(dy, ds, x, weight, rstd, traced=True)
 
 
 _rms_norm_fwd = switch(_rms_norm_fwd_op, _rms_norm_fwd_impl)

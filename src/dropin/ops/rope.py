@@ -15,8 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import launch
-from .matmul import switch
+from ._dispatch import launch, switch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

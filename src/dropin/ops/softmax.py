@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, launch, row_config, row_view, switch
+from ._common import MAX_ROW, check_float, row_config, row_view
+from ._dispatch import launch, switch
 from .layer_norm import _rows, _tile
 
 # --- 1. Reference ----------------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._common import FLOAT_DTYPES, cached_plan, launch, switch
+from ._common import FLOAT_DTYPES
+from ._dispatch import launch, plan, switch
 from .conv2d import _tap
 from .matmul import _split_sum_kernel, linear
 
@@ -341,7 +342,7 @@ def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tens
         return x.new_empty((M, N))
     key = (x.shape, x.stride(), x.dtype, x.device, values.numel(), chunk_ptr.dtype, N, block_k, bias is None,
            *(t.data_ptr() % 16 for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
-    plan = cached_plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, N, block_k))
+    plan = plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, N, block_k))
     return plan(x, values, offsets, chunk_ptr, bias)
 
 
@@ -367,9 +368,9 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
         scalars = (M, N, chunks, stride_t, 1, 1, 1, m_tiles)
         meta = dict(cfg, BLOCK_C=block_c, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k,
                     BLOCK_M=block_m)
-        product = _runtime.Launcher(_sparse_kernel, grid, meta)
+        product = Launch(_sparse_kernel, grid, meta)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
-        split_sum = _runtime.Launcher(_split_sum_kernel, (_runtime.cdiv(M, 32), _runtime.cdiv(N, 64)), sum_meta)
+        split_sum = Launch(_split_sum_kernel, (_runtime.cdiv(M, 32), _runtime.cdiv(N, 64)), sum_meta)
 
         def run(x, values, offsets, chunk_ptr, bias):
             xt = x if direct else x.t().contiguous()

@@ -16,7 +16,7 @@ import torch
 
 from .. import _runtime
 from . import _autotune
-from ._common import cached_plan, switch
+from ._dispatch import Launch, plan, switch
 from .conv2d import _channels_last, _out_hw, conv_args
 from .sparse import SparseWeight, _sparse_kernel, check_operands
 
@@ -51,7 +51,7 @@ def _conv_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], rows
     key = (x.shape, x.dtype, x.device, values.numel(), chunk_ptr.dtype, rows, block_k, *kernel, *stride, *pads,
            *dilation, *out_hw, transposed, bias is None,
            *(t.data_ptr() % 16 for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
-    plan = cached_plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k,
+    plan = plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k,
                                                        kernel, stride, pads, dilation, transposed))
     plan(x, values, offsets, chunk_ptr, bias, y)
     return y
@@ -75,7 +75,7 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, st
         per_step = products // (block_n * block_c * block_m)
         block_p = 1 << max(0, per_step.bit_length() - 1)  # the power of two at most per_step, at least 1
         m_tiles = _runtime.cdiv(M, block_m)
-        launch = _runtime.Launcher(_sparse_kernel, (_runtime.cdiv(rows, block_n), B * m_tiles, splits),
+        launch = Launch(_sparse_kernel, (_runtime.cdiv(rows, block_n), B * m_tiles, splits),
                                    dict(geometry, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_P=block_p,
                                         num_warps=warps))
         scalars = (M, rows, chunks, 0, H, W, OW, m_tiles)

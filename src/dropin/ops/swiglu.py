@@ -24,9 +24,9 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._common import launch
+from ._dispatch import launch, switch
 from .activations import activation_grad, apply_activation
-from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul, switch
+from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul
 
 
 # --- 1. Reference -----------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""The one way an op checks its arguments, plans, caches and launches its kernels, in each execution mode (DESIGN.md,
+"three contracts").
+
+An op's work is one function, its impl: it allocates the outputs and launches the kernels of a plan (kernels, grids,
+constexprs) made for the call's signature. The impl takes `traced`:
+- Eager (traced=False): the public function checks its arguments once per signature (`checked_once`) and calls the
+  impl directly, without torch.library's dispatch. `plan` makes a signature's plan once (tuning then) and returns it
+  on later calls; its `Launch`es re-launch the compiled kernel directly after their first call.
+- Captured (torch.cuda.graph, cudagraph trees): no launch keeps memory past the call (global scratch is allocated
+  per launch), and a signature first met during a capture is planned without timing and not kept.
+- Compiled: the op is registered with `torch.library.triton_op`, whose body is the impl with traced=True: the plan is
+  made from the signature alone (remembered or shipped choices, never timing fake tensors) and its launches are
+  `wrap_triton` calls, which Inductor turns into kernel launches in its generated code (no Python launcher per call).
+  `switch` calls the registered op while torch.compile traces and the impl otherwise.
+"""
+import torch
+import triton
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import triton_op, wrap_triton
+
+from .. import _runtime
+from . import _autotune
+
+
+def torch_op(name: str, mutates_args=()):
+    """Registers an impl's traced form, fn (annotated as for torch.library.custom_op), as the torch op `name`:
+    a `triton_op`, which torch.compile decomposes into its kernel launches. Under the Triton interpreter an opaque
+    custom op instead, with fn as its fake: there a kernel is a plain Python function that tracing would run on
+    tensors without data (wrap_triton does not wrap it), and torch.compile does not run interpreted kernels."""
+    def register(fn):
+        if not _runtime.INTERPRET:
+            return triton_op(name, fn, mutates_args=mutates_args)
+        op = torch.library.custom_op(name, fn, mutates_args=mutates_args)
+        op.register_fake(fn)
+        return op
+    return register
+
+
+def tracing() -> bool:
+    """Whether torch.compile is tracing this call (Dynamo)."""
+    return torch.compiler.is_compiling()
+
+
+def switch(op, impl):
+    """The registered op while torch.compile traces; the impl itself in eager mode (no dispatch cost)."""
+    return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)
+
+
+def aligned(t: torch.Tensor, traced: bool = False) -> bool:
+    """Whether t's first element sits on a 16-byte boundary (what Triton specializes pointers on, and what tensor
+    descriptors need). traced: from its storage offset (a traced tensor has no address): storages start aligned,
+    and Inductor copies a misaligned input of a compiled graph."""
+    if traced:
+        return t.storage_offset() * t.element_size() % 16 == 0
+    return t.data_ptr() % 16 == 0
+
+
+# --- Argument checks, once per signature ---------------------------------------------------------------
+
+def signature(tensors: tuple, args: tuple = ()):
+    """A key for a call's argument checks (checked_once): each tensor's shape, dtype and device, and the other
+    arguments; None where a check cannot be keyed: a tensor argument that is no Tensor, or an argument that is not
+    None, a str, an int or a tuple of ints (as keys True == 1 and 1.0 == 1, which the checks tell apart), and while
+    torch.compile traces (checked once per graph there; shapes may be symbolic)."""
+    if torch.compiler.is_compiling():
+        return None
+    key = []
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif isinstance(t, torch.Tensor):
+            key.append((t.shape, t.dtype, t.device))
+        else:
+            return None
+    for a in args:
+        if not (a is None or type(a) is int or type(a) is str
+                or type(a) is tuple and all(type(v) is int for v in a)):
+            return None
+        key.append(a)
+    return tuple(key)
+
+
+def checked_once(cache: dict, tensors: tuple, args: tuple, check):
+    """check()'s result (a public function's argument checks, whose outcome depends on nothing but `tensors`'
+    shapes, dtypes and devices and `args`): run once per signature and reused from `cache` on a repeat call;
+    run on every call that has no signature."""
+    key = signature(tensors, args)
+    return check() if key is None else plan(cache, key, check)
+
+
+# --- Plans, once per signature --------------------------------------------------------------------------
+
+MAX_PLANS = 4096
+
+
+def plan(plans: dict, key, make, traced: bool = False):
+    """plans[key], made by make() on first use (tuning then) and reused: a small op's launch costs about as much CPU
+    time as its kernel takes GPU time. traced: made anew without timing (the key may hold symbolic sizes). During a
+    CUDA graph capture a missing plan is made without timing and not kept, so that a later eager call tunes. The
+    cache is emptied past MAX_PLANS signatures (ever-new shapes)."""
+    if traced:
+        with _autotune.untimed():
+            return make()
+    found = plans.get(key)
+    if found is None:
+        if _runtime.capturing():
+            return make()
+        if len(plans) > MAX_PLANS:
+            plans.clear()
+        found = plans[key] = make()
+    return found
+
+
+# --- Launches ---------------------------------------------------------------------------------------------
+
+def _fresh_scratch(size: int, alignment: int, stream):
+    """Global scratch for one launch (Triton's allocator hook, for kernels that build tensor descriptors on the
+    device): a new buffer from torch's caching allocator, freed after the launch in stream order. Nothing is kept:
+    a kept buffer made during a CUDA graph capture or a cudagraph-tree warm-up would outlive its pool's outputs."""
+    return torch.empty(size, dtype=torch.int8, device=_runtime.KERNEL_DEVICE)
+
+
+def _active(hook):
+    """A launch hook, or None where there is none to call. Triton's knobs hold a HookChain, never None, even
+    when empty: passed on, the launcher calls it on every launch and needs the launch metadata built for it."""
+    return None if hook is None or getattr(hook, "calls", None) == [] else hook
+
+
+class Launch:
+    """One Triton kernel on one grid with fixed constexprs: `Launch(kernel, grid, constexprs)(*args)` runs
+    `kernel[grid](*args, **constexprs)`.
+
+    Eager: after the first launch on a GPU, later calls re-launch the compiled kernel directly, skipping Triton's
+    per-call argument binding and cache look-up (about 6 us of CPU time instead of 12). The plan that holds the
+    Launch guarantees that later `args` specialize as the first ones did (same dtypes, 16-byte alignment, integers).
+    traced: a `wrap_triton` launch that torch.compile records in its graph (grid entries may be symbolic).
+    `scratch`: the kernel builds tensor descriptors on the device, which take global scratch memory from Triton's
+    allocator; that setting is per thread (autograd runs backward in threads of its own), so it is made before
+    each launch.
+    """
+
+    def __init__(self, kernel, grid, constexprs: dict, scratch: bool = False, traced: bool = False):
+        self.kernel, self.grid, self.constexprs = kernel, tuple(grid) + (1,) * (3 - len(grid)), constexprs
+        self.scratch, self.traced = scratch, traced
+        self.compiled = None
+
+    def __call__(self, *args):
+        if self.scratch:
+            triton.set_allocator(_fresh_scratch)
+        if self.traced:
+            if _runtime.INTERPRET and any(is_fake(a) for a in args if isinstance(a, torch.Tensor)):
+                return  # the fake of an op (`torch_op`): only the outputs' metadata counts
+            wrap_triton(self.kernel)[self.grid](*args, **self.constexprs)
+            return
+        compiled = self.compiled
+        if compiled is None:
+            compiled = self.kernel[self.grid](*args, **self.constexprs)
+            if _runtime.DIRECT_LAUNCH and not _runtime.INTERPRET:
+                self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
+                self.device = torch.cuda.current_device()
+                self.compiled = compiled
+            return
+        stream = torch._C._cuda_getCurrentRawStream(self.device)
+        hooks = triton.knobs.runtime
+        enter, leave = _active(hooks.launch_enter_hook), _active(hooks.launch_exit_hook)
+        metadata = None if enter is None and leave is None else compiled.launch_metadata(self.grid, stream, *args)
+        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
+                     *args, *self.tail)
+
+
+_launches: dict = {}
+
+
+def launch(kernel, grid, *args, scratch: bool = False, traced: bool = False, **meta) -> None:
+    """`kernel[grid](*args, **meta)` for a launch that no plan holds: through a `Launch` cached by everything Triton
+    specializes on (dtypes, 16-byte alignment, scalar values) and by the device (args[0]'s), whose stream the direct
+    launch uses; traced: a `wrap_triton` launch. `scratch`: as for `Launch`."""
+    if traced:
+        Launch(kernel, grid, meta, scratch, traced=True)(*args)
+        return
+    key = (kernel, grid, args[0].device, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a
+                                               for a in args), tuple(meta.items()))
+    plan(_launches, key, lambda: Launch(kernel, grid, meta, scratch))(*args)
