@@ -30,6 +30,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import _tol` from any test folder
 
 import _tol  # noqa: E402  (reads TRITON_INTERPRET, set above)
+from _suites import QUICK  # noqa: E402
 
 
 def pytest_report_header(config):
@@ -39,50 +40,6 @@ def pytest_report_header(config):
     return f"dropin tests: device={_tol.DEVICE} ({where}), torch {torch.__version__}, triton {triton.__version__}"
 
 
-# `make test-gpu-quick`: each public op forward and backward, each injector handler and each execution mode once.
-QUICK = (
-    "tests/ops/test_matmul.py::test_matmul_2d[tall-1000x7x33-bf16]",
-    "tests/ops/test_matmul.py::test_bmm[4x33x7x17-bf16]",
-    "tests/ops/test_matmul.py::test_linear_activation[relu-bias-bf16]",
-    "tests/ops/test_matmul.py::test_float32_follows_allow_tf32[linear-allow_tf32-off]",
-    "tests/ops/test_conv2d.py::test_seed000[k3-s1-p1-bf16]",
-    "tests/ops/test_conv2d.py::test_depthwise_direct[m1-s1-nchw-bf16]",
-    "tests/ops/test_conv2d.py::test_residual[dense-channels_last]",
-    "tests/ops/test_conv2d.py::test_fold_batchnorm[True-True]",
-    "tests/ops/test_attention.py::test_lengths[70x64-d64-causal-bf16]",
-    "tests/ops/test_attention.py::test_masks[BxHxLqxLk-float-bf16]",
-    "tests/ops/test_attention.py::test_grouped_query[causal-gqa-6-2-bf16]",
-    "tests/ops/test_rms_norm.py::test_rms_norm[residual-33x7-bf16]",
-    "tests/ops/test_rope.py::test_rope[cos-2d-2x4x4x7x16-bf16]",
-    "tests/ops/test_swiglu.py::test_swiglu_mlp[7x33-i50-bf16]",
-    "tests/ops/test_pooling.py::test_max_pool_resnet[bf16-channels_last]",
-    "tests/ops/test_pooling.py::test_avg_pool_dtypes_layouts[bf16-nchw]",
-    "tests/ops/test_pooling.py::test_adaptive_avg_pool_sizes[channels_last-output_size2]",
-    "tests/ops/test_layer_norm.py::test_row_lengths[bf16-33]",
-    "tests/ops/test_batch_norm.py::test_4d[train-bf16-channels_last]",
-    "tests/ops/test_batch_norm.py::test_4d[eval-bf16-nchw]",
-    "tests/ops/test_softmax.py::test_row_lengths[bf16-33-softmax]",
-    "tests/ops/test_softmax.py::test_row_lengths[bf16-33-log_softmax]",
-    "tests/ops/test_activation_ops.py::test_dtypes[bf16-relu]",
-    "tests/ops/test_activation_ops.py::test_dtypes[bf16-gelu]",
-    "tests/ops/test_activation_ops.py::test_dtypes[bf16-silu]",
-    "tests/ops/test_sparse.py::test_sparse_linear[1x1000->7-90%-bf16]",
-    "tests/ops/test_sparse_conv2d.py::test_sparse_conv2d[3x3-p1-bf16]",
-    # execution modes: eager is every test above; torch.compile and a CUDA graph
-    "tests/ops/test_attention.py::test_torch_compile_fullgraph[bf16]",
-    "tests/inject/test_generic.py::test_torch_compile_fullgraph[cnn-shape1]",
-    "tests/inject/test_llama.py::test_llama_cuda_graph",
-    # injector handlers
-    "tests/inject/test_generic.py::test_cnn_eval_conv_bn_relu_fused",
-    "tests/inject/test_generic.py::test_mlp_linear_activation_fused",
-    "tests/inject/test_torchvision.py::test_blocks_fused_in_eval",
-    "tests/inject/test_llama.py::test_llama_injected_verified_and_hf_forward_unchanged",
-    "tests/inject/test_llama.py::test_llama_training_backward_matches_torch",
-    "tests/inject/test_cvt.py::test_cvt_fused_verified_and_hf_forward_unchanged",
-    "tests/inject/test_sparse_inject.py::test_only_the_sparse_layers_go_sparse[dtype1]",
-)
-
-
 def pytest_collection_modifyitems(config, items):
     quick = set(QUICK)
     for item in items:
@@ -90,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.quick)
             quick.discard(item.nodeid)
     if quick and "quick" in (config.option.markexpr or ""):
-        raise pytest.UsageError(f"conftest.QUICK names tests that were not collected: {sorted(quick)}")
+        raise pytest.UsageError(f"_suites.QUICK names tests that were not collected: {sorted(quick)}")
     if _tol.ON_GPU:
         return
     skip = pytest.mark.skip(reason="gpu: needs a CUDA device (this run uses the Triton interpreter on the CPU)")

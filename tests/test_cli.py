@@ -67,3 +67,23 @@ def test_bench_sparse_quick(capsys):
     out = capsys.readouterr().out
     assert "dropin_dense" in out and "x dense)" in out and "Failed: 0" in out
     assert rc == 0
+
+
+def test_bench_overhead_rows_and_file(capsys, tmp_path):
+    """`dropin bench overhead`: one row per (op, mode, provider) with host times; dropin rows carry the difference
+    to torch's and the budget verdict; the JSON has the env and rows."""
+    out_json = tmp_path / "overhead.json"
+    assert main(["bench", "overhead", "--no-save", "--cases", "relu", "--json", str(out_json)]) == 0
+    table = capsys.readouterr().out
+    assert "relu" in table and "no_grad" in table and "grad" in table
+    result = json.loads(out_json.read_text())
+    rows = {(r["mode"], r["provider"]): r for r in result["rows"]}
+    assert set(rows) == {(m, p) for m in ("no_grad", "grad") for p in ("torch", "dropin")}
+    assert all(r["host_us"] > 0 for r in rows.values())
+    assert "over_torch_us" in rows["grad", "dropin"] and "within_budget" in rows["no_grad", "dropin"]
+    assert result["env"]["suite"] == "overhead"
+
+
+def test_bench_overhead_no_matching_case(capsys):
+    assert main(["bench", "overhead", "--no-save", "--cases", "no-such-op"]) == 2
+    assert "rms_norm" in capsys.readouterr().err  # the known cases are listed

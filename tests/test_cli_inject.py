@@ -102,7 +102,8 @@ def test_inject_bench_writes_rows(capsys, tmp_path):
     assert "err vs fp64" in out and "speed-up" in out
     result = json.loads(paths["json"].read_text())
     rows = {r["provider"]: r for r in result["rows"]}
-    assert list(rows) == ["original", "original_compile", "dropin", "dropin_compile"]
+    assert list(rows) == ["original", "original_graph", "original_compile", "original_compile_ro",
+                          "dropin", "dropin_graph", "dropin_compile", "dropin_compile_ro"]
     assert all(ROW_KEYS <= set(r) for r in rows.values()) and result["env"]["command"].startswith("dropin inject")
     assert rows["original"]["speedup_vs_original"] == 1.0 and rows["original"]["coverage_flops"] is None
     assert rows["dropin"]["mode"] == "train" and 0 < rows["dropin"]["rel_err_vs_fp64"] < 1e-4
@@ -110,9 +111,24 @@ def test_inject_bench_writes_rows(capsys, tmp_path):
     assert 0.99 < rows["dropin"]["coverage_flops"] < 1 and 0 < rows["dropin"]["coverage_modules"] < 1
     assert ("aten::add" in out) == (rows["dropin"]["coverage_time"] is None)  # the interpreter lists torch's ops
     assert rows["dropin"]["coverage_time"] is None or 0 < rows["dropin"]["coverage_time"] < 1
-    compiled = rows["dropin_compile"]
-    assert (compiled["note"] == "skipped: interpreter") == (compiled["median_ms"] is None)
+    for provider in ("dropin_compile", "dropin_compile_ro"):
+        assert (rows[provider].get("note") == "skipped: interpreter") == (rows[provider]["median_ms"] is None)
+    assert "no plain CUDA graph" in rows["dropin_graph"]["note"] and rows["dropin_graph"]["median_ms"] is None
+    assert "fastest here: dropin" in out or "no recommendation" in out
     assert paths["csv"].read_text().splitlines()[0].startswith("model,provider,mode")
+
+
+@gpu
+def test_inject_bench_every_mode_runs(capsys, tmp_path):
+    """Inference of an injected ResNet-18 in every mode: eager, one CUDA graph, torch.compile default and
+    reduce-overhead, each checked against the original in float64 (a mode that fails has an `error`)."""
+    path = tmp_path / "r.json"
+    assert main(["inject", "resnet18", "--bench", "--batch", "2", "--image-size", "64", "--dtype", "bfloat16",
+                 "--channels-last", *FAST, "--json", str(path)]) == 0
+    rows = {r["provider"]: r for r in json.loads(path.read_text())["rows"]}
+    for provider, row in rows.items():
+        assert "error" not in row and row["median_ms"] > 0, (provider, row)
+        assert row["rel_err_vs_fp64"] <= 2e-2, (provider, row["rel_err_vs_fp64"])
 
 
 def test_inject_weights_loaded(capsys, tmp_path):

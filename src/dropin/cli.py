@@ -21,6 +21,8 @@ SUITES = {
     "attention": "dropin.bench.attention:attention_cases",
     "sparse": "dropin.bench.sparse:sparse_cases",
 }
+# Suites with a runner of their own (not checked and timed cases): name -> "module:function(args) -> exit code".
+RUNNERS = {"overhead": "dropin.bench.overhead:run"}
 
 
 # Llama defaults: seed 002's LlamaModel (1 layer, hidden 1024, 4 heads of 256, intermediate 11008, vocab 32000,
@@ -150,6 +152,9 @@ def _info(args) -> int:
 def _bench(args) -> int:
     from dropin.bench import harness
 
+    if args.suite in RUNNERS:
+        module, function = RUNNERS[args.suite].split(":")
+        return getattr(importlib.import_module(module), function)(args)
     cases = load_suite(args.suite)(quick=args.quick or _runtime.INTERPRET)
     cases = [c for c in cases if args.cases is None or args.cases in c.name]
     if not cases:
@@ -235,6 +240,8 @@ def _inject(args) -> int:
                                  rep_ms=args.rep)
         print(measured)
         print(models.format_rows(rows))
+        original_err = rows[0]["rel_err_vs_fp64"] or 0.0
+        print(models.recommendation(rows, limit(getattr(torch, args.dtype), original_err, backward=args.train)))
         result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows}
         for path in filter(None, (args.json and harness.write_json(args.json, result),
                                   args.csv and harness.write_csv(args.csv, rows))):
@@ -251,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Checks every provider against a float64 reference and times it; prints a table and "
                     "writes RESULTS_DIR/<gpu>/<suite>.json. Exit code 1 if any case FAILED. Under the Triton "
                     "interpreter (no GPU) only small cases run and timings are CPU timings.")
-    bench.add_argument("suite", choices=sorted(SUITES), help="one of: " + ", ".join(sorted(SUITES)))
+    suites = sorted({**SUITES, **RUNNERS})
+    bench.add_argument("suite", choices=suites, help="one of: " + ", ".join(suites))
     bench.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains SUBSTRING")
     bench.add_argument("--quick", action="store_true", help="small cases only (always on without a GPU)")
     bench.add_argument("--results-dir", default="benchmarks/results", help="default: %(default)s")

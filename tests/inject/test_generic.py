@@ -100,6 +100,53 @@ def test_state_dict_round_trip_and_fold_refresh():
     assert_same_state(model, snapshot(other))
 
 
+def _as_captured(monkeypatch):
+    """From here on the drop-ins behave as inside a CUDA graph capture: no check of their sources' versions, the
+    derived buffers read as they are (what torch.compile'd code and a captured graph do)."""
+    monkeypatch.setattr(dropin._runtime, "capturing", lambda: True)
+
+
+def test_folds_are_buffers_refreshed_by_load_state_dict(monkeypatch):
+    """The folded weights are non-persistent buffers made at inject time: not in state_dict, moved by .to(); a
+    load_state_dict on the injected model (also a BatchNorm loaded after its conv) folds again for code that reads
+    them without checks."""
+    model = cnn().eval()
+    dropin.inject_(model, verify=False)
+    assert not any("derived" in k for k in model.state_dict())
+    folded = [name for name, _ in model.named_buffers() if ".derived." in name]
+    assert folded and all(name.endswith(("derived.weight", "derived.bias")) for name in folded)
+    other = cnn().eval()
+    _as_captured(monkeypatch)
+    model.load_state_dict(other.state_dict())
+    check_forward(model, other, torch.randn(2, 3, 8, 8, device=DEVICE))
+    model.to(torch.float16)
+    assert all(b.dtype == torch.float16 for name, b in model.named_buffers() if ".derived." in name)
+
+
+def test_in_place_edit_then_refresh(monkeypatch):
+    """An in-place change of a BatchNorm's statistics: eager calls fold again by themselves; code that reads the
+    buffers unchecked (compiled, captured) sees the change after dropin.refresh_(model)."""
+    model = cnn().eval()
+    dropin.inject_(model, verify=False)
+    reference = dropin.revert_(copy.deepcopy(model))
+    batchnorms = [m.bn for m in model.modules() if isinstance(m, dnn.ConvBNAct)]
+    same_in_reference = [m for m in reference.modules() if isinstance(m, nn.BatchNorm2d)]
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    with torch.no_grad():
+        for bn in (batchnorms[0], same_in_reference[0]):
+            bn.running_mean.add_(0.5)
+    check_forward(model, reference, x)  # eager: the version check folds again
+    with torch.no_grad():
+        for bn in (batchnorms[1], same_in_reference[1]):
+            bn.running_var.mul_(3)
+    _as_captured(monkeypatch)
+    with torch.no_grad():
+        stale = model(x)
+    assert not torch.allclose(stale, reference(x), rtol=1e-3, atol=1e-3)
+    dropin.refresh_(model)
+    check_forward(model, reference, x)
+
+
 def test_dtype_conversion_after_injection_reaches_the_original():
     model = cnn().eval()
     dropin.inject_(model, verify=False)

@@ -76,9 +76,9 @@ def skipped(reason: str) -> Callable:
     return provider
 
 
-def compiled(fn: Callable) -> Callable:
-    """torch.compile(fn) as a provider: compiled on its first call (the correctness check, before timing),
-    after a dynamo reset so that every case gets its own static graph. Skipped under the interpreter."""
+def compiled(fn: Callable, mode: str | None = None) -> Callable:
+    """torch.compile(fn, mode=mode) as a provider: compiled on its first call (the correctness check, before
+    timing), after a dynamo reset so that every case gets its own static graph. Skipped under the interpreter."""
     if _runtime.INTERPRET:
         return skipped("skipped: interpreter")
     state = {}
@@ -86,7 +86,7 @@ def compiled(fn: Callable) -> Callable:
     def provider(*inputs):
         if "fn" not in state:
             torch._dynamo.reset()
-            state["fn"] = torch.compile(fn, dynamic=False)
+            state["fn"] = torch.compile(fn, dynamic=False, mode=mode)
         return state["fn"](*inputs)
     return provider
 
@@ -211,7 +211,7 @@ def graph_time(fn: Callable[[], object]) -> tuple[float | None, str | None]:
     try:
         return graph_time_ms(fn), None
     except Exception as e:
-        return None, f"no CUDA-graph time: {_one_line(_describe(e))}"
+        return None, f"no CUDA-graph time: {one_line(_describe(e))}"
 
 
 def peak_memory_mib(fn: Callable[[], object]) -> float | None:
@@ -300,7 +300,7 @@ def run_case(case: Case, ceilings: dict | None = None, warmup_ms: float = 25, re
             continue
         except Exception as e:  # a failing provider is reported, not fatal
             row.update(correct=False, error=_describe(e))
-            log(f"  {name}: ERROR {_one_line(row['error'])}")
+            log(f"  {name}: ERROR {one_line(row['error'])}")
             continue
         row.update(summarize(times))
         median = row["median_ms"]
@@ -337,7 +337,7 @@ def _describe(e: Exception) -> str:
     return text + (f"\ncaused by {type(cause).__name__}: {cause}".rstrip() if cause else "")
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+def one_line(text: str, limit: int = 300) -> str:
     """First and last line of a long message, for the terminal (the rows keep it whole)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     short = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
@@ -436,7 +436,7 @@ def format_table(rows: list[dict], env: dict) -> str:
     lines.append(f"Passed: {len(cases) - len(failed)} | Failed: {len(failed)}")
     for r in rows:
         if r["correct"] is False:
-            why = _one_line(r["error"]) if "error" in r else f"rel_err {r['rel_err']:.2e} > tol {r['tol']:g}"
+            why = one_line(r["error"]) if "error" in r else f"rel_err {r['rel_err']:.2e} > tol {r['tol']:g}"
             lines.append(f"  FAILED {r['case']} / {r['provider']}: {why}")
     for note in dict.fromkeys(f"{r['provider']}: {r[k]}" for r in rows for k in ("note", "graph_note") if k in r):
         lines.append(f"  note: {note}")

@@ -1,13 +1,15 @@
 """Whole models, original vs injected (`dropin inject MODEL --train --bench`): a training step's gradients
-compared, the share of the work that dropin does, and latency rows (original / injected, eager / torch.compile).
+compared, the share of the work that dropin does, and latency rows in every execution mode a user picks.
 
-Row keys (`--json` / `--csv`): model, provider (original | original_compile | dropin | dropin_compile), mode
-(inference | train: forward + backward), dtype, batch, median_ms, mean_ms, min_ms, max_ms, graph_ms (GPU time
-without the host's launch cost, inference only; None under the interpreter), speedup_vs_original (original eager
-median / this median), rel_err_vs_fp64 (||x - x_64|| / ||x_64|| against the original model run in float64: the
-output, and in train mode the worst of the output and every parameter's gradient, see `step_errors`),
-coverage_modules, coverage_flops, coverage_time (see `coverage`; None on original rows), note (why a row has no
-numbers, or no graph time).
+Providers (PROVIDERS), each for the original model and the injected one: eager (`original`, `dropin`); the whole
+forward captured in one CUDA graph and replayed (`_graph`, inference only); torch.compile default (`_compile`) and
+mode="reduce-overhead" (`_compile_ro`). A mode that cannot run gives a row with the reason in `error` or `note`.
+Row keys (`--json` / `--csv`): model, provider, mode (inference | train: forward + backward), dtype, batch,
+median_ms, mean_ms, min_ms, max_ms, graph_ms (GPU time without the host's launch cost, eager inference rows only;
+None under the interpreter), speedup_vs_original (original eager median / this median), rel_err_vs_fp64
+(||x - x_64|| / ||x_64|| against the original model run in float64: the output, and in train mode the worst of the
+output and every parameter's gradient, see `step_errors`), coverage_modules, coverage_flops, coverage_time (see
+`coverage`; None on original rows), note, error.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from .._tolerance import rel_err, to_float64
 from ..inject.coverage import measure
 from . import harness
 
-PROVIDERS = ("original", "original_compile", "dropin", "dropin_compile")
+PROVIDERS = ("original", "original_graph", "original_compile", "original_compile_ro",
+             "dropin", "dropin_graph", "dropin_compile", "dropin_compile_ro")
 
 
 def main_output(out) -> torch.Tensor:
@@ -99,17 +102,51 @@ def _step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor | None):
     return lambda: train_step(forward, model, inputs, grad)
 
 
+def graphed(model: nn.Module, inputs: tuple):
+    """The model's inference forward captured in one CUDA graph (after two warm-up calls on a side stream, as
+    torch's CUDA-graph notes advise): a step that copies `inputs` into the graph's static inputs once and replays
+    the graph on every call, returning (output, {})."""
+    if _runtime.INTERPRET:
+        raise harness.Skipped("skipped: interpreter")
+    static = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            model(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = main_output(model(*static))
+
+    def run():
+        graph.replay()
+        return out, {}
+    return run
+
+
+def _provider_step(provider: str, model: nn.Module, inputs: tuple, grad: torch.Tensor | None):
+    """The step to check and time for one provider (see PROVIDERS)."""
+    mode = provider.partition("_")[2]
+    if mode == "graph":
+        if grad is not None:
+            raise harness.Skipped("no plain CUDA graph of a training step (reduce-overhead captures one)")
+        return graphed(model, inputs)
+    forward = {"": model, "compile": harness.compiled(model),
+               "compile_ro": harness.compiled(model, mode="reduce-overhead")}[mode]
+    return _step(forward, model, inputs, grad)
+
+
 def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tuple, *, grad: torch.Tensor | None,
                reference: tuple, dtype: str, batch: int, cover: dict, warmup_ms: float = 25,
                rep_ms: float = 100) -> list[dict]:
     """One row per PROVIDERS entry (see the module docstring): a training step with upstream gradient `grad`, or
-    inference for None; errors against `reference` (float64_step's for the same grad). Compile rows carry a note
-    under the interpreter."""
+    inference for None; errors against `reference` (float64_step's for the same grad). A provider that cannot run
+    here gets a `note` (skipped) or an `error` (it raised) and the others still run."""
     models = {"original": original, "dropin": injected}
     rows = []
     for provider in PROVIDERS:
         model = models[provider.split("_")[0]]
-        forward = harness.compiled(model) if provider.endswith("compile") else model
         row = {"model": name, "provider": provider, "mode": "inference" if grad is None else "train", "dtype": dtype,
                "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None, "graph_ms": None,
                "speedup_vs_original": None, "rel_err_vs_fp64": None, "coverage_modules": None,
@@ -117,22 +154,40 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
         if provider.startswith("dropin"):
             row.update(cover)
         rows.append(row)
-        step = _step(forward, model, inputs, grad)
         try:
+            step = _provider_step(provider, model, inputs, grad)
             outs = step()
+            row["rel_err_vs_fp64"] = max(step_errors(outs, reference).values())
+            row.update(harness.summarize(harness.time_fn(step, warmup_ms, rep_ms)))
         except harness.Skipped as e:
             row["note"] = str(e)
             continue
-        row["rel_err_vs_fp64"] = max(step_errors(outs, reference).values())
-        row.update(harness.summarize(harness.time_fn(step, warmup_ms, rep_ms)))
-        if grad is None:
+        except Exception as e:  # noqa: BLE001 (the row says why; the other modes still run)
+            row["error"] = harness.one_line(f"{type(e).__name__}: {e}")
+            continue
+        finally:
+            torch._dynamo.reset()  # each compiled provider's graphs (and CUDA graph trees) go with it
+        if grad is None and provider in ("original", "dropin"):
             row["graph_ms"], note = harness.graph_time(step)
             if note:
                 row["note"] = note
-        elif not _runtime.INTERPRET:  # (a step re-seeds the random state and sets .grad: no CUDA graph)
-            row["note"] = "no CUDA-graph time for a training step"
-        row["speedup_vs_original"] = rows[0]["median_ms"] / row["median_ms"]
+        if rows[0]["median_ms"]:
+            row["speedup_vs_original"] = rows[0]["median_ms"] / row["median_ms"]
     return rows
+
+
+def recommendation(rows: list[dict], tolerance: float) -> str:
+    """Which way to run the injected model, from the rows: the fastest dropin provider whose error is within
+    `tolerance`, with its speed-up over the original eager and over the original's fastest mode."""
+    timed = [r for r in rows if r["median_ms"] and r["rel_err_vs_fp64"] is not None]
+    ours = [r for r in timed if r["provider"].startswith("dropin") and r["rel_err_vs_fp64"] <= tolerance]
+    theirs = [r for r in timed if r["provider"].startswith("original")]
+    if not ours or not theirs:
+        return "no recommendation: no injected mode was timed within the tolerance"
+    best, rival = min(ours, key=lambda r: r["median_ms"]), min(theirs, key=lambda r: r["median_ms"])
+    return (f"fastest here: {best['provider']} ({best['median_ms']:.3f} ms: {best['speedup_vs_original']:.2f}x the "
+            f"original in eager, {rival['median_ms'] / best['median_ms']:.2f}x the original's fastest mode, "
+            f"{rival['provider']})")
 
 
 # Table columns: (row key, heading, format, width).
@@ -146,12 +201,12 @@ def format_rows(rows: list[dict]) -> str:
     """The terminal table of bench_rows."""
     first = rows[0]
     lines = [f"{first['model']}, {first['mode']}, {first['dtype']}, batch {first['batch']}",
-             f"{'provider':<17}" + "".join(f"{head:>{width}}" for _, head, _, width in COLUMNS) + "  note"]
+             f"{'provider':<19}" + "".join(f"{head:>{width}}" for _, head, _, width in COLUMNS) + "  note"]
     for r in rows:
         cells = ["-" if r[key] is None else format(r[key], fmt) + ("x" if key.startswith("speedup") else "")
                  for key, _, fmt, _ in COLUMNS]
-        lines.append(f"{r['provider']:<17}" + "".join(f"{c:>{w}}" for c, (*_, w) in zip(cells, COLUMNS))
-                     + f"  {r.get('note', '')}")
+        lines.append(f"{r['provider']:<19}" + "".join(f"{c:>{w}}" for c, (*_, w) in zip(cells, COLUMNS))
+                     + f"  {r.get('error') or r.get('note', '')}")
     lines.append("err vs fp64: relative error against the original model in float64 (train: worst of the output "
                  "and the parameter gradients); modules: share of the computing torch modules covered by dropin "
                  "modules; FLOPs, GPU time: shares of the FLOPs and of the GPU kernel time in dropin kernels (torch "

@@ -155,8 +155,29 @@ def _walk(module: torch.nn.Module, prefix: str, config: InjectConfig, report: In
             _walk(new, path + ".", config, report)
 
 
+def refresh_(model: torch.nn.Module) -> torch.nn.Module:
+    """Recomputes what the drop-ins in `model` derive from its tensors (BatchNorms folded into convs), in place, so
+    that torch.compile'd code and captured CUDA graphs read current values: call it after changing the model's
+    weights or BatchNorm statistics in place. (Eager calls notice such changes themselves; load_state_dict on the
+    injected model refreshes too.) Returns `model`."""
+    for module in model.modules():
+        if isinstance(module, DropinModule):
+            module.refresh_()
+    return model
+
+
+_REFRESH_HOOK = "_dropin_refresh_hook"
+
+
+def _refresh_after_load(model: torch.nn.Module, incompatible_keys) -> None:
+    refresh_(model)  # after every tensor of the model loaded: a drop-in's own hook may run before a sibling's load
+
+
 def revert_(model: torch.nn.Module) -> torch.nn.Module:
     """Puts back every original module that inject_ replaced (the same objects); returns `model`."""
+    hook = model.__dict__.pop(_REFRESH_HOOK, None)
+    if hook is not None:
+        hook.remove()
     for name, child in list(model._modules.items()):
         if isinstance(child, DropinModule):
             setattr(model, name, child.original)
@@ -285,6 +306,8 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     elif not isinstance(model, DropinModule) and not registry.is_passive(model):
         report.left.append(Left("", type(model).__name__, "inject_ replaces children in place, not the root "
                                                           "module itself: wrap it in an nn.Sequential"))
+    if report.replaced and _REFRESH_HOOK not in model.__dict__:
+        model.__dict__[_REFRESH_HOOK] = model.register_load_state_dict_post_hook(_refresh_after_load)
     if strict and report.left:
         revert_(model)
         raise InjectError("inject_(strict=True): these modules would stay torch (the model is reverted):\n" +

@@ -12,7 +12,7 @@ from .. import nn as dnn
 from .. import ops
 from .registry import passive, register
 
-passive(nn.Identity, nn.Flatten, nn.Unflatten)
+passive(nn.Identity, nn.Flatten, nn.Unflatten, dnn.Derived)
 passive(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
         when=lambda m: not m.training or m.p == 0)
 

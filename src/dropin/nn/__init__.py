@@ -3,12 +3,12 @@ from .attention import CvtSelfAttention, LlamaAttention
 from .conv import Conv2d, ConvBNAct
 from .functional import Op
 from .linear import Linear
-from .module import Adopted, DropinModule, Folded
+from .module import Adopted, Derived, DropinModule, Folded
 from .resnet import ResidualBlock
 from .rms_norm import RMSNorm
 from .sparse import SparseConv2d, SparseLinear, SparsifiedConv2d, SparsifiedLinear
 from .swiglu import SwiGLUMLP
 
-__all__ = ["Adopted", "Conv2d", "ConvBNAct", "CvtSelfAttention", "DropinModule", "Folded", "Linear", "LlamaAttention",
-           "ResidualBlock", "RMSNorm", "SparseConv2d", "SparseLinear", "SparsifiedConv2d", "SparsifiedLinear",
-           "SwiGLUMLP"]
+__all__ = ["Adopted", "Conv2d", "ConvBNAct", "CvtSelfAttention", "Derived", "DropinModule", "Folded", "Linear",
+           "LlamaAttention", "ResidualBlock", "RMSNorm", "SparseConv2d", "SparseLinear", "SparsifiedConv2d",
+           "SparsifiedLinear", "SwiGLUMLP"]

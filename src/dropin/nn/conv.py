@@ -3,11 +3,12 @@ from typing import Optional
 
 import torch
 
+from .. import _runtime
 from ..ops import conv2d, fold_batchnorm
 from ..ops._common import versions
 from ..ops.conv2d import frozen
 from ..ops.activations import activation_ref
-from .module import DropinModule
+from .module import Derived, DropinModule
 
 
 class Conv2d(DropinModule):
@@ -31,11 +32,14 @@ class Conv2d(DropinModule):
 class ConvBNAct(Conv2d):
     """`activation(bn(conv(x)) + residual)` for an nn.Conv2d and the BatchNorm2d after it.
 
-    While `bn` is in eval mode: one conv kernel with the BatchNorm folded into its weight and bias (new tensors,
-    cached until a source tensor changes: in-place updates, load_state_dict, .to(); recomputed on every call
-    where autograd needs the fold, or under torch.compile). In training mode BatchNorm uses batch statistics,
-    which cannot fold: the dropin conv, then `bn` itself (torch), then the residual add and activation (torch).
-    `bn` is a plain attribute: it stays registered where it was (a sibling, or the block around both).
+    While `bn` is in eval mode: one conv kernel with the BatchNorm folded into its weight and bias, kept in
+    `derived` (buffers made at inject time). In eager mode a change of a source tensor (an in-place update,
+    load_state_dict, .to()) folds again into the same buffers before the call; under torch.compile and inside a
+    CUDA graph the buffers are read as they are: `refresh_` (load_state_dict and dropin.refresh_ call it) folds
+    again. Where autograd needs the fold (a source requires grad), it is computed in the call. In training mode
+    BatchNorm uses batch statistics, which cannot fold: the dropin conv, then `bn` itself (torch), then the
+    residual add and activation (torch). `bn` is a plain attribute: it stays registered where it was (a sibling,
+    or the block around both).
     """
 
     def __init__(self, original: torch.nn.Conv2d, bn: torch.nn.BatchNorm2d, activation: Optional[str] = None,
@@ -43,24 +47,34 @@ class ConvBNAct(Conv2d):
         super().__init__(original, activation, absorbs)
         object.__setattr__(self, "bn", bn)
         self.kernel = "conv2d+bn" + (f"+{activation}" if activation else "")
-        self._cache = None  # (source tensors, their versions, folded weight, folded bias)
+        self.derived = Derived()
+        self.refresh_()
 
     def _sources(self):
         bn = self.bn
         return [t for t in (self.weight, self.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
                 if t is not None]
 
+    def refresh_(self) -> None:
+        """Folds the BatchNorm's current statistics and affine parameters into the conv's weight and bias again."""
+        sources = self._sources()
+        with torch.no_grad():
+            weight, bias = fold_batchnorm(self.weight, self.bias, self.bn)
+        self.derived.set("weight", weight)
+        self.derived.set("bias", bias)
+        frozen(self.derived.weight)
+        # the source tensors stay referenced with their versions, so a new tensor cannot reuse their address
+        object.__setattr__(self, "_folded_from", ([t.detach() for t in sources], versions(*sources), self.bn.eps))
+
     def _folded(self):
         sources = self._sources()
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
             return fold_batchnorm(self.weight, self.bias, self.bn)
-        key = (versions(*sources), self.bn.eps)
-        cache = self._cache
-        if key[0] is None or cache is None or cache[1] != key:
-            # the old tensors stay referenced with the cache, so a new tensor cannot reuse their address
-            weight, bias = fold_batchnorm(self.weight, self.bias, self.bn)
-            cache = self._cache = ([t.detach() for t in sources], key, frozen(weight), bias)
-        return cache[2], cache[3]
+        if not (torch.compiler.is_compiling() or _runtime.capturing()):
+            key = versions(*sources)
+            if key is None or key != self._folded_from[1] or self.bn.eps != self._folded_from[2]:
+                self.refresh_()
+        return self.derived.weight, self.derived.bias
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, *,
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -1,5 +1,26 @@
-"""The base of every module that inject_ puts in place of a torch module, and the stand-in for fused modules."""
+"""The base of every module that inject_ puts in place of a torch module, the holder of the values a drop-in derives
+from the original's tensors, and the stand-in for fused modules."""
 import torch
+
+
+class Derived(torch.nn.Module):
+    """Values a drop-in computes from the original's tensors (a BatchNorm folded into a conv's weight), as
+    non-persistent buffers: `.to()` moves them, state_dict leaves them out (its keys stay the original's), and
+    torch.compile and CUDA graphs see them as the module's own static tensors. `set` writes a value into the
+    existing buffer where shape, dtype and device agree (a captured graph keeps reading it), else registers it anew.
+    """
+
+    def set(self, name: str, value: torch.Tensor) -> None:
+        current = self._buffers.get(name)
+        if current is not None and (current.shape, current.dtype, current.device) == (
+                value.shape, value.dtype, value.device) and current.stride() == value.stride():
+            with torch.no_grad():
+                current.copy_(value)
+        else:
+            self.register_buffer(name, value.detach(), persistent=False)
+
+    def forward(self, *args):
+        raise RuntimeError("Derived holds a drop-in's derived tensors; it is not called")
 
 
 class DropinModule(torch.nn.Module):
@@ -12,7 +33,8 @@ class DropinModule(torch.nn.Module):
     Subclasses set `kernel` (what runs, for the report) and `absorbs` (names of the following siblings in an
     nn.Sequential that this module computes too; inject_ puts a `Folded` stand-in in their slots). A subclass that
     keeps the original's children as its own and runs them sets `walks_children`: inject_ then injects those
-    children by their own handlers.
+    children by their own handlers. A subclass that derives values from the original's tensors keeps them in a
+    `Derived` child and recomputes them in `refresh_`, which inject_, load_state_dict and dropin.refresh_ call.
     """
 
     kernel = "dropin"
@@ -27,6 +49,10 @@ class DropinModule(torch.nn.Module):
         self._version = original._version  # state_dict metadata as the original writes it
         self.training = original.training
         self.absorbs = tuple(absorbs)
+        self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module.refresh_())
+
+    def refresh_(self) -> None:
+        """Recomputes the values this module derives from the original's tensors, in place (none here)."""
 
     def train(self, mode: bool = True):
         self.original.training = mode

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 from torch.nn.utils import prune
 
+from .. import _runtime
 from ..ops import SparseWeight, sparse_conv2d, sparse_linear, sparsify
 from ..ops._common import versions
 from .module import DropinModule
@@ -149,11 +150,12 @@ class _Sparsified(DropinModule):
     def __init__(self, original: torch.nn.Module):
         super().__init__(original)
         self._key = None
-        self._refresh()
+        self.refresh_()
         self.kernel = (f"{self.op} ({self.impl.sparsity:.1%} zeros, "
                        f"{self.impl.nbytes / max(1, self.impl.weight.dense_nbytes):.2f}x weight bytes)")
 
-    def _refresh(self) -> None:
+    def refresh_(self) -> None:
+        """Compresses the weight again if a tensor it comes from changed."""
         key = versions(*weight_sources(self.original), self.original.bias)
         if key is None or key != self._key:
             object.__setattr__(self, "impl", type(self).build(self.original))  # not a submodule
@@ -163,7 +165,8 @@ class _Sparsified(DropinModule):
         if torch.is_grad_enabled() and trains_weight(self.original):
             raise RuntimeError(f"{type(self).__name__}: {NO_WEIGHT_GRAD}; freeze the weight (requires_grad_(False)), "
                                f"call eval() or run under torch.no_grad()")
-        self._refresh()
+        if not (torch.compiler.is_compiling() or _runtime.capturing()):  # (compressing syncs with the host)
+            self.refresh_()
         return self.impl(x)
 
 

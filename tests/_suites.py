@@ -1,0 +1,48 @@
+"""The tests `make test-gpu-quick` runs (conftest marks them `quick`)."""
+
+# Each public op forward and backward, each injector handler and each execution mode once.
+QUICK = (
+    "tests/ops/test_matmul.py::test_matmul_2d[tall-1000x7x33-bf16]",
+    "tests/ops/test_matmul.py::test_bmm[4x33x7x17-bf16]",
+    "tests/ops/test_matmul.py::test_linear_activation[relu-bias-bf16]",
+    "tests/ops/test_matmul.py::test_float32_follows_allow_tf32[linear-allow_tf32-off]",
+    "tests/ops/test_conv2d.py::test_seed000[k3-s1-p1-bf16]",
+    "tests/ops/test_conv2d.py::test_depthwise_direct[m1-s1-nchw-bf16]",
+    "tests/ops/test_conv2d.py::test_residual[dense-channels_last]",
+    "tests/ops/test_conv2d.py::test_fold_batchnorm[True-True]",
+    "tests/ops/test_attention.py::test_lengths[70x64-d64-causal-bf16]",
+    "tests/ops/test_attention.py::test_masks[BxHxLqxLk-float-bf16]",
+    "tests/ops/test_attention.py::test_grouped_query[causal-gqa-6-2-bf16]",
+    "tests/ops/test_rms_norm.py::test_rms_norm[residual-33x7-bf16]",
+    "tests/ops/test_rope.py::test_rope[cos-2d-2x4x4x7x16-bf16]",
+    "tests/ops/test_swiglu.py::test_swiglu_mlp[7x33-i50-bf16]",
+    "tests/ops/test_pooling.py::test_max_pool_resnet[bf16-channels_last]",
+    "tests/ops/test_pooling.py::test_avg_pool_dtypes_layouts[bf16-nchw]",
+    "tests/ops/test_pooling.py::test_adaptive_avg_pool_sizes[channels_last-output_size2]",
+    "tests/ops/test_layer_norm.py::test_row_lengths[bf16-33]",
+    "tests/ops/test_batch_norm.py::test_4d[train-bf16-channels_last]",
+    "tests/ops/test_batch_norm.py::test_4d[eval-bf16-nchw]",
+    "tests/ops/test_softmax.py::test_row_lengths[bf16-33-softmax]",
+    "tests/ops/test_softmax.py::test_row_lengths[bf16-33-log_softmax]",
+    "tests/ops/test_activation_ops.py::test_dtypes[bf16-relu]",
+    "tests/ops/test_activation_ops.py::test_dtypes[bf16-gelu]",
+    "tests/ops/test_activation_ops.py::test_dtypes[bf16-silu]",
+    "tests/ops/test_sparse.py::test_sparse_linear[1x1000->7-90%-bf16]",
+    "tests/ops/test_sparse_conv2d.py::test_sparse_conv2d[3x3-p1-bf16]",
+    # execution modes: eager is every test above; torch.compile, a CUDA graph, reduce-overhead
+    "tests/ops/test_attention.py::test_torch_compile_fullgraph[bf16]",
+    "tests/inject/test_generic.py::test_torch_compile_fullgraph[cnn-shape1]",
+    "tests/test_modes.py::test_op_cuda_graph[conv2d+residual+relu]",
+    "tests/test_modes.py::test_op_reduce_overhead[rms_norm+residual]",
+    "tests/test_modes.py::test_model_cuda_graph[resnet18]",
+    "tests/test_modes.py::test_model_reduce_overhead[llama]",
+    # injector handlers
+    "tests/inject/test_generic.py::test_cnn_eval_conv_bn_relu_fused",
+    "tests/inject/test_generic.py::test_mlp_linear_activation_fused",
+    "tests/inject/test_torchvision.py::test_blocks_fused_in_eval",
+    "tests/inject/test_llama.py::test_llama_injected_verified_and_hf_forward_unchanged",
+    "tests/inject/test_llama.py::test_llama_training_backward_matches_torch",
+    "tests/inject/test_cvt.py::test_cvt_fused_verified_and_hf_forward_unchanged",
+    "tests/inject/test_sparse_inject.py::test_only_the_sparse_layers_go_sparse[dtype1]",
+)
+

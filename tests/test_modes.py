@@ -1,0 +1,181 @@
+"""Every public op and every injected model in each execution mode a user picks, against eager dropin (GPU):
+- a CUDA graph captured after warm-up and replayed on new input data written into its static inputs;
+- torch.compile(mode="reduce-overhead", fullgraph=True) (CUDA graph trees), forward and forward + backward, on new
+  inputs every call;
+- a reduce-overhead training step whose weights change every step (no stale copy of a weight).
+The ops and their tiny inputs are `dropin bench overhead`'s (dropin.bench.overhead.pairs).
+"""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import dropin
+from dropin.bench.overhead import pairs
+from _tol import gpu, rel_err, tolerance
+
+pytestmark = gpu
+
+PAIRS = {p.name: p for p in pairs()}
+NAMES = list(PAIRS)
+
+
+def _outputs(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _assert_same(got, want, what: str) -> None:
+    """got within the dtype's forward tolerance of want (the same kernels on the same data: a result computed
+    from stale inputs, or not at all, is off by O(1))."""
+    for i, (g, w) in enumerate(zip(_outputs(got), _outputs(want))):
+        err = rel_err(g, w)
+        assert err <= tolerance(w.dtype, "fwd"), f"{what}, output {i}: relative error {err:.2e} against eager"
+
+
+def _fill(static: tuple, new: tuple) -> None:
+    for s, n in zip(static, new):
+        if isinstance(s, torch.Tensor) and s is not n:
+            s.copy_(n)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_op_cuda_graph(name):
+    pair = PAIRS[name]
+    static = pair.make()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            pair.dropin(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = pair.dropin(*static)
+    for replay in range(2):
+        new = pair.make()
+        _fill(static, new)
+        graph.replay()
+        with torch.no_grad():
+            _assert_same(out, pair.dropin(*new), f"{name}, replay {replay}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_op_reduce_overhead(name):
+    """Forward under no_grad, then forward + backward (the gradients of the first n_grad inputs)."""
+    pair = PAIRS[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(pair.dropin, mode="reduce-overhead", fullgraph=True)
+    for call in range(3):
+        inputs = pair.make()
+        with torch.no_grad():
+            _assert_same(compiled(*inputs), pair.dropin(*inputs), f"{name}, call {call}")
+    torch._dynamo.reset()
+    compiled = torch.compile(pair.dropin, mode="reduce-overhead", fullgraph=True)
+    for call in range(3):
+        inputs = pair.make()
+        grads = []
+        for fn in (compiled, pair.dropin):
+            leaves = [t.detach().requires_grad_(i < pair.n_grad) for i, t in enumerate(inputs)]
+            outs = _outputs(fn(*leaves))
+            torch.manual_seed(call)
+            upstream = [torch.randn_like(o) for o in outs]
+            grads.append(torch.autograd.grad(outs, leaves[:pair.n_grad], upstream))
+        _assert_same(grads[0], grads[1], f"{name} gradients, call {call}")
+
+
+# ------------------------------------------------------------------------------------------------ models
+def _resnet18():
+    import torchvision
+    x = torch.randn(2, 3, 64, 64, device="cuda").to(memory_format=torch.channels_last)
+    model = torchvision.models.resnet18().cuda().eval().to(memory_format=torch.channels_last)
+    return model, (x,), lambda: (torch.randn_like(x).to(memory_format=torch.channels_last),)
+
+
+def _llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=128, vocab_size=100)
+    model = transformers.LlamaForCausalLM(config).cuda().eval()
+    ids = lambda: (torch.randint(0, 100, (2, 16), device="cuda"),)  # noqa: E731
+    return model, ids(), ids
+
+
+def _cvt():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.CvtConfig(num_labels=10, embed_dim=[16, 32, 48], num_heads=[1, 2, 2], depth=[1, 1, 2])
+    model = transformers.CvtForImageClassification(config).cuda().eval()
+    pixels = lambda: (torch.randn(2, 3, 64, 64, device="cuda"),)  # noqa: E731
+    return model, pixels(), pixels
+
+
+def _mlp():
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 16)).cuda().eval()
+    x = lambda: (torch.randn(8, 32, device="cuda"),)  # noqa: E731
+    return model, x(), x
+
+
+MODELS = {"resnet18": _resnet18, "llama": _llama, "cvt": _cvt, "generic-mlp": _mlp}
+
+
+def _main(out):
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_cuda_graph(name, true_fp32):
+    model, static, new_inputs = MODELS[name]()
+    dropin.inject_(model, example_inputs=static)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            model(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = _main(model(*static))
+    for replay in range(2):
+        new = new_inputs()
+        _fill(static, new)
+        graph.replay()
+        with torch.no_grad():
+            _assert_same(out, _main(model(*new)), f"{name}, replay {replay}")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_reduce_overhead(name, true_fp32):
+    model, inputs, new_inputs = MODELS[name]()
+    dropin.inject_(model, example_inputs=inputs)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    for call in range(3):
+        new = new_inputs()
+        with torch.no_grad():
+            _assert_same(_main(compiled(*new)), _main(model(*new)), f"{name}, call {call}")
+
+
+def test_reduce_overhead_training_step_weights_change(true_fp32):
+    """Fine-tuning with frozen BatchNorms (eval mode, weights that require grad): the folds are computed in the
+    step from the current weights, which the optimizer changes after every step; the losses follow torch's."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 8 * 8, 10)).cuda().eval()
+    original = copy.deepcopy(model)
+    dropin.inject_(model, example_inputs=torch.randn(4, 3, 8, 8, device="cuda"))
+    x, target = torch.randn(4, 3, 8, 8, device="cuda"), torch.randint(0, 10, (4,), device="cuda")
+    torch._dynamo.reset()
+    losses = []
+    for net in (model, original):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+        step = torch.compile(lambda: nn.functional.cross_entropy(net(x), target), mode="reduce-overhead")
+        run = []
+        for _ in range(4):
+            loss = step()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            run.append(loss.item())
+        losses.append(run)
+    assert losses[0][0] != losses[0][-1], "the weights did not change"
+    for i, (ours, theirs) in enumerate(zip(*losses)):
+        assert abs(ours - theirs) <= 1e-4 * abs(theirs), f"step {i}: loss {ours} against torch's {theirs}"
