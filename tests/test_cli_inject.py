@@ -171,6 +171,7 @@ def test_inject_pruned_llama_runs_sparse(capsys):
     (["llama", "--json", "r.json"], "add --bench"),
     (["resnet18", "--prune", "1.5"], "--prune 1.5: must be in [0, 1]"),
     (["llama", "--sparse", "-0.1"], "--sparse -0.1: must be in [0, 1]"),
+    (["resnet18", "--processes", "3"], "--processes 3: must be at least 1, and more than 1 only with --bench"),
 ])
 def test_inject_bad_arguments(capsys, argv, message):
     assert main(["inject", *argv]) == 2
@@ -189,3 +190,22 @@ def test_inject_hf_models_full_size(capsys, argv):
     assert main(["inject", *argv]) == 0
     out = capsys.readouterr().out
     assert "dropin_compile" in out and "skipped" not in out
+
+
+def test_bench_rows_merged_over_processes():
+    """--processes: per provider the median of the processes' medians, their spread, the worst error; a provider
+    that failed in one process keeps its error."""
+    from dropin.bench.models import merge_processes
+
+    def row(provider, median, err=1e-3, **extra):
+        return {"provider": provider, "median_ms": median, "mean_ms": median, "min_ms": median * 0.9,
+                "max_ms": median * 1.1, "graph_ms": None, "rel_err_vs_fp64": err, **extra}
+    runs = [[row("original", 2.0), row("dropin", 1.0, 2e-3)], [row("original", 4.0), row("dropin", 1.2)],
+            [row("original", 3.0), {"provider": "dropin", "median_ms": None, "error": "RuntimeError: boom"}]]
+    merged = merge_processes(runs)
+    assert merged[0]["median_ms"] == 3.0 and merged[0]["spread_ms"] == [2.0, 4.0]
+    assert merged[0]["process_median_ms"] == [2.0, 4.0, 3.0] and merged[0]["speedup_vs_original"] == 1.0
+    assert merged[1]["error"] == "RuntimeError: boom"
+    merged = merge_processes(runs[:2])
+    assert merged[1]["median_ms"] == 1.1 and merged[1]["rel_err_vs_fp64"] == 2e-3
+    assert abs(merged[1]["speedup_vs_original"] - 3.0 / 1.1) < 1e-12

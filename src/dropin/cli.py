@@ -117,6 +117,8 @@ def _check_inject_args(args):
                 f"{'a save_pretrained directory' if directory else 'a state_dict file (torch.save)'}")
     if (args.json or args.csv) and not args.bench:
         return "--json and --csv write the --bench rows: add --bench"
+    if args.processes < 1 or args.processes > 1 and not args.bench:
+        return f"--processes {args.processes}: must be at least 1, and more than 1 only with --bench"
     for flag in ("prune", "sparse"):
         value = getattr(args, flag)
         if value is not None and not 0 <= value <= 1:
@@ -200,6 +202,27 @@ def _train(original, model, inputs, grad, reference) -> bool:
     return within
 
 
+def _bench_processes(args) -> list[list[dict]]:
+    """The bench rows of args.processes - 1 more runs of this command, each in a process of its own (the host's
+    speed varies from process to process: eager figures are medians over processes)."""
+    import json
+    import subprocess
+    import tempfile
+
+    runs = []
+    argv = [a for i, a in enumerate(args.argv) if a not in ("--json", "--csv", "--processes")
+            and args.argv[i - 1] not in ("--json", "--csv", "--processes")]
+    for i in range(args.processes - 1):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = f"{tmp}/rows.json"
+            print(f"dropin inject: bench process {i + 2} of {args.processes}", file=sys.stderr)
+            subprocess.run([sys.executable, "-m", "dropin.cli", *argv, "--json", path], check=True,
+                           stdout=subprocess.DEVNULL)
+            with open(path) as f:
+                runs.append(json.load(f)["rows"])
+    return runs
+
+
 def _inject(args) -> int:
     from dropin.inject import InjectConfig, VerificationError, inject_
 
@@ -239,6 +262,9 @@ def _inject(args) -> int:
                                  dtype=args.dtype, batch=args.batch, cover=cover, warmup_ms=args.warmup,
                                  rep_ms=args.rep)
         print(measured)
+        if args.processes > 1:
+            rows = models.merge_processes([rows, *_bench_processes(args)])
+            print(f"medians of {args.processes} processes (each row: process_median_ms, spread_ms)")
         print(models.format_rows(rows))
         original_err = rows[0]["rel_err_vs_fp64"] or 0.0
         print(models.recommendation(rows, limit(getattr(torch, args.dtype), original_err, backward=args.train)))
@@ -298,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--csv", metavar="PATH", help="with --bench: write the rows as CSV")
     inject.add_argument("--warmup", type=float, default=25, help="with --bench: warm-up time, ms (GPU)")
     inject.add_argument("--rep", type=float, default=100, help="with --bench: timed repetitions, ms")
+    inject.add_argument("--processes", type=int, default=1, help="with --bench: run it in this many processes "
+                        "and give the median of their medians, with the spread (default: %(default)s)")
     llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "
                                       "heads, intermediate 11008, vocab 32000, seq 1024, batch 2), 1 layer, hidden 64, "
                                       "2 heads, intermediate 128, seq 8 under the interpreter; --kv-heads defaults to "

@@ -190,6 +190,34 @@ def recommendation(rows: list[dict], tolerance: float) -> str:
             f"{rival['provider']})")
 
 
+def merge_processes(runs: list[list[dict]]) -> list[dict]:
+    """The rows of several processes' bench_rows merged provider by provider: median_ms and graph_ms the median of
+    the processes' medians (their list in process_median_ms, the spread in spread_ms: [min, max]), min_ms / max_ms
+    the extremes, mean_ms the mean of the means, rel_err_vs_fp64 the worst, speed-ups from the merged medians; a
+    provider that failed in any process keeps that process's error or note."""
+    import statistics
+
+    merged = []
+    for same in zip(*runs):
+        row = dict(same[0])
+        timed = [r for r in same if r["median_ms"] is not None]
+        if len(timed) < len(same):
+            merged.append(next(r for r in same if r["median_ms"] is None))
+            continue
+        medians = [r["median_ms"] for r in timed]
+        graphs = [r["graph_ms"] for r in timed if r["graph_ms"] is not None]
+        row.update(median_ms=statistics.median(medians), process_median_ms=medians,
+                   spread_ms=[min(medians), max(medians)], min_ms=min(r["min_ms"] for r in timed),
+                   max_ms=max(r["max_ms"] for r in timed), mean_ms=statistics.fmean(r["mean_ms"] for r in timed),
+                   graph_ms=statistics.median(graphs) if graphs else None,
+                   rel_err_vs_fp64=max(r["rel_err_vs_fp64"] for r in timed))
+        merged.append(row)
+    for row in merged:
+        if row["median_ms"] and merged[0]["median_ms"]:
+            row["speedup_vs_original"] = merged[0]["median_ms"] / row["median_ms"]
+    return merged
+
+
 # Table columns: (row key, heading, format, width).
 COLUMNS = (("median_ms", "median ms", ".4f", 11), ("graph_ms", "graph ms", ".4f", 10),
            ("speedup_vs_original", "speed-up", ".2f", 10), ("rel_err_vs_fp64", "err vs fp64", ".2e", 13),
