@@ -148,7 +148,7 @@ def host_us(call: Callable[[], object], calls: int, repeats: int) -> list[float]
     return samples
 
 
-def _calls(pair: Pair, provider: Callable, mode: str) -> Callable[[], object]:
+def timed_call(pair: Pair, provider: Callable, mode: str) -> Callable[[], object]:
     inputs = pair.make()
     if mode == "no_grad":
         def forward():
@@ -176,7 +176,7 @@ def measure(calls: int = 1000, repeats: int = 5, names: list[str] | None = None,
             found = {}
             for provider in ("torch", "dropin"):
                 try:
-                    samples = host_us(_calls(pair, getattr(pair, provider), mode), calls, repeats)
+                    samples = host_us(timed_call(pair, getattr(pair, provider), mode), calls, repeats)
                 except Exception as e:  # noqa: BLE001 (a row with the error; the others still run)
                     rows.append(dict(case=pair.name, mode=mode, provider=provider, error=f"{type(e).__name__}: {e}"))
                     continue

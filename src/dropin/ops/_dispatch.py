@@ -57,11 +57,14 @@ def aligned(t: torch.Tensor, traced: bool = False) -> bool:
 
 # --- Argument checks, once per signature ---------------------------------------------------------------
 
+_KEYABLE = (type(None), int, float, bool, str)
+
+
 def signature(tensors: tuple, args: tuple = ()):
     """A key for a call's argument checks (checked_once): each tensor's shape, dtype and device, and the other
-    arguments; None where a check cannot be keyed: a tensor argument that is no Tensor, or an argument that is not
-    None, a str, an int or a tuple of ints (as keys True == 1 and 1.0 == 1, which the checks tell apart), and while
-    torch.compile traces (checked once per graph there; shapes may be symbolic)."""
+    arguments with their types (as keys True == 1 == 1.0, which the checks tell apart); None where a check cannot
+    be keyed: a tensor argument that is no Tensor, an argument that is not None, a bool, an int, a float, a str or a
+    tuple of ints, and while torch.compile traces (checked once per graph there; shapes may be symbolic)."""
     if torch.compiler.is_compiling():
         return None
     key = []
@@ -73,10 +76,10 @@ def signature(tensors: tuple, args: tuple = ()):
         else:
             return None
     for a in args:
-        if not (a is None or type(a) is int or type(a) is str
-                or type(a) is tuple and all(type(v) is int for v in a)):
+        kind = type(a)
+        if not (kind in _KEYABLE or kind is tuple and all(type(v) is int for v in a)):
             return None
-        key.append(a)
+        key.append((kind, a))
     return tuple(key)
 
 

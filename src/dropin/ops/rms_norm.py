@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import column_sums
-from ._dispatch import launch, switch, torch_op
+from ._dispatch import checked_once, launch, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 32768  # one row lives in registers
@@ -227,6 +227,9 @@ def _check(x, weight, eps, residual):
         raise ValueError(f"rms_norm: argument 'eps' must be a finite number >= 0, got {eps!r}")
 
 
+_checked: dict = {}
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: Optional[torch.Tensor] = None):
     """HF Llama's RMSNorm over the last dim: `weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`.
 
@@ -234,14 +237,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     output has their promoted dtype, as in HF). With residual (x's shape and dtype), the fused
     `s = x + residual` comes first and `(rms_norm(s), s)` is returned, s being the next residual stream.
     Differentiable in x, weight and residual."""
-    _check(x, weight, eps, residual)
+    checked_once(_checked, (x, weight, residual), (eps,), lambda: _check(x, weight, eps, residual))
     N = x.shape[-1]
     # Leading dims flatten into rows: a view whenever they collapse (e.g. any contiguous or row-sliced x),
     # a copy only otherwise; the kernels read rows with any row and column stride.
     rows = math.prod(x.shape[:-1])
     x2 = x.reshape(rows, N)
     res2 = None if residual is None else residual.reshape(rows, N)
-    out = _RMSNormFunction.apply(x2, weight, res2, float(eps))
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or residual is not None and residual.requires_grad):
+        out = _RMSNormFunction.apply(x2, weight, res2, float(eps))
+    else:  # no autograd node (its cost is a small op's whole launch)
+        y, s, _ = _rms_norm_fwd(x2, weight, res2, float(eps))
+        out = y if residual is None else (y, s)
     if residual is None:
         return out.view(x.shape)
     return out[0].view(x.shape), out[1].view(x.shape)
