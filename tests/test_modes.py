@@ -179,3 +179,35 @@ def test_reduce_overhead_training_step_weights_change(true_fp32):
     assert losses[0][0] != losses[0][-1], "the weights did not change"
     for i, (ours, theirs) in enumerate(zip(*losses)):
         assert abs(ours - theirs) <= 1e-4 * abs(theirs), f"step {i}: loss {ours} against torch's {theirs}"
+
+
+def test_dynamic_batch_sizes_without_a_recompile_per_size():
+    """torch.compile(dynamic=True) of an injected model over changing batch sizes: the plans of symbolic sizes are
+    not per size, so the frames compiled stay few (a guard per tile-size bucket at most)."""
+    from torch._dynamo.utils import counters
+
+    model, _, _ = _mlp()
+    dropin.inject_(model, example_inputs=torch.randn(8, 32, device="cuda"))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, dynamic=True)
+    for batch in (3, 5, 8, 13, 21, 34, 55, 89):
+        x = torch.randn(batch, 32, device="cuda")
+        with torch.no_grad():
+            _assert_same(compiled(x), model(x), f"batch {batch}")
+    assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_compile_fullgraph_under_autocast(dtype):
+    """An injected float32 model compiled with fullgraph=True and run under torch.autocast: dropin's products cast
+    their operands as torch's do."""
+    model, inputs, new_inputs = _mlp()
+    dropin.inject_(model, example_inputs=inputs)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    x = new_inputs()[0]
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        got, want = compiled(x), model(x)
+    assert got.dtype == want.dtype
+    _assert_same(got, want, "autocast")
