@@ -172,10 +172,33 @@ def test_inject_pruned_llama_runs_sparse(capsys):
     (["resnet18", "--prune", "1.5"], "--prune 1.5: must be in [0, 1]"),
     (["llama", "--sparse", "-0.1"], "--sparse -0.1: must be in [0, 1]"),
     (["resnet18", "--processes", "3"], "--processes 3: must be at least 1, and more than 1 only with --bench"),
+    (["resnet18", "--generate", "8", "--bench"], "--generate is a llama --bench option"),
+    (["llama", "--generate", "8"], "--generate is a llama --bench option"),
+    (["llama", "--generate", "1", "--bench"], "--generate 1: at least 2 new tokens"),
+    (["llama", "--batch", "1,8"], "--batch 1,8: several batch sizes only with --generate"),
+    (["llama", "--batch", "2,0", "--generate", "4", "--bench"], "--batch 0: must be positive"),
 ])
 def test_inject_bad_arguments(capsys, argv, message):
     assert main(["inject", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@gpu
+def test_inject_generate_rows(capsys, tmp_path):
+    """--generate: HF generate() with a static cache, batch sizes 1 and 3, eager and reduce-overhead, original and
+    injected: every row timed, the injected model's first logits close to the original's."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "r.json"
+    assert main(["inject", "llama", "--layers", "2", "--hidden", "256", "--heads", "4", "--kv-heads", "2",
+                 "--intermediate", "512", "--seq", "40", "--batch", "1,3", "--dtype", "bfloat16", "--generate", "6",
+                 "--bench", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["batch"], r["provider"]) for r in rows] == [
+        (b, p) for b in (1, 3) for p in ("original", "original_compile_ro", "dropin", "dropin_compile_ro")]
+    for row in rows:
+        assert "error" not in row and row["decode_tokens_per_s"] > 0, row
+        assert row["rel_err_vs_original"] < 3e-2 and row["tokens_match"] > 0, row
+    assert "decode tok/s" in capsys.readouterr().out
 
 
 @gpu

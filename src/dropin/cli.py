@@ -62,12 +62,16 @@ def _cvt(args):
 
 
 def _llama(args):
-    from transformers import LlamaConfig, LlamaModel
+    """LlamaModel, or with --generate LlamaForCausalLM (generate() needs the LM head) with its KV cache on."""
+    import transformers
 
+    cls = transformers.LlamaForCausalLM if args.generate else transformers.LlamaModel
+    cache = bool(args.generate)
     sizes = {field: getattr(args, flag) for flag, field in LLAMA.items() if field}
-    config = LlamaConfig(vocab_size=32000, max_position_embeddings=max(2048, args.seq), use_cache=False,
-                         attn_implementation="sdpa", **sizes)
-    return _pretrained(LlamaModel, args, attn_implementation="sdpa", use_cache=False) or LlamaModel(config)
+    positions = max(2048, args.seq + (args.generate or 0))
+    config = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=positions, use_cache=cache,
+                                      attn_implementation="sdpa", **sizes)
+    return _pretrained(cls, args, attn_implementation="sdpa", use_cache=cache) or cls(config)
 
 
 # Model name -> a function that builds it from the parsed arguments (random weights unless --weights).
@@ -85,8 +89,10 @@ def _inputs(args, model) -> tuple:
 
 def _check_inject_args(args):
     """Fills in the defaults that depend on the model and the interpreter; the problem with the arguments, or None."""
-    bad = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-           if k in (*LLAMA, "image_size") and v is not None and v <= 0]
+    args.batch = args.batches[0] if args.batches else None
+    bad = [f"--batch {b}" for b in args.batches or () if b <= 0]
+    bad += [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+            if k in (*LLAMA, "image_size") and v is not None and v <= 0]
     if bad:
         return f"{bad[0]}: must be positive"
     given = [flag for flag in LLAMA if flag != "batch" and getattr(args, flag) is not None]
@@ -117,6 +123,13 @@ def _check_inject_args(args):
                 f"{'a save_pretrained directory' if directory else 'a state_dict file (torch.save)'}")
     if (args.json or args.csv) and not args.bench:
         return "--json and --csv write the --bench rows: add --bench"
+    if args.generate is not None:
+        if args.model != "llama" or not args.bench or args.train or args.processes > 1:
+            return "--generate is a llama --bench option (inference, one process)"
+        if args.generate < 2:
+            return f"--generate {args.generate}: at least 2 new tokens (the prefill's and one decoding step's)"
+    elif args.batches and len(args.batches) > 1:
+        return f"--batch {','.join(map(str, args.batches))}: several batch sizes only with --generate"
     if args.processes < 1 or args.processes > 1 and not args.bench:
         return f"--processes {args.processes}: must be at least 1, and more than 1 only with --bench"
     for flag in ("prune", "sparse"):
@@ -172,7 +185,8 @@ def _bench(args) -> int:
 def _describe(args, model) -> str:
     if args.model == "llama":
         c = model.config
-        return (f"llama (LlamaModel): {c.num_hidden_layers} layer(s), hidden {c.hidden_size}, {c.num_attention_heads} "
+        return (f"llama ({type(model).__name__}): {c.num_hidden_layers} layer(s), hidden {c.hidden_size}, "
+                f"{c.num_attention_heads} "
                 f"heads ({c.num_key_value_heads} kv) of {c.hidden_size // c.num_attention_heads}, intermediate "
                 f"{c.intermediate_size}, vocab {c.vocab_size}; token ids [{args.batch}, {args.seq}]")
     reduced = " (reduced under the interpreter: " + ", ".join(f"{k} {v}" for k, v in CVT_TINY.items()) + ")"
@@ -252,11 +266,18 @@ def _inject(args) -> int:
         return 0
     from dropin.bench import harness, models
 
-    grad = models.upstream_gradient(original, inputs) if args.train else None
-    reference = models.float64_step(original, inputs, grad)  # one float64 copy for the check and the bench rows
-    if args.train and not _train(original, model, inputs, grad, reference):
-        return 1
-    if args.bench:
+    if args.generate:
+        from dropin.bench import decode
+
+        rows = decode.generate_rows(args.model, original, model, args.batches, args.seq, args.generate)
+        print(decode.format_rows(rows))
+    else:
+        grad = models.upstream_gradient(original, inputs) if args.train else None
+        reference = models.float64_step(original, inputs, grad)  # one float64 copy for the check and the bench
+        if args.train and not _train(original, model, inputs, grad, reference):
+            return 1
+        if not args.bench:
+            return 0
         cover, measured = models.coverage(original, model, inputs, report, grad)
         rows = models.bench_rows(args.model, original, model, inputs, grad=grad, reference=reference,
                                  dtype=args.dtype, batch=args.batch, cover=cover, warmup_ms=args.warmup,
@@ -268,11 +289,18 @@ def _inject(args) -> int:
         print(models.format_rows(rows))
         original_err = rows[0]["rel_err_vs_fp64"] or 0.0
         print(models.recommendation(rows, limit(getattr(torch, args.dtype), original_err, backward=args.train)))
-        result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows}
-        for path in filter(None, (args.json and harness.write_json(args.json, result),
-                                  args.csv and harness.write_csv(args.csv, rows))):
-            print(f"dropin inject: wrote {path}", file=sys.stderr)
+    result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows}
+    for path in filter(None, (args.json and harness.write_json(args.json, result),
+                              args.csv and harness.write_csv(args.csv, rows))):
+        print(f"dropin inject: wrote {path}", file=sys.stderr)
     return 0
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer or a comma-separated list of integers")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -304,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "limit, 2 for bad arguments. Under the Triton interpreter (no GPU) the sizes are small and CvT-13 "
                     "is reduced.")
     inject.add_argument("model", choices=sorted(MODELS))
-    inject.add_argument("--batch", type=int, help="default: 1, or 2 for llama (seed 002)")
+    inject.add_argument("--batch", type=_sizes, dest="batches", metavar="BATCH",
+                        help="default: 1, or 2 for llama (seed 002); with --generate a list, e.g. 1,8")
     inject.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     inject.add_argument("--channels-last", action="store_true", help="model and input in channels_last")
     inject.add_argument("--verify", action="store_true", help="compare with the original model on a random batch")
@@ -324,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--csv", metavar="PATH", help="with --bench: write the rows as CSV")
     inject.add_argument("--warmup", type=float, default=25, help="with --bench: warm-up time, ms (GPU)")
     inject.add_argument("--rep", type=float, default=100, help="with --bench: timed repetitions, ms")
+    inject.add_argument("--generate", type=int, metavar="NEW_TOKENS",
+                        help="llama with --bench: time HF generate() instead (LlamaForCausalLM, static KV cache, "
+                             "greedy, prompts of --seq random tokens, NEW_TOKENS new tokens, each --batch size): "
+                             "tokens/s of original and injected, eager and reduce-overhead")
     inject.add_argument("--processes", type=int, default=1, help="with --bench: run it in this many processes "
                         "and give the median of their medians, with the spread (default: %(default)s)")
     llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, gpu
@@ -65,6 +66,32 @@ def test_torch_compile_fullgraph():
     chain = lambda relu, gelu, silu: lambda x: silu(gelu(relu(x) - 0.5) * 2)  # noqa: E731
     check(torch.compile(chain(ops.relu, ops.gelu, ops.silu), fullgraph=True), chain(F.relu, F.gelu, F.silu),
           {"x": torch.randn(4, 6, 5, device=DEVICE)})
+
+
+REGISTERED = {  # id -> (x, dy or None (forward), activation): each kernel path, layout and dtype
+    "fwd-relu-flat": (lambda: torch.randn(3, 7, 33), False, "relu"),
+    "fwd-gelu-channels_last-fp16": (lambda: torch.randn(2, 5, 4, 3, dtype=torch.float16).to(
+        memory_format=torch.channels_last), False, "gelu"),
+    "fwd-gelu_tanh-sliced-bf16": (lambda: torch.randn(4, 10, 6, dtype=torch.bfloat16)[:, 1::3, ::2], False,
+                                  "gelu_tanh"),
+    "fwd-silu-6d-copied": (lambda: torch.randn(2, 3, 2, 3, 2, 6)[..., ::2].transpose(1, 4), False, "silu"),
+    "bwd-relu-flat": (lambda: torch.randn(3, 7, 33), True, "relu"),
+    "bwd-silu-transposed": (lambda: torch.randn(6, 9).t(), True, "silu"),
+    "bwd-gelu-channels_last-dy": (lambda: torch.randn(2, 5, 4, 3), True, "gelu"),
+}
+
+
+@pytest.mark.parametrize("case", REGISTERED)
+def test_registered_op(case):
+    """Schema, fake and dynamic-shape tracing of dropin::activation (what torch.compile sees), forward (dy None)
+    and backward (dy in another layout than x where the id says so)."""
+    make, backward, act = REGISTERED[case]
+    x = make().to(DEVICE)
+    dy = None
+    if backward:
+        dy = torch.randn_like(x, memory_format=torch.channels_last if case.endswith("-dy") and x.dim() == 4
+                              else torch.preserve_format)
+    _check.opcheck(torch.ops.dropin.activation.default, x, dy, act)
 
 
 @gpu

@@ -333,6 +333,53 @@ def test_every_config(table, key, index, tma, monkeypatch):
     check(qkv(2, 4, 2, 300, 277, E, dtype), is_causal=True, enable_gqa=True)
 
 
+# ---------------------------------------------------------------------------------------- registered ops
+REGISTERED = {  # id -> (B, H, HK, Lq, Lk, E, mask kind, is_causal, scale, storage): what each op branches on
+    "plain": (1, 2, 2, 20, 24, 16, None, False, 0.25, "BHLE"),
+    "causal-gqa": (2, 4, 2, 20, 17, 16, None, True, 0.25, "BHLE"),
+    "bool-mask-BLHE": (1, 2, 2, 20, 24, 16, "bool", False, 0.25, "BLHE"),
+    "float-mask-d40-negative-scale": (1, 2, 1, 9, 20, 40, "float", False, -0.3, "BHLE"),
+    "no-keys": (1, 2, 2, 5, 0, 16, None, False, 0.25, "BHLE"),
+    "no-queries": (1, 2, 2, 0, 5, 16, None, True, 0.25, "BHLE"),
+}
+
+
+@pytest.mark.parametrize("loads", ["pointers", "tma", "chunked"])
+@pytest.mark.parametrize("case", REGISTERED)
+def test_registered_ops(case, loads, monkeypatch):
+    """Schema, fake and dynamic-shape tracing of the forward and backward ops (what torch.compile sees): masks,
+    causal, grouped heads, (B, L, H, E) storage, empty lengths; loads through pointers, tensor descriptors
+    (forced; on the GPU fp16, where the layout allows them) and head-dim chunks (forced under the interpreter).
+    Nothing is tuned: the GPU takes the first candidate with the loads asked for."""
+    B, H, HK, Lq, Lk, E, mask_kind, is_causal, scale, storage = REGISTERED[case]
+    tma = loads == "tma"
+    dtype = torch.float16 if tma and ON_GPU else torch.float32
+    if ON_GPU:
+        if loads == "chunked":
+            pytest.skip("chunks are forced on the interpreter's small tiles (tf32x3 on the GPU)")
+        forced = lambda name, key, configs, prepare: next(  # noqa: E731
+            (c for c in configs if c["TMA"] == tma), configs[0])
+        monkeypatch.setattr(attn._autotune, "pick", forced)
+    elif tma:
+        monkeypatch.setattr(attn._autotune, "pick", lambda name, key, configs, prepare: dict(SMALL_TILES[name],
+                                                                                            TMA=True))
+    elif loads == "chunked":
+        monkeypatch.setattr(attn, "_chunk", lambda precision: 16)
+
+    def make(heads, length):
+        if storage == "BLHE":
+            return randn(B, length, heads, E, dtype=dtype).transpose(1, 2)
+        return randn(B, heads, length, E, dtype=dtype)
+    q, k, v = make(H, Lq), make(HK, Lk), make(HK, Lk)
+    mask = {None: None, "bool": torch.rand(B, 1, Lq, Lk, device=DEVICE) > 0.3,
+            "float": randn(B, 1, Lq, Lk)}[mask_kind]
+    mask = None if mask is None else mask.expand(B, H, Lq, Lk)
+    _check.opcheck(torch.ops.dropin.attention.default, q, k, v, mask, is_causal, scale)
+    out, stats = torch.ops.dropin.attention(q, k, v, mask, is_causal, scale)
+    grad_out = torch.randn_like(out)
+    _check.opcheck(torch.ops.dropin.attention_bwd.default, grad_out, q, k, v, mask, out, stats, is_causal, scale)
+
+
 # ------------------------------------------------------------------------------------------- compile
 def _block(attention):
     def f(q, k, v, mask):

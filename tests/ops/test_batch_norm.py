@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, assert_close, gpu
@@ -141,6 +142,48 @@ def test_torch_compile_fullgraph():
         assert_close(g, g_64, torch.float32, "bwd", what="compiled gradient")
     for got, want in zip(stats, stats_64):
         assert_close(got, want, torch.float32, "fwd", what="running statistics after compile")
+
+
+def test_running_statistics_updated_once_per_call():
+    """Each call updates the running statistics once, eager and compiled, with and without autograd: three
+    training calls match torch's three updates (a call replayed or split into two updates would not)."""
+    torch._dynamo.reset()
+    x, (w, b) = _x((4, 5, 3, 3)), _params(5).values()
+    w.requires_grad_()  # the autograd Function's forward (b alone: the op without it)
+    for fn in (ops.batch_norm, torch.compile(ops.batch_norm, fullgraph=True)):
+        stats = _stats(5)
+        stats_t = tuple(s.clone() for s in stats)
+        for weight in (w, None, w):
+            fn(x, *stats, weight, b, True, 0.3)
+            F.batch_norm(x, *stats_t, weight, b, True, 0.3)
+        for got, want in zip(stats, stats_t):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+REGISTERED = {  # id -> (x, running statistics, affine, training, dtype of the weight / bias gradients)
+    "train-nchw": (lambda: _x((3, 7, 5, 9)), True, True, True, torch.float32),
+    "train-channels_last-fp16": (lambda: _x((3, 7, 5, 9), torch.float16, "channels_last"), True, True, True,
+                                 torch.float32),
+    "train-no-stats-no-affine-strided": (lambda: _x((3, 7, 5, 9), layout="strided"), False, False, True, None),
+    "eval-bf16": (lambda: _x((3, 7, 5, 9), torch.bfloat16), True, True, False, None),
+    "eval-5d-weight-grads": (lambda: _x((2, 3, 4, 5, 6)), True, True, False, torch.float32),
+    "train-2d-no-affine": (lambda: _x((5, 3)), True, False, True, None),
+}
+
+
+@pytest.mark.parametrize("case", REGISTERED)
+def test_registered_ops(case):
+    """Schema (running_mean / running_var mutated in training, nothing else), fake and dynamic-shape tracing of
+    dropin::batch_norm and dropin::batch_norm_backward (what torch.compile sees)."""
+    make, has_stats, affine, training, wb_dtype = REGISTERED[case]
+    x = make()
+    C = x.shape[1]
+    stats = _stats(C) if has_stats else (None, None)
+    w, b = _params(C).values() if affine else (None, None)
+    _check.opcheck(torch.ops.dropin.batch_norm.default, x, w, b, *stats, training, 0.1, 1e-5)
+    _, center, invstd = torch.ops.dropin.batch_norm(x, w, b, *stats, training, 0.1, 1e-5)
+    _check.opcheck(torch.ops.dropin.batch_norm_backward.default, torch.randn_like(x), x, w, center, invstd,
+                   training, wb_dtype)
 
 
 @gpu

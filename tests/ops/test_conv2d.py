@@ -480,6 +480,68 @@ def test_error_device_meta():
         dropin.conv2d(_t(1, 4, 8, 8), torch.empty(6, 4, 3, 3, device="meta"))
 
 
+# ----------------------------------------------------------------------------------------- registered ops
+FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
+REGISTERED = {  # id: (x shape, w shape, stride, padding (top, bottom, left, right), dilation, groups, dtype, layout,
+    #                  pass -> the kernels its plans take; a stride-1 input gradient taken as a forward adds to "fwd")
+    "gemm-strided-fp32": ((2, 16, 6, 5), (8, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, FP32, "strided",
+                          {"fwd": {"gemm"}, "dgrad": {"gemm"}, "wgrad": {"gemm"}}),
+    "gemm-wgrad-split-fp16": ((2, 16, 6, 5), (8, 16, 1, 3), (1, 1), (0, 0, 1, 1), (1, 1), 1, FP16, "nchw",
+                              {"fwd": {"gemm"}, "dgrad": {"gemm"}, "wgrad": {"gemm-split"}}),
+    "rows-groups-fp16": ((1, 6, 7, 6), (4, 3, 3, 2), (2, 1), (1, 0, 0, 1), (1, 2), 2, FP16, "nchw",
+                         {"fwd": {"rows"}, "dgrad": {"gemm"}, "wgrad": {"gemm"}}),
+    "direct-bf16": ((1, 8, 6, 7), (16, 1, 3, 2), (1, 2), (1, 1, 0, 0), (1, 1), 8, BF16, "channels_last",
+                    {"fwd": {"direct"}, "dgrad": {"direct"}, "wgrad": {"direct"}}),
+    "walk-fp32": ((2, 8, 6, 5), (8, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 8, FP32, "channels_last",
+                  {"fwd": {"walk"}, "wgrad": {"walk"}}),
+    "tma-fp16": ((1, 16, 4, 6), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, FP16, "tma",
+                 {"fwd": {"tma"}, "wgrad": {"tma"}}),
+}
+
+
+@pytest.mark.parametrize("case", list(REGISTERED))
+def test_registered_ops(case, monkeypatch):
+    """Schema, fake and dynamic-shape tracing of every registered op (what torch.compile sees) in each kernel family
+    the impls branch into (the TMA kernels forced on the interpreter): the forward with and without bias, residual
+    and the saved pre-activation, into a strided `out`, the activation and bias gradients, the input and weight
+    gradients."""
+    x_shape, w_shape, stride, pads, dilation, groups, dtype, layout, kernels = REGISTERED[case]
+    seen = {}
+
+    def pick(name, key, configs, prepare):
+        cfg = configs[0]
+        if kernels.get(key[0]) == {"gemm-split"}:  # a weight gradient over fp32 partials of the pixels
+            cfg = next(c for c in configs if c.get("SPLIT_K", 1) > 1)
+        seen.setdefault(key[0], set()).add(cfg["KERNEL"] + ("-split" if cfg.get("SPLIT_K", 1) > 1 else ""))
+        return cfg
+
+    monkeypatch.setattr(cv._autotune, "pick", pick)
+    monkeypatch.setattr(cv._runtime, "is_hopper", lambda index=0: layout == "tma")
+    cv._plans.clear()
+    x, w = _t(*x_shape, dtype=dtype), _t(*w_shape, dtype=dtype)
+    if layout == "strided":
+        x = _t(*x_shape[:-1], 2 * x_shape[-1], dtype=dtype)[..., ::2]
+    elif layout != "nchw":
+        x = x.contiguous(memory_format=torch.channels_last)
+        w = w.contiguous(memory_format=torch.channels_last) if layout == "tma" else w
+    geometry = (list(stride), list(pads), list(dilation), groups)
+    b = _t(w_shape[0], dtype=dtype)
+    y, z = torch.ops.dropin.conv2d(x, w, b, None, *geometry, "gelu", True)
+    try:
+        _check.opcheck(torch.ops.dropin.conv2d.default, x, w, b, torch.randn_like(y), *geometry, "relu", True)
+        _check.opcheck(torch.ops.dropin.conv2d.default, x, w, None, None, *geometry, "none", False)
+        out = _t(*y.shape[:-1], 2 * y.shape[-1], dtype=dtype)[..., ::2]
+        _check.opcheck(torch.ops.dropin.conv2d_out.default, x, w, b, None, *geometry, "silu", out)
+        dy = torch.randn_like(y)
+        _check.opcheck(torch.ops.dropin.conv2d_act_grad.default, dy, z, "gelu", True)
+        _check.opcheck(torch.ops.dropin.conv2d_act_grad.default, dy, dy, "none", True)
+        _check.opcheck(torch.ops.dropin.conv2d_dgrad.default, dy, x, w, *geometry)
+        _check.opcheck(torch.ops.dropin.conv2d_wgrad.default, dy, x, w, *geometry)
+    finally:
+        cv._plans.clear()
+    assert seen == kernels
+
+
 # ----------------------------------------------------------------------------------------- compile, tf32
 def test_torch_compile_fullgraph():
     """conv2d(+bias, relu) -> conv2d (channels_last) compiled with fullgraph=True, forward and backward."""
@@ -502,6 +564,24 @@ def test_torch_compile_fullgraph():
     grad = torch.randn_like(ref)
     for g, g_64 in zip(torch.autograd.grad(out, ins, grad.float()), torch.autograd.grad(ref, ins_64, grad)):
         assert_close(g, g_64, torch.float32, "bwd", what="compiled gradient")
+
+
+def test_torch_compile_out():
+    """out= compiled with fullgraph=True (dropin::conv2d_out, which declares that it writes `out`): into every other
+    column of a poisoned buffer, nothing around it touched; with a residual that is `out` itself."""
+    torch._dynamo.reset()
+
+    def f(x, w, b, buf):
+        dropin.conv2d(x, w, b, padding=1, activation="relu", out=buf[..., ::2])
+        return dropin.conv2d(x, w, None, padding=1, residual=buf[..., ::2], out=buf[..., ::2])
+
+    x, w, b = _t(2, 4, 6, 5), _t(6, 4, 3, 3), _t(6)
+    buf = torch.full((2, 6, 6, 10), float("nan"), device=DEVICE)
+    with torch.no_grad():
+        out = torch.compile(f, fullgraph=True)(x, w, b, buf)
+    y = F.conv2d(x.double(), w.double(), padding=1)
+    assert_close(out, y + F.relu(y + b.double()[:, None, None]), torch.float32, "fwd", what="compiled out=")
+    assert out.data_ptr() == buf.data_ptr() and buf[..., 1::2].isnan().all(), "out=: not written in place"
 
 
 AUTOCAST = [  # (x shape, w shape, conv kwargs, residual)
@@ -695,7 +775,7 @@ def test_direct_kernel_needs_int32_offsets():
 def test_backward_through_tma_kernels(kw, monkeypatch):
     """One group, channels_last, the TMA kernels forced on any device (the interpreter runs them on the CPU): the
     weight gradient by _conv_wgrad_tma_kernel (any stride dividing the image), and at stride 1 the input gradient
-    as the stride-1 convolution of dz by the mirrored, transposed weight (_dgrad_conv_padding); even kernel widths
+    as the stride-1 convolution of dz by the mirrored, transposed weight (_dgrad_as_conv); even kernel widths
     ('same' pads them asymmetrically), dilation. In true fp32 the weight gradient's pixel tiles (one truncating
     MMA chain each) hold at most 64 pixels: 128 gave 2x cuDNN's error on this short reduction (seed 266315595)."""
     monkeypatch.setattr(cv._runtime, "is_hopper", lambda index=0: True)

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, assert_close, gpu
@@ -88,6 +89,30 @@ def test_torch_compile_fullgraph():
     torch._dynamo.reset()
     chain = lambda ln: lambda x, w, b: ln(ln(x, [20], w, b) * 2, [20], w, None)  # noqa: E731
     check(torch.compile(chain(ops.layer_norm), fullgraph=True), chain(F.layer_norm), _leaves((3, 4, 20), 1))
+
+
+REGISTERED = {  # id -> (input, normalized dims, weight, bias, the parameters' gradient dtype or None)
+    "affine": (lambda: _t(4, 3, 24), 1, lambda: _t(24), lambda: _t(24), torch.float32),
+    "no-affine": (lambda: _t(5, 24), 1, lambda: None, lambda: None, None),
+    "bias-only-fp16": (lambda: _t(5, 24, dtype=torch.float16), 1, lambda: None,
+                       lambda: _t(24, dtype=torch.float16), torch.float16),
+    "bf16-fp32-params": (lambda: _t(5, 24, dtype=torch.bfloat16), 1, lambda: _t(24), lambda: None, torch.float32),
+    "strided-rows": (lambda: _t(4, 6, 18)[:, ::2], 1, lambda: _t(18), lambda: _t(18), torch.float32),
+    "two-dims-copied": (lambda: _t(3, 6, 5).transpose(1, 2), 2, lambda: _t(30), lambda: None, None),
+}
+
+
+@pytest.mark.parametrize("case", REGISTERED)
+def test_registered_ops(case):
+    """Schema, fake and dynamic-shape tracing of the forward and backward ops (what torch.compile sees): the
+    affine combinations, dtypes, a strided view and one that is copied; gradients of x alone and of the
+    parameters too."""
+    make_x, n_last, make_w, make_b, wb_dtype = REGISTERED[case]
+    x, w, b = make_x(), make_w(), make_b()
+    _check.opcheck(torch.ops.dropin.layer_norm.default, x, n_last, w, b, 1e-5)
+    _, mean, rstd = torch.ops.dropin.layer_norm(x, n_last, w, b, 1e-5)
+    dy = torch.randn_like(x).transpose(0, -1).contiguous().transpose(0, -1)  # strided as torch may give it
+    _check.opcheck(torch.ops.dropin.layer_norm_backward.default, dy, x, n_last, w, mean, rstd, wb_dtype)
 
 
 @gpu

@@ -19,6 +19,7 @@ from hypothesis.extra.numpy import mutually_broadcastable_shapes
 import triton
 import triton.language as tl
 
+import _check
 import dropin
 
 _mm_module = importlib.import_module("dropin.ops.matmul")  # dropin.ops.matmul is also the function
@@ -523,7 +524,7 @@ def _chain(matmul, linear, bmm):
     return f
 
 
-# The ops are custom ops, opaque to the compiler, so this runs under the interpreter too (~10 s on a CPU).
+# Under the interpreter the ops are opaque custom ops (`_dispatch.torch_op`), so this runs on a CPU too (~10 s).
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"),
                                    pytest.param(torch.bfloat16, id="bf16", marks=gpu)])
 def test_torch_compile_fullgraph(dtype):
@@ -535,6 +536,65 @@ def test_torch_compile_fullgraph(dtype):
               "weight": randn(80, 128, dtype=dtype, std=128**-0.5), "bias": randn(80, dtype=dtype),
               "c": randn(2, 80, 48, dtype=dtype)}
     check(compiled, reference, leaves)
+
+
+def _mm_operands(batch, m, k, n, dtype, layout):
+    """a [batch, m, k] and b [batch, k, n] in `layout`: n (row-major), t (column-major) or s (every other
+    column of a wider tensor) per operand; b "b" is one matrix broadcast over the batch (batch stride 0)."""
+    def make(rows, cols, form):
+        if form == "t":
+            return randn(batch, cols, rows, dtype=dtype).mT
+        if form == "s":
+            return randn(batch, rows, 2 * cols, dtype=dtype)[:, :, ::2]
+        if form == "b":
+            return randn(1, rows, cols, dtype=dtype).expand(batch, rows, cols)
+        return randn(batch, rows, cols, dtype=dtype)
+    return make(m, k, layout[0]), make(k, n, layout[1])
+
+
+MM_OPS = [  # (id, batch, m, k, n, dtype, layout, bias, activation, save_preact, path)
+    ("ptr-fp32", 2, 33, 40, 24, torch.float32, "nn", True, "silu", True, None),
+    ("ptr-fp16-strided", 2, 20, 24, 40, torch.float16, "st", False, "none", False, None),
+    ("ptr-broadcast", 3, 17, 24, 16, torch.float32, "nb", True, "gelu_tanh", False, None),
+    ("fma-vector", 3, 1, 50, 20, torch.float32, "nt", True, "relu", True, None),
+    ("narrow", 1, 40, 30, 10, torch.float32, "tn", False, "gelu", False, None),
+    ("empty", 2, 0, 24, 16, torch.float32, "nn", True, "silu", True, None),
+    ("tf32", 2, 24, 40, 16, torch.float32, "tt", True, "none", True, "tf32"),
+    ("tma-fp16", 2, 64, 64, 64, torch.float16, "nt", True, "silu", True, "tma"),
+    ("splitk-fp16", 1, 24, 300, 40, torch.float16, "nn", True, "silu", True, "splitk"),
+]
+
+
+@pytest.mark.parametrize("batch,m,k,n,dtype,layout,bias,activation,save_preact,path", [c[1:] for c in MM_OPS],
+                         ids=[c[0] for c in MM_OPS])
+def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_preact, path, allow_tf32,
+                       monkeypatch):
+    """Schema, fake and dynamic-shape tracing of dropin::mm (what torch.compile sees) in each kernel family:
+    pointer (strided and broadcast operands), CUDA-core (one row), tf32 operand copies, TMA (offered as on
+    Hopper: under the interpreter its descriptors are emulated), split K (forced)."""
+    allow_tf32(path == "tf32")
+    if path == "tma":
+        monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
+    if path == "splitk":
+        real_pick = _mm_module._autotune.pick
+        split = dict(_mm_module._PTR_CONFIGS[2][-1], KERNEL="ptr")
+        assert split["SPLIT_K"] > 1
+        monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare: split
+                            if name == "matmul" else real_pick(name, key, configs, prepare))
+    a, b = _mm_operands(batch, m, k, n, dtype, layout)
+    _check.opcheck(torch.ops.dropin.mm.default, a, b, randn(n, dtype=dtype) if bias else None, activation,
+                   save_preact)
+
+
+@pytest.mark.parametrize("activation,z,bias_grad,rows", [
+    ("none", False, True, 100), ("gelu", True, False, 20), ("silu", True, True, 10), ("relu", True, True, 100),
+    ("silu", True, True, 0)], ids=["bias-only-splits", "gelu", "silu-bias", "relu-bias-splits", "empty"])
+def test_registered_act_grad(activation, z, bias_grad, rows):
+    """dropin::act_grad: the activation's gradient and the bias gradient, summed in one or in several row
+    splits; grad_y strided (a transposed view), as an upstream gradient may be."""
+    grad_y = randn(2, 40, rows).mT
+    _check.opcheck(torch.ops.dropin.act_grad.default, grad_y, randn(2, rows, 40) if z else None, activation,
+                   bias_grad)
 
 
 @gpu

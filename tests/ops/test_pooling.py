@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, gpu
@@ -152,7 +153,7 @@ def test_no_grad_path():
 
 
 def test_torch_compile_fullgraph():
-    """max pool -> avg pool -> global pool compiled with fullgraph=True (custom ops, no graph break)."""
+    """max pool -> avg pool -> global pool compiled with fullgraph=True (registered ops, no graph break)."""
     torch._dynamo.reset()
 
     def chain(mp, ap, gp):
@@ -161,6 +162,37 @@ def test_torch_compile_fullgraph():
     compiled = torch.compile(chain(ops.max_pool2d, ops.avg_pool2d, ops.adaptive_avg_pool2d), fullgraph=True)
     check(compiled, chain(F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d),
           {"x": _x((2, 4, 11, 9), layout="channels_last")})
+
+
+REGISTERED = {  # id -> (mode, x shape, dtype, layout, kernel, stride, padding, dilation, out_hw, count_pad, divisor)
+    "max-channels_last": ("max", (2, 3, 9, 7), torch.float32, "channels_last", [3, 3], [2, 2], [1, 1], [1, 1],
+                          [5, 4], True, 0),
+    "max-dilated-strided-fp16": ("max", (2, 3, 9, 7), torch.float16, "strided", [2, 3], [2, 1], [1, 1], [2, 1],
+                                 [5, 7], True, 0),
+    "avg-no-pad-count-bf16": ("avg", (2, 3, 9, 7), torch.bfloat16, "nchw", [3, 2], [2, 1], [1, 0], [1, 1],
+                              [5, 6], False, 0),
+    "avg-divisor": ("avg", (2, 3, 9, 7), torch.float32, "strided", [3, 3], [2, 2], [1, 1], [1, 1], [5, 4], True, 5),
+    "adaptive": ("adaptive", (2, 3, 7, 6), torch.float32, "channels_last", [4, 3], [1, 1], [0, 0], [1, 1], [3, 4],
+                 True, 0),
+    "global-nchw": ("adaptive", (2, 3, 7, 6), torch.float32, "nchw", [7, 6], [1, 1], [0, 0], [1, 1], [1, 1],
+                    True, 0),
+    "global-channels_last-fp16": ("adaptive", (2, 5, 4, 3), torch.float16, "channels_last", [4, 3], [1, 1], [0, 0],
+                                  [1, 1], [1, 1], True, 0),
+}
+
+
+@pytest.mark.parametrize("case", REGISTERED)
+def test_registered_ops(case):
+    """Schema, fake and dynamic-shape tracing of dropin::pool2d and dropin::pool2d_backward (what torch.compile
+    sees): each mode, the global-pool kernel, layouts, dtypes, divisor options."""
+    mode, shape, dtype, layout, *args = REGISTERED[case]
+    x = _x(shape, dtype, layout)
+    store_idx = mode == "max"
+    _check.opcheck(torch.ops.dropin.pool2d.default, x, mode, *args, store_idx)
+    y, idx = torch.ops.dropin.pool2d(x, mode, *args, store_idx)
+    kernel, stride, padding, dilation, _, count_pad, divisor = args
+    _check.opcheck(torch.ops.dropin.pool2d_backward.default, torch.randn_like(y), idx, list(shape),
+                   layout == "channels_last", mode, kernel, stride, padding, dilation, count_pad, divisor)
 
 
 @gpu

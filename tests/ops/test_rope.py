@@ -7,6 +7,7 @@ import importlib
 import pytest
 import torch
 
+import _check
 import dropin
 from _check import check, poison_allocations
 from _tol import DEVICE, ON_GPU, gpu
@@ -171,6 +172,43 @@ def test_torch_compile_fullgraph():
         return f
     check(torch.compile(attn_scores(ours), fullgraph=True), attn_scores(rope_ref), qk_leaves(2, 4, 4, 6, 16,
           torch.float32), constant=("cos", "sin"))
+
+
+def test_torch_compile_fullgraph_position_ids():
+    """The bounds check of position_ids (a host sync) stays out of the compiled graph: no graph break."""
+    torch._dynamo.reset()
+    cos, sin = cos_sin(16, 8, torch.float32)
+    t = {"q": torch.randn(2, 4, 6, 8, device=DEVICE), "k": torch.randn(2, 2, 6, 8, device=DEVICE), "cos": cos,
+         "sin": sin, "position_ids": torch.randint(0, 16, (2, 6), device=DEVICE)}
+    check(torch.compile(ours, fullgraph=True), rope_ref, t, constant=("cos", "sin"))
+
+
+REGISTERED = {  # id -> (q, k, cos, sin, position_ids)
+    "cos-2d-fp32": lambda: (*qk_leaves(2, 4, 2, 7, 16, torch.float32).values(), None),
+    "cos-3d-fp16": lambda: (*qk_leaves(2, 3, 1, 5, 10, torch.float16, cos_batch=2).values(), None),
+    "hf-strides-bf16": lambda: (torch.randn(2, 7, 4, 16, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2),
+                                torch.randn(2, 7, 2, 16, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2),
+                                *cos_sin(7, 16, torch.bfloat16, batch=1), None),
+    "ids-2d": lambda: (*qk_leaves(2, 4, 2, 7, 16, torch.float32).values(), torch.randint(0, 7, (2, 7))),
+    "ids-1d-int32": lambda: (*qk_leaves(1, 2, 2, 7, 8, torch.float32).values(),
+                             torch.randint(0, 7, (7,), dtype=torch.int32)),
+}
+
+
+@pytest.mark.parametrize("case", REGISTERED)
+def test_registered_ops(case):
+    """Schema, fake and dynamic-shape tracing of the ops (what torch.compile sees): forward and backward rotation,
+    and the in-place one, which writes q and k (declared in mutates_args) and returns nothing."""
+    q, k, cos, sin, ids = REGISTERED[case]()
+    ids = None if ids is None else ids.to(DEVICE)
+    for backward in (False, True):
+        _check.opcheck(torch.ops.dropin.rope.default, q, k, cos, sin, ids, backward)
+    _check.opcheck(torch.ops.dropin.rope_.default, q.clone(), k.clone(), cos, sin, ids)
+    want, versions = rope_ref(q, k, cos, sin, ids), (q._version, k._version)
+    assert torch.ops.dropin.rope_(q, k, cos, sin, ids) is None
+    assert q._version > versions[0] and k._version > versions[1], "autograd not told of the writes"
+    for got, w in zip((q, k), want):
+        torch.testing.assert_close(got, w, rtol=1e-2, atol=1e-2)
 
 
 def test_reference_is_hf_llama():

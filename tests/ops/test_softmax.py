@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, gpu, slow
@@ -61,6 +62,28 @@ def test_torch_compile_fullgraph():
     chain = lambda sm, lsm: lambda x: lsm(sm(x, -1) * 4, 1)  # noqa: E731
     check(torch.compile(chain(ops.softmax, ops.log_softmax), fullgraph=True), chain(torch.softmax, torch.log_softmax),
           {"x": torch.randn(3, 6, 10, device=DEVICE)})
+
+
+REGISTERED = {  # id -> (input, dim)
+    "last-dim-fp32": (lambda: torch.randn(4, 3, 20, device=DEVICE), 2),
+    "middle-dim-fp16": (lambda: torch.randn(4, 9, 6, device=DEVICE, dtype=torch.float16), 1),
+    "bf16": (lambda: torch.randn(6, 33, device=DEVICE, dtype=torch.bfloat16), 1),
+    "channels-last": (lambda: torch.randn(2, 5, 3, 4, device=DEVICE).to(memory_format=torch.channels_last), 1),
+    "sliced": (lambda: torch.randn(3, 8, 12, device=DEVICE)[:, 1:, ::2], 2),
+    "copied": (lambda: torch.randn(3, 5, 6, 14, device=DEVICE).transpose(1, 3), 0),
+}
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("case", REGISTERED)
+def test_registered_ops(case, log):
+    """Schema, fake and dynamic-shape tracing of the forward and backward ops (what torch.compile sees): dtypes,
+    dims, strided views and a view whose other dims are copied."""
+    make_x, dim = REGISTERED[case]
+    x = make_x()
+    _check.opcheck(torch.ops.dropin.softmax.default, x, dim, log)
+    y = torch.ops.dropin.softmax(x, dim, log)
+    _check.opcheck(torch.ops.dropin.softmax_backward.default, torch.randn_like(x), y, dim, log)
 
 
 @gpu

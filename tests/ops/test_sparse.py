@@ -14,6 +14,7 @@ import torch.nn.utils.prune as prune
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+import _check
 import dropin
 from _check import check, poison_allocations
 from _tol import DEVICE, ON_GPU, TOLERANCES, gpu, rel_err
@@ -244,6 +245,39 @@ def test_torch_compile_fullgraph():
 
     t = {"x": torch.randn(5, 64, device=DEVICE), "weight": sw.to_dense(), "bias": torch.randn(24, device=DEVICE)}
     check(torch.compile(block, fullgraph=True), block_ref, t, constant=("weight",))
+
+
+def test_strided_bias():
+    """A bias view with a stride (the kernels read bias with unit stride: it is made contiguous)."""
+    check(ours, F.linear, {**leaves((5,), 8, 40, 0.5, torch.float32, bias=False),
+                           "bias": torch.randn(16, device=DEVICE)},
+          build=lambda x, weight, bias: (x, weight, bias[::2]), constant=("weight",))
+
+
+REGISTERED = {  # id -> (x (tokens, K) maker, N, sparsity, block_k, bias, dtype, config list forced for "many")
+    "one-token": (lambda: torch.randn(1, 300), 20, 0.9, 256, True, torch.float32, None),
+    "few-k-major-fp16": (lambda: torch.randn(300, 5).t(), 20, 0.5, 256, True, torch.float16, None),
+    "few-sliced-split-bf16": (lambda: torch.randn(5, 600)[:, ::2], 20, 0.9, 16, False, torch.bfloat16, None),
+    "many-split": (lambda: torch.randn(17, 300), 37, 0.8, 8, True, torch.float32, None),
+    "int64-chunk-ptr": (lambda: torch.randn(3, 70), 9, 0.5, 32, True, torch.float32, None),
+    "empty-k": (lambda: torch.randn(4, 0), 5, 0.0, 256, True, torch.float32, None),
+    "dense-detour": (lambda: torch.randn(17, 300), 37, 0.8, 64, True, torch.float32, [dict(DENSE=True)]),
+}
+
+
+@pytest.mark.parametrize("case", REGISTERED)
+def test_registered_op(case, monkeypatch):
+    """Schema, fake and dynamic-shape tracing of dropin::sparse_linear (what torch.compile sees): token classes,
+    K split over programs or not, x read directly or through a copy, bias or none, dtypes, both index dtypes and
+    the dense detour through matmul's product."""
+    make, n, sparsity, block_k, bias, dtype, configs = REGISTERED[case]
+    if configs is not None:
+        monkeypatch.setitem(sparse_module._CONFIGS, "many", configs)
+    x = make().to(DEVICE, dtype)
+    sw = sparsify(pruned(n, x.shape[1], sparsity, dtype), block_k=block_k, transpose=False)
+    chunk_ptr = sw.chunk_ptr.long() if case == "int64-chunk-ptr" else sw.chunk_ptr
+    b = torch.randn(n, device=DEVICE, dtype=dtype) if bias else None
+    _check.opcheck(torch.ops.dropin.sparse_linear.default, x, sw.values, sw.offsets, chunk_ptr, b, n, block_k)
 
 
 def test_module_from_linear():

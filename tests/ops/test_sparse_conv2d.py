@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import _check
 from _check import check, poison_allocations
 from _tol import DEVICE, gpu
 from dropin.ops import sparse_conv2d, sparse_linear, sparsify
@@ -90,6 +91,7 @@ def test_layouts_unbatched_and_no_bias():
           constant=("weight",))
     check(ours, theirs, dict(t, input=torch.randn(2, 6, 9, 18, device=DEVICE)[..., ::2]), constant=("weight",))
     check(ours, theirs, dict(t, input=torch.randn(6, 9, 9, device=DEVICE)), constant=("weight",))
+    check(ours, theirs, dict(t, bias=torch.randn(10, device=DEVICE)[::2]), constant=("weight",))  # strided bias
 
 
 def test_weight_round_trip_and_bytes():
@@ -99,6 +101,34 @@ def test_weight_round_trip_and_bytes():
     assert sw.nbytes <= 0.2 * w.numel() * 2
     wg = pruned((8, 2, 3, 3), 0.5, torch.float32)
     assert torch.equal(sparsify(wg, groups=4).to_dense(), wg)
+
+
+REGISTERED = {  # id: (x shape, w shape, block_k, groups, stride, padding (top, bottom, left, right), dilation, bias,
+    #                  transposed, dtype)
+    "bias-fp32": ((2, 4, 7, 6), (6, 4, 3, 3), 256, 1, (1, 1), (1, 1, 1, 1), (1, 1), True, False, torch.float32),
+    "k-split-fp16": ((1, 8, 5, 6), (5, 8, 3, 3), 1, 1, (2, 1), (1, 1, 2, 2), (1, 1), True, False, torch.float16),
+    "transposed-groups-bf16": ((1, 4, 6, 7), (6, 2, 3, 3), 16, 2, (1, 2), (2, 2, 1, 1), (2, 1), False, True,
+                               torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", list(REGISTERED))
+def test_registered_op(case):
+    """Schema, fake and dynamic-shape tracing of dropin::sparse_conv2d (what torch.compile sees): one pass and K
+    split over programs (block_k 1: 72 chunks, fp32 partials), with and without bias, the transposed weight (the
+    input gradient: x is the output gradient), each dtype."""
+    x_shape, w_shape, block_k, groups, stride, pads, dilation, bias, transposed, dtype = REGISTERED[case]
+    weight = sparsify(pruned(w_shape, 0.5, dtype), block_k=block_k, groups=groups)
+    geometry = (list(weight.kernel), list(stride), list(pads), list(dilation))
+    out_hw = F.conv2d(torch.empty(x_shape, device="meta"), torch.empty(w_shape, device="meta"), None, stride,
+                      (pads[0], pads[2]), dilation, groups).shape[2:]
+    x, rows, hw, w = torch.randn(x_shape, device=DEVICE, dtype=dtype), w_shape[0], list(out_hw), weight
+    if transposed:
+        x, rows, hw, w = torch.randn(x_shape[0], w_shape[0], *out_hw, device=DEVICE, dtype=dtype), x_shape[1], \
+            list(x_shape[2:]), weight.transposed
+    b = torch.randn(rows, device=DEVICE, dtype=dtype) if bias else None
+    _check.opcheck(torch.ops.dropin.sparse_conv2d.default, x, w.values, w.offsets, w.chunk_ptr, b, rows, block_k,
+                   *geometry, hw, transposed)
 
 
 @gpu

@@ -11,11 +11,13 @@ import math
 import pytest
 import torch
 
+import _check
 import dropin
 from _check import check, poison_allocations
 from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
 
-swiglu_mlp_ref = importlib.import_module("dropin.ops.swiglu").swiglu_mlp_ref
+swiglu = importlib.import_module("dropin.ops.swiglu")
+swiglu_mlp_ref = swiglu.swiglu_mlp_ref
 
 
 def leaves(x_shape, intermediate, dtype=torch.float32):
@@ -103,7 +105,6 @@ def test_every_output_element_written(monkeypatch):
 def test_tma_and_pointer_kernels_agree(dtype):
     """Both variants of the gate/up kernel, forward and backward, on edge tiles in M, N and K (the TMA one
     runs under the interpreter too; on a GPU it is the default on Hopper, for 16-byte rows: N = 72)."""
-    swiglu = importlib.import_module("dropin.ops.swiglu")
     t = leaves((37, 40), 72, dtype)
     x, g, u = t["x"], t["gate_weight"], t["up_weight"]
     dh = torch.randn(37, 72, device=DEVICE, dtype=dtype)
@@ -126,8 +127,8 @@ def test_tma_and_pointer_kernels_agree(dtype):
 def test_tma_kernel_offered_where_descriptors_fit(intermediate, offered, monkeypatch):
     """On Hopper the TMA kernel is a candidate only where every tensor, the [tokens, intermediate] outputs
     included, has 16-byte rows (fp16: intermediate 72, not 70); the call is right either way."""
-    swiglu = importlib.import_module("dropin.ops.swiglu")
     monkeypatch.setattr(swiglu._runtime, "is_hopper", lambda index=0: True)
+    monkeypatch.setattr(swiglu, "_plans", {})
     kinds = []
     real_pick = swiglu._autotune.pick
     monkeypatch.setattr(swiglu._autotune, "pick", lambda name, key, configs, prepare: kinds.extend(
@@ -142,6 +143,7 @@ def test_tuning_leaves_the_backward_inputs_alone(monkeypatch, tmp_path):
     autotune = importlib.import_module("dropin.ops._autotune")
     for name, value in (("_memory", {}), ("_disk", None), ("_CACHE_DIR", tmp_path), ("TUNING", True)):
         monkeypatch.setattr(autotune, name, value)
+    monkeypatch.setattr(swiglu, "_plans", {})
     timed = []
 
     def run_and_time(prepare, config):
@@ -199,6 +201,34 @@ def test_torch_compile_fullgraph(recompute):
     t = {"x": t.pop("x"), "weight": 1 + 0.1 * torch.randn(32, device=DEVICE), **t}
     check(torch.compile(block(ours, dropin.ops.rms_norm), fullgraph=True),
           block(swiglu_mlp_ref, norm_ref), t)
+
+
+REGISTERED = [  # (tokens, hidden, intermediate, dtype, layout of x and the weights, TMA offered)
+    pytest.param(5, 24, 40, torch.float32, "contiguous", False, id="fp32"),
+    pytest.param(5, 24, 40, torch.float16, "strided", False, id="fp16-strided"),
+    pytest.param(37, 40, 72, torch.float16, "contiguous", True, id="fp16-tma"),
+    pytest.param(0, 24, 40, torch.float32, "contiguous", False, id="empty"),
+]
+
+
+@pytest.mark.parametrize("tokens,hidden,intermediate,dtype,layout,tma", REGISTERED)
+def test_registered_ops(tokens, hidden, intermediate, dtype, layout, tma, monkeypatch):
+    """Schema, fake and dynamic-shape tracing of the forward, the recomputing backward and the in-place
+    backward from saved pre-activations (what torch.compile sees): pointer kernel with contiguous and strided
+    operands (x every other column, the weights column-major), the TMA kernel (offered as on Hopper:
+    under the interpreter its descriptors are emulated), no tokens."""
+    monkeypatch.setattr(swiglu._runtime, "is_hopper", lambda index=0: tma)
+    t = leaves((tokens, hidden), intermediate, dtype)
+    x, g, u = t["x"], t["gate_weight"], t["up_weight"]
+    if layout == "strided":
+        x = torch.stack([x, x], -1)[..., 0]
+        g, u = g.t().contiguous().t(), u.t().contiguous().t()
+    for save in (False, True):
+        _check.opcheck(torch.ops.dropin.swiglu_fwd.default, x, g, u, save)
+    dh = torch.randn(tokens, intermediate, device=DEVICE, dtype=dtype)
+    _check.opcheck(torch.ops.dropin.swiglu_bwd.default, x, g, u, dh)
+    zg, zu = torch.ops.dropin.swiglu_fwd(x, g, u, True)[1:]
+    _check.opcheck(torch.ops.dropin.swiglu_bwd_saved_.default, zg, zu, dh)
 
 
 # ---------------------------------------------------------------------------------------- nn modules

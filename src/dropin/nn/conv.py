@@ -81,5 +81,8 @@ class ConvBNAct(Conv2d):
         if not self.bn.training:
             return self._conv(x, *self._folded(), self.activation, residual, out)
         y = self.bn(self._conv(x, self.weight, self.bias, None, None))
+        if not torch.compiler.is_compiling():
+            # batch statistics moved the running ones, which does not always bump their versions: fold again
+            object.__setattr__(self, "_folded_from", (None, None, None))
         y = activation_ref(y if residual is None else y + residual, self.activation)
         return y if out is None else out.copy_(y)

@@ -4,6 +4,8 @@ and the standalone elementwise op (`activation`, `relu`, `gelu`, `silu`), forwar
 Names: "relu", "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "silu". Inside kernels the
 activation is a `tl.constexpr` string; "none" is the identity.
 """
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -11,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, merge_dims
-from ._dispatch import launch, switch
+from ._dispatch import launch, switch, torch_op
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
@@ -134,9 +136,9 @@ def _joint_dims(shape, strides: list) -> list:
     return out
 
 
-def _act_impl(x, dy, act: str):
+def _act_impl(x, dy: Optional[torch.Tensor], act: str, traced: bool = False):
     """act(x) (dy None) or dy * act'(x), in the layout torch gives: that of x, or for the gradient of dy
-    (relu: of x), where that is dense."""
+    (relu: of x), where that is dense. traced: under torch.compile (`_dispatch`)."""
     out = torch.empty_like(x if dy is None or act == "relu" else dy)
     if x.numel() == 0:
         return out
@@ -150,32 +152,16 @@ def _act_impl(x, dy, act: str):
     strides = [st[k] for k in range(3) for _, st in dims]
     block = 2048
     launch(_act_kernel, (_runtime.cdiv(x.numel(), block),), *tensors, x.numel(), *(s for s, _ in dims[1:]),
-           *strides, ACT=act, GRAD=dy is not None, FLAT=flat, BLOCK=block, num_warps=8)
+           *strides, ACT=act, GRAD=dy is not None, FLAT=flat, BLOCK=block, num_warps=8, traced=traced)
     return out
 
 
-@torch.library.custom_op("dropin::activation", mutates_args=())
-def _act_op(x: torch.Tensor, act: str) -> torch.Tensor:
-    return _act_impl(x, None, act)
+@torch_op("dropin::activation", mutates_args=())
+def _act_op(x: torch.Tensor, dy: Optional[torch.Tensor], act: str) -> torch.Tensor:
+    return _act_impl(x, dy, act, traced=True)
 
 
-@_act_op.register_fake
-def _(x, act):
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("dropin::activation_backward", mutates_args=())
-def _act_bwd_op(dy: torch.Tensor, x: torch.Tensor, act: str) -> torch.Tensor:
-    return _act_impl(x, dy, act)
-
-
-@_act_bwd_op.register_fake
-def _(dy, x, act):
-    return torch.empty_like(x if act == "relu" else dy)
-
-
-_act = switch(_act_op, lambda x, act: _act_impl(x, None, act))
-_act_bwd = switch(_act_bwd_op, lambda dy, x, act: _act_impl(x, dy, act))
+_act = switch(_act_op, _act_impl)
 
 
 class _ActivationFunction(torch.autograd.Function):
@@ -183,12 +169,12 @@ class _ActivationFunction(torch.autograd.Function):
     def forward(ctx, x, act):
         ctx.save_for_backward(x)
         ctx.act = act
-        return _act(x, act)
+        return _act(x, None, act)
 
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        return _act_bwd(dy, x, ctx.act), None
+        return _act(x, dy, ctx.act), None
 
 
 def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
@@ -202,7 +188,7 @@ def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
     check_float(activation, input=input)
     if torch.is_grad_enabled() and input.requires_grad:
         return _ActivationFunction.apply(input, activation)
-    return _act(input, activation)
+    return _act(input, None, activation)
 
 
 def relu(input: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ Masks: `is_causal` (top-left aligned as in torch), or `attn_mask`, boolean (True
 read through strides with stride 0 over broadcast dims. With an additive mask the scores stay in natural
 units (exp instead of exp2): HF's finfo.min masks then keep torch's meaning, which scaling by log2 e would
 overflow to -inf.
+One query row per head, no causal mask and no gradient (a decoding step) takes `attention_decode` instead.
 Rows that attend to no key give 0, as torch does (its math backend, torch >= 2.5), with 0 gradients.
 float32 follows torch's rule for matmuls: tf32 when `torch.backends.cuda.matmul.allow_tf32`, otherwise true
 fp32: tf32x3 on the tensor cores where the head dim and both lengths are >= 256 (matmul's rule; every MMA chain
@@ -33,7 +34,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, plan, switch
+from ._dispatch import Launch, aligned, plan, switch, torch_op
+from .attention_decode import decode
 from .matmul import _autocast, _dot, _dot_acc, _precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -533,13 +535,13 @@ def _strides(t: torch.Tensor) -> tuple:
     return tuple(strides)
 
 
-def _tma_ok(*tensors: torch.Tensor) -> bool:
+def _tma_ok(*tensors: torch.Tensor, traced: bool = False) -> bool:
     """Whether TMA tensor descriptors can read these [B, H, L, E] operands: Hopper, 16-bit, not empty, unit
     stride along E, 16-byte aligned base, other strides (`_strides`) positive multiples of 16 bytes."""
     t = tensors[0]
     if not _runtime.is_hopper(t.device.index or 0) or t.element_size() != 2:
         return False
-    return all(t.numel() > 0 and t.stride(3) == 1 and t.data_ptr() % 16 == 0 and (t.shape[3] * 2) % 16 == 0
+    return all(t.numel() > 0 and t.stride(3) == 1 and aligned(t, traced) and (t.shape[3] * 2) % 16 == 0
                and all(s > 0 and (s * 2) % 16 == 0 for s in _strides(t)[:3]) for t in tensors)
 
 
@@ -561,15 +563,16 @@ def _tune_key(q, k, mask_kind, is_causal, precision, tma):
 _plans: dict = {}
 
 
-def _signature(*tensors) -> tuple:
-    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16) for t in tensors)
+def _signature(*tensors, traced: bool = False) -> tuple:
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, aligned(t, traced)) for t in tensors)
 
 
-def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta: dict, args: tuple) -> Launch:
+def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta: dict, args: tuple,
+           traced: bool = False) -> Launch:
     """A launcher of `kernel` with the config that `_autotune.pick` chooses for `key` (timing launches on
-    `args` when tuning); grid(config) gives its grid."""
+    `args` when tuning; traced: timing nothing, `_dispatch.plan`); grid(config) gives its grid."""
     def launcher(cfg):
-        return Launch(kernel, grid(cfg), dict(meta, **cfg), scratch=cfg["TMA"])
+        return Launch(kernel, grid(cfg), dict(meta, **cfg), scratch=cfg["TMA"], traced=traced)
 
     def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
         launch = launcher(cfg)
@@ -578,9 +581,10 @@ def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta: dict, args:
     return launcher(_autotune.pick(name, key, configs, prepare))
 
 
-def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
+def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float, traced: bool = False):
     """(out, stats) for 4-D q [B, H, Lq, E], k / v [B, HK, Lk, E], mask None or [B, H, Lq, Lk] (any strides).
-    out is [B, H, Lq, E] stored as [B, Lq, H, E] (as torch's flash attention stores it)."""
+    out is [B, H, Lq, E] stored as [B, Lq, H, E] (as torch's flash attention stores it). traced: under
+    torch.compile (`_dispatch`)."""
     B, H, Lq, E = q.shape
     HK, Lk = k.shape[1], k.shape[2]
     out = q.new_empty((B, Lq, H, E)).transpose(1, 2)
@@ -594,22 +598,22 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float):
     def make():  # sizes and strides are fixed by the plan's key: computed once
         fixed = (B, H, HK, Lq, Lk)
         strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *out.stride())
-        tma = _tma_ok(q, k, v)
+        tma = _tma_ok(q, k, v, traced=traced)
         chunk = _chunk(precision)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, FOLD=qk_scale > 0, HEAD_DIM=E,
                     BLOCK_D=_block_d(E), CHUNK=chunk)
         configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, mask_kind != "none", chunk, "BLOCK_N")
         launch = _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
                         configs, lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H),
-                        meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides))
+                        meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides), traced=traced)
         return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, out, stats, *fixed, qk_scale, *strides)
 
-    plan(_plans, ("fwd", _signature(q, k, v, mask), q.device, is_causal, precision, qk_scale > 0), make)(
-        q, k, v, mask_t, out, stats, qk_scale)
+    plan_key = ("fwd", _signature(q, k, v, mask, traced=traced), q.device, is_causal, precision, qk_scale > 0)
+    plan(_plans, plan_key, make, traced=traced)(q, k, v, mask_t, out, stats, qk_scale)
     return out, stats
 
 
-def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float):
+def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: bool = False):
     """(dq, dk, dv), each shaped like its input; dq and dk / dv contiguous."""
     B, H, Lq, E = q.shape
     HK, Lk = k.shape[1], k.shape[2]
@@ -627,22 +631,24 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
         fixed = (B, H, HK, Lq, Lk)
         strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
         delta_fixed = (H, Lq, *out.stride(), *grad_out.stride())
-        tma = _tma_ok(q, k, v, grad_out)
+        tma = _tma_ok(q, k, v, grad_out, traced=traced)
         chunk = _chunk(precision)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E),
                     CHUNK=chunk)
         key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
         masked = mask_kind != "none"
         launch_delta = Launch(_delta_kernel, (_runtime.cdiv(Lq, _DELTA_BLOCK_M), B * H),
-                                         dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M))
+                              dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M), traced=traced)
         dkdv_configs = _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_M")
         dq_configs = _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
         launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, dkdv_configs,
                              lambda c: (_runtime.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
-                             (q, k, v, mask_t, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides))
+                             (q, k, v, mask_t, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides),
+                             traced=traced)
         launch_dq = _tuned(_dq_kernel, "attention_dq", key, dq_configs,
                            lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
-                           (q, k, v, mask_t, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides))
+                           (q, k, v, mask_t, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides),
+                           traced=traced)
 
         def run(grad_out, q, k, v, m, out, stats, delta, dq, dk, dv, qk_scale, scale):
             launch_delta(out, grad_out, delta, *delta_fixed)
@@ -650,37 +656,25 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
             launch_dq(q, k, v, m, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides)
         return run
 
-    plan_key = ("bwd", _signature(grad_out, q, k, v, mask, out), q.device, is_causal, precision)
-    plan(_plans, plan_key, make)(
+    plan_key = ("bwd", _signature(grad_out, q, k, v, mask, out, traced=traced), q.device, is_causal, precision)
+    plan(_plans, plan_key, make, traced=traced)(
         grad_out, q, k, v, mask_t, out, stats, delta, dq, dk, dv, qk_scale, scale)
     return dq, dk, dv
 
 
-# --- 4. Registration as custom ops (what torch.compile traces) -----------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) --------------------------------
 
-@torch.library.custom_op("dropin::attention", mutates_args=())
+@torch_op("dropin::attention", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], is_causal: bool,
             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd_impl(q, k, v, mask, is_causal, scale)
+    return _fwd_impl(q, k, v, mask, is_causal, scale, traced=True)
 
 
-@_fwd_op.register_fake
-def _(q, k, v, mask, is_causal, scale):
-    B, H, Lq, E = q.shape
-    return (q.new_empty((B, Lq, H, E)).transpose(1, 2),
-            torch.empty((B, H, 2, Lq), device=q.device, dtype=torch.float32))
-
-
-@torch.library.custom_op("dropin::attention_bwd", mutates_args=())
+@torch_op("dropin::attention_bwd", mutates_args=())
 def _bwd_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             mask: Optional[torch.Tensor], out: torch.Tensor, stats: torch.Tensor, is_causal: bool,
             scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal, scale)
-
-
-@_bwd_op.register_fake
-def _(grad_out, q, k, v, mask, out, stats, is_causal, scale):
-    return q.new_empty(q.shape), k.new_empty(k.shape), k.new_empty(k.shape)
+    return _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal, scale, traced=True)
 
 
 _fwd = switch(_fwd_op, _fwd_impl)
@@ -787,6 +781,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out = _AttentionFunction.apply(q, k, v, attn_mask, bool(is_causal), scale)
+    elif Lq == 1 and not is_causal:
+        out = decode(q, k, v, attn_mask, scale)  # a decoding step: keys split over programs
     else:
         out = _fwd(q, k, v, attn_mask, bool(is_causal), scale)[0]
     return out.squeeze(1) if unbatched else out

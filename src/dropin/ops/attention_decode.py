@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._dispatch import Launch, aligned, plan, torch_op
+from ._dispatch import Launch, aligned, plan, switch, torch_op
 from .matmul import _dot, _precision
 
 BLOCK_N = 64
@@ -169,9 +169,12 @@ def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional
     return _decode_impl(q, k, v, mask, scale, traced=True)
 
 
+_decode = switch(_decode_op, _decode_impl)
+
+
 def decode(q, k, v, mask: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
     """Attention of q [B, H, 1, E] over k / v [B, HK, Lk, E] (HK divides H) with an optional mask broadcast to
     [B, H, 1, Lk] (bool: True attends; or additive float), no causal mask, no gradient: the `attention` call of a
     decoding step after its argument checks (see dropin.ops.attention)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return (_decode_op if torch.compiler.is_compiling() else _decode_impl)(q, k, v, mask, scale)
+    return _decode(q, k, v, mask, scale)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, merge_dims
-from ._dispatch import launch, switch
+from ._dispatch import launch, switch, torch_op
 from .conv2d import _channels_last, _pixel
 from .pooling import _tiles
 
@@ -209,7 +209,7 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=fmt)
 
 
-def _apply(u, v, coef, out):
+def _apply(u, v, coef, out, traced: bool = False):
     u, (N, C, H, W), su = _as4d(u)
     o, _, so = _as4d(out)
     assert o is out, "outputs are contiguous or channels_last: their spatial dims merge without a copy"
@@ -218,10 +218,10 @@ def _apply(u, v, coef, out):
     P = N * H * W
     block_p, block_c = _tiles(P, C, su[1] == 1 and C > 1)
     launch(_bn_apply_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), u, v, out, coef, C, H, W, P,
-           *su, *sv, *so, HAS_V=has_v, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+           *su, *sv, *so, HAS_V=has_v, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
 
 
-def _reduce(x, dy, center):
+def _reduce(x, dy, center, traced: bool = False):
     """The per-split partials [2, S, C] of the training statistics (dy None) or of the backward sums."""
     x, (N, C, H, W), sx = _as4d(x)
     grad = dy is not None
@@ -234,11 +234,11 @@ def _reduce(x, dy, center):
     splits = _runtime.cdiv(P, per_split)
     part = torch.empty((2, splits, C), device=x.device, dtype=torch.float64)
     launch(_bn_reduce_kernel, (c_tiles, splits), x, dy, center, part, C, H, W, P, per_split, *sx, *sd,
-           GRAD=grad, EXACT=x.dtype == torch.float32, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+           GRAD=grad, EXACT=x.dtype == torch.float32, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
     return part
 
 
-def _finalize(part, P, C, w, b, rm, rv, center, invstd, dwb, eps, momentum, grad, training):
+def _finalize(part, P, C, w, b, rm, rv, center, invstd, dwb, eps, momentum, grad, training, traced: bool = False):
     """The coefficients [7, C] for _bn_apply_kernel; part None: no partials to merge (inference)."""
     coef = torch.empty((7, C), device=invstd.device, dtype=torch.float32)
     block_c = min(_runtime.next_power_of_2(C), 256)
@@ -246,62 +246,57 @@ def _finalize(part, P, C, w, b, rm, rv, center, invstd, dwb, eps, momentum, grad
     launch(_bn_finalize_kernel, (_runtime.cdiv(C, block_c),), dummy(part), dummy(w), dummy(b), dummy(rm), dummy(rv),
            center, invstd, coef, dummy(dwb), C, P, 0 if part is None else part.shape[1], eps, momentum,
            GRAD=grad, TRAINING=training, HAS_W=w is not None, HAS_B=b is not None,
-           UPDATE=training and rm is not None, BLOCK_C=block_c, num_warps=4)
+           UPDATE=training and rm is not None, BLOCK_C=block_c, num_warps=4, traced=traced)
     return coef
 
 
-def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: float, eps: float):
+def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: float, eps: float,
+              traced: bool = False):
+    """x [N, C, ...] (any strides), w, b [C] or None -> (y in x's memory format, and in fp32 center [2, C], the
+    mean as hi + lo, and invstd [C]). Training with running statistics updates them in place, once (the finalize
+    kernel). traced: under torch.compile (`_dispatch`)."""
     C = x.shape[1]
     y = _empty_like(x)
     center = torch.empty((2, C), device=x.device, dtype=torch.float32)
     invstd = torch.empty(C, device=x.device, dtype=torch.float32)
     if x.numel() == 0:
         return y, center, invstd
-    part = _reduce(x, None, center) if training else None
+    part = _reduce(x, None, center, traced) if training else None
     coef = _finalize(part, x.numel() // C, C, w, b, running_mean, running_var, center, invstd, None, eps,
-                     momentum, False, training)
-    _apply(x, None, coef, y)
+                     momentum, False, training, traced)
+    _apply(x, None, coef, y, traced)
     return y, center, invstd
 
 
-def _bwd_impl(dy, x, w, center, invstd, training: bool, wb_dtype: Optional[torch.dtype]):
+def _bwd_impl(dy, x, w, center, invstd, training: bool, wb_dtype: Optional[torch.dtype], traced: bool = False):
+    """dy, x [N, C, ...] (any strides), the forward's center and invstd -> (dx in x's memory format, dwb [2, C]:
+    the weight and bias gradients in wb_dtype; fp32 and unused when wb_dtype is None)."""
     C = x.shape[1]
     dx = _empty_like(x)
     dwb = torch.empty((2, C), device=x.device, dtype=wb_dtype or torch.float32)
     if x.numel() == 0:
         return dx, dwb.zero_()
     # inference without weight / bias gradients: dx = dy * w * invstd, no reduction
-    part = _reduce(x, dy, center) if training or wb_dtype is not None else None
+    part = _reduce(x, dy, center, traced) if training or wb_dtype is not None else None
     coef = _finalize(part, x.numel() // C, C, w, None, None, None, center, invstd, dwb, 0.0, 0.0, True,
-                     training)
-    _apply(dy, x if training else None, coef, dx)
+                     training, traced)
+    _apply(dy, x if training else None, coef, dx, traced)
     return dx, dwb
 
 
-# --- 4. Registration as custom ops -----------------------------------------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
 
-@torch.library.custom_op("dropin::batch_norm", mutates_args=("running_mean", "running_var"))
+@torch_op("dropin::batch_norm", mutates_args=("running_mean", "running_var"))
 def _fwd_op(x: torch.Tensor, w: Optional[torch.Tensor], b: Optional[torch.Tensor],
             running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor], training: bool,
             momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd_impl(x, w, b, running_mean, running_var, training, momentum, eps)
+    return _fwd_impl(x, w, b, running_mean, running_var, training, momentum, eps, traced=True)
 
 
-@_fwd_op.register_fake
-def _(x, w, b, running_mean, running_var, training, momentum, eps):
-    C = x.shape[1]
-    return _empty_like(x), x.new_empty((2, C), dtype=torch.float32), x.new_empty(C, dtype=torch.float32)
-
-
-@torch.library.custom_op("dropin::batch_norm_backward", mutates_args=())
+@torch_op("dropin::batch_norm_backward", mutates_args=())
 def _bwd_op(dy: torch.Tensor, x: torch.Tensor, w: Optional[torch.Tensor], center: torch.Tensor,
             invstd: torch.Tensor, training: bool, wb_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
-    return _bwd_impl(dy, x, w, center, invstd, training, wb_dtype)
-
-
-@_bwd_op.register_fake
-def _(dy, x, w, center, invstd, training, wb_dtype):
-    return _empty_like(x), x.new_empty((2, x.shape[1]), dtype=wb_dtype or torch.float32)
+    return _bwd_impl(dy, x, w, center, invstd, training, wb_dtype, traced=True)
 
 
 _fwd = switch(_fwd_op, _fwd_impl)

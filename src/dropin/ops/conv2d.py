@@ -35,7 +35,7 @@ from torch._prims_common import suggest_memory_format
 from .. import _runtime
 from . import _autotune
 from ._common import column_sums, sum_partials_kernel, versions
-from ._dispatch import Launch, checked_once, launch, plan, switch
+from ._dispatch import Launch, aligned, checked_once, launch, plan, switch, torch_op
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range
 from .matmul import _precision as _matmul_precision
@@ -971,18 +971,18 @@ def _rows_pad(kw: int, c_g: int) -> int:
     return _runtime.next_power_of_2(kw * _runtime.next_power_of_2(c_g))
 
 
-def _rows_weight(w: torch.Tensor, kwp: int) -> torch.Tensor:
+def _rows_weight(w: torch.Tensor, kwp: int, traced: bool) -> torch.Tensor:
     """The weight as _conv_fwd_rows_kernel reads it: [KH, KWP, COUT], column kw * CP + c of row kh holding
-    w[co, c, kh, kw], zeros where c >= C_G or past KW x CP; made once per weight version (_derived)."""
+    w[co, c, kh, kw], zeros where c >= C_G or past KW x CP (_derived)."""
     def make(w):
         cout, c_g, kh, kw = w.shape
         cp = _runtime.next_power_of_2(c_g)
         rows = F.pad(w.permute(2, 3, 1, 0), (0, 0, 0, cp - c_g)).reshape(kh, kw * cp, cout)
         return F.pad(rows, (0, 0, 0, kwp - kw * cp)).contiguous()
-    return _derived(w, f"rows{kwp}", make)
+    return _derived(w, f"rows{kwp}", make, traced)
 
 
-def _rows_launcher(x, w, y, r, padding, groups: int, grid, OH: int, OW: int, P: int, meta: dict):
+def _rows_launcher(x, w, y, r, padding, groups: int, grid, OH: int, OW: int, P: int, meta: dict, traced: bool):
     """The launch of _conv_fwd_rows_kernel (grid and _conv_fwd_kernel's constexprs given: its padding goes to
     the copy) after _pad_kernel's copy of x: padded by the conv's padding, C_G channels a group padded to CP,
     channels_last."""
@@ -993,18 +993,18 @@ def _rows_launcher(x, w, y, r, padding, groups: int, grid, OH: int, OW: int, P: 
     block_c = min(_runtime.next_power_of_2(groups * CP), 64)
     block_w = max(1, 1024 // block_c)
     pad = Launch(_pad_kernel, (N * HP, _runtime.cdiv(WP, block_w), _runtime.cdiv(groups * CP, block_c)),
-                            dict(PAD_H=padding[0], PAD_W=padding[2], CP=CP, BLOCK_W=block_w, BLOCK_C=block_c))
+                 dict(PAD_H=padding[0], PAD_W=padding[2], CP=CP, BLOCK_W=block_w, BLOCK_C=block_c), traced=traced)
     pad_scalars = (C_G, groups, H, W, HP, WP, *x.stride())
     row_pad = min(_rows_pad(KW, C_G), meta["BLOCK_K"])
     kwp = _runtime.cdiv(KW * CP, row_pad) * row_pad
     meta = {k: v for k, v in meta.items() if k not in ("PAD_H", "PAD_W")}
-    launch = Launch(_conv_fwd_rows_kernel, grid, dict(meta, CP=CP, ROW_PAD=row_pad))
+    launch = Launch(_conv_fwd_rows_kernel, grid, dict(meta, CP=CP, ROW_PAD=row_pad), traced=traced)
     scalars = (groups, HP, WP, COUT // groups, OH, OW, P, KH, KW, kwp, COUT, *y.stride(), *r.stride())
 
     def run(x, w, *tensors):
         xp = torch.empty((N, HP, WP, groups * CP), device=x.device, dtype=x.dtype)
         pad(x, xp, *pad_scalars)
-        launch(xp, _rows_weight(w, kwp), *tensors, *scalars)
+        launch(xp, _rows_weight(w, kwp, traced), *tensors, *scalars)
     return run
 
 
@@ -1021,7 +1021,9 @@ def _direct_tag(direct: bool, oh: int, ow: int) -> tuple:
 
 def _walk_rows(oh: int, th: int) -> int:
     """The rows of a walk's tile (unrolled: any count, not only powers of two): the oh rows split evenly into as
-    few tiles as th rows a tile allow (28 rows and th 16: two tiles of 14, not 16 + 12 with 4 rows idle)."""
+    few tiles as th rows a tile allow (28 rows and th 16: two tiles of 14, not 16 + 12 with 4 rows idle). A choice
+    that only tunes (the walks take any rows a tile): a symbolic oh counts by its traced value, without a guard."""
+    oh = _runtime.size_hint(oh)
     return _runtime.cdiv(oh, _runtime.cdiv(oh, th))
 
 
@@ -1053,12 +1055,15 @@ def frozen(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _derived(w: torch.Tensor, kind: str, make) -> torch.Tensor:
+def _derived(w: torch.Tensor, kind: str, make, traced: bool) -> torch.Tensor:
     """make(w): a copy of a weight in the layout a kernel reads fastest, made once per version of the weight's
     data (`_common.versions`; every call for an inference tensor) and kept while the weight lives. Only for
-    parameters and `frozen` tensors; made anew for any other: compiled code reuses its buffers and writes them
-    without bumping their version (torch.compile of an injected CvT read a stale copy of a folded weight)."""
-    if not (isinstance(w, torch.nn.Parameter) or getattr(w, "_dropin_frozen", False)):
+    parameters and `frozen` tensors in eager calls; made anew for any other (compiled code reuses its buffers and
+    writes them without bumping their version: torch.compile of an injected CvT read a stale copy of a folded
+    weight), traced (the copy is part of the compiled graph) and during a CUDA graph capture (the copy is
+    captured, so that each replay reads the weight as it is then: a kept one goes stale, or is freed)."""
+    if not (isinstance(w, torch.nn.Parameter) or getattr(w, "_dropin_frozen", False)) or traced \
+            or _runtime.capturing():
         return make(w)
     key = (id(w), kind)
     hit = _DERIVED.get(key)
@@ -1071,37 +1076,38 @@ def _derived(w: torch.Tensor, kind: str, make) -> torch.Tensor:
     return out
 
 
-def _co_major(w: torch.Tensor) -> torch.Tensor:
+def _co_major(w: torch.Tensor, traced: bool) -> torch.Tensor:
     """The depthwise weight [COUT, 1, KH, KW] with the output channel innermost (stride 1), so that the direct
     kernels read a tap's weights as one vector instead of a scalar load per channel (measured: 15-20% of the
     depthwise forward)."""
     if w.stride(0) == 1 or w.shape[0] == 1:
         return w
-    return _derived(w, "co_major", lambda w: w.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2))
+    return _derived(w, "co_major", lambda w: w.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2), traced)
 
 
-def _taps_f32(w: torch.Tensor) -> torch.Tensor:
+def _taps_f32(w: torch.Tensor, traced: bool) -> torch.Tensor:
     """The depthwise 3x3 weight [COUT, 1, 3, 3] as the walk (_conv_dw3_fwd_kernel) reads it: fp32 [9, COUT], tap
     major, so a tap's weights are one vector load and need no conversion. (One copy: `.float()` keeps the
     transposed strides, so `.contiguous()` after it copies twice.)"""
     def make(w):
         return torch.empty((9, w.shape[0]), device=w.device, dtype=torch.float32).copy_(w.reshape(w.shape[0], 9).t())
-    return _derived(w, "taps_f32", make)
+    return _derived(w, "taps_f32", make, traced)
 
 
-def _flipped(w: torch.Tensor) -> torch.Tensor:
+def _flipped(w: torch.Tensor, traced: bool) -> torch.Tensor:
     """The weight of the convolution that is the input gradient of a stride-1 one: [C, COUT, KH, KW], the taps
     mirrored, channels_last (the TMA forward's layout)."""
-    return _derived(w, "flipped", lambda w: w.flip(2, 3).transpose(0, 1).contiguous(memory_format=torch.channels_last))
+    return _derived(w, "flipped", lambda w: w.flip(2, 3).transpose(0, 1).contiguous(memory_format=torch.channels_last),
+                    traced)
 
 
-def _tma_wgrad_configs(dz, x, stride, groups: int, precision: str) -> list:
+def _tma_wgrad_configs(dz, x, stride, groups: int, precision: str, traced: bool) -> list:
     """_conv_wgrad_tma_kernel's candidates, none where it does not apply: the TMA forward's conditions on x
     (_tma_fwd_configs), and dz dense channels_last with at least 16 channels in 16-byte rows. A pixel tile is
     one MMA chain, whose every step truncates in true fp32: there at most _max_k pixels (TH cut), as the
     GEMMs' BLOCK_K (with 128-pixel tiles a short reduction reached 2x cuDNN's error; 64 keep it at 0.7x that)."""
     size, cout = dz.element_size(), dz.shape[1]  # (dz's layout checked in w's place)
-    if not (_tma_fwd_configs(x, dz, stride, groups) and cout >= 16 and cout * size % 16 == 0):
+    if not (_tma_fwd_configs(x, dz, stride, groups, traced) and cout >= 16 and cout * size % 16 == 0):
         return []
     pixels = _max_k(precision, size, tf32x3_k=64)
     fitting = [dict(c, KERNEL="tma", TH=min(c["TH"], max(1, pixels // c["TW"]))) for c in _WGRAD_TMA_CONFIGS
@@ -1109,16 +1115,19 @@ def _tma_wgrad_configs(dz, x, stride, groups: int, precision: str) -> list:
     return _staged(fitting, lambda c: c["TH"] * c["TW"] * (c["BLOCK_M"] + c["BLOCK_N"]) * size)
 
 
-def _dgrad_conv_padding(dz, x, w, stride, padding, dilation, groups: int):
-    """The padding of the stride-1 convolution of dz by _flipped(w) that gives the input gradient (top, bottom,
-    left, right: dilation * (K - 1) - the forward's), where the TMA forward takes it: one group, stride 1,
-    channels_last x and dz, the forward's padding at most the kernel's reach. None elsewhere."""
+def _dgrad_as_conv(dz, x, w, stride, padding, dilation, groups: int, traced: bool):
+    """(weight, padding) of the stride-1 convolution of dz that gives the input gradient: _flipped(w), padded by
+    dilation * (K - 1) - the forward's padding (top, bottom, left, right), where the TMA forward takes it: one
+    group, stride 1, channels_last x and dz, the forward's padding at most the kernel's reach. None elsewhere."""
     if tuple(stride) != (1, 1) or groups != 1 or not x.is_contiguous(memory_format=torch.channels_last):
         return None
     reach = [dilation[0] * (w.shape[2] - 1)] * 2 + [dilation[1] * (w.shape[3] - 1)] * 2
-    if any(p > r for p, r in zip(padding, reach)) or not _tma_fwd_configs(dz, _flipped(w), (1, 1), 1):
+    if any(p > r for p, r in zip(padding, reach)):
         return None
-    return tuple(r - p for p, r in zip(padding, reach))
+    flipped = _flipped(w, traced)
+    if not _tma_fwd_configs(dz, flipped, (1, 1), 1, traced):
+        return None
+    return flipped, tuple(r - p for p, r in zip(padding, reach))
 
 
 def _dw3_dgrad(x, w, stride, padding, dilation, groups: int) -> bool:
@@ -1129,10 +1138,6 @@ def _dw3_dgrad(x, w, stride, padding, dilation, groups: int) -> bool:
             and (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)))
 
 
-def _align(*ts):
-    return tuple(None if t is None else t.data_ptr() % 16 for t in ts)
-
-
 def _pick(name, key, configs, launcher, args):
     def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
         launch = launcher(cfg)
@@ -1140,7 +1145,7 @@ def _pick(name, key, configs, launcher, args):
     return launcher(_autotune.pick(name, key, configs, prepare))
 
 
-def _tma_fwd_configs(x, w, stride, groups: int) -> list:
+def _tma_fwd_configs(x, w, stride, groups: int, traced: bool) -> list:
     """_conv_fwd_tma_kernel's candidates for this forward, none where it does not apply. It takes: Hopper, one
     group, at least 16 channels, x and w dense channels_last with 16-byte aligned pointers and channel rows,
     strides dividing H and W (its view of x by stride phase), and with a column stride over 1 only channel
@@ -1148,7 +1153,7 @@ def _tma_fwd_configs(x, w, stride, groups: int) -> list:
     size, C, H, W = x.element_size(), *x.shape[1:]
     if not (_runtime.is_hopper(x.device.index or 0) and groups == 1 and C >= 16 and C * size % 16 == 0
             and H % stride[0] == 0 and W % stride[1] == 0
-            and all(t.is_contiguous(memory_format=torch.channels_last) and t.data_ptr() % 16 == 0 for t in (x, w))):
+            and all(t.is_contiguous(memory_format=torch.channels_last) and aligned(t, traced) for t in (x, w))):
         return []
     return _staged([dict(c, KERNEL="tma") for c in _FWD_TMA_CONFIGS if stride[1] == 1 or C % c["BLOCK_K"] == 0],
                    lambda c: (c["TH"] * c["TW"] + c["BLOCK_N"]) * c["BLOCK_K"] * size)
@@ -1166,8 +1171,9 @@ def _staged(configs: list, stage_bytes) -> list:
 
 
 def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, activation: str, save_preact: bool,
-              out=None):
-    """(y, z): y into `out` where given (any strides; not with save_preact)."""
+              out: Optional[torch.Tensor] = None, traced: bool = False):
+    """(y, z): y into `out` where given (any strides; not with save_preact). traced: under torch.compile
+    (`_dispatch`)."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
     fmt = _out_format(x, w)
     y = out if out is not None else torch.empty((N, COUT_G * groups, OH, OW), device=x.device, dtype=x.dtype,
@@ -1184,7 +1190,7 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
     precision = _precision(x.dtype)
     r = y if residual is None else residual
     key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), y.stride(), r.stride(), x.dtype,
-           _align(x, w, y, bias, residual),
+           *(None if t is None else aligned(t, traced) for t in (x, w, y, bias, residual)),
            stride, padding, dilation, groups, activation, save_preact, precision, fmt)
     tensors = (x, w, y, y if bias is None else bias, z if save_preact else y, r)
 
@@ -1204,29 +1210,29 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 programs = min(tiles, occupancy * _runtime.num_sms(x.device.index or 0)) if occupancy else tiles
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue,
                             **cfg)
-                launch = Launch(_conv_fwd_tma_kernel, (programs,), meta, scratch=True)
+                launch = Launch(_conv_fwd_tma_kernel, (programs,), meta, scratch=True, traced=traced)
                 tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride(), programs)
                 return lambda *tensors: launch(*tensors, *tma_scalars)
             if kernel == "walk":
                 cfg["TH"] = _walk_rows(OH, cfg["TH"])
                 grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
-                launch = Launch(_conv_dw3_fwd_kernel, grid, dict(_walk_meta(stride, padding), **epilogue,
-                                                                           **cfg))
+                launch = Launch(_conv_dw3_fwd_kernel, grid, dict(_walk_meta(stride, padding), **epilogue, **cfg),
+                                traced=traced)
                 walk_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), *y.stride(), *r.stride())
-                return lambda x, w, *tensors: launch(x, _taps_f32(w), *tensors, *walk_scalars)
+                return lambda x, w, *tensors: launch(x, _taps_f32(w, traced), *tensors, *walk_scalars)
             if kernel == "direct":
-                ws = _co_major(w).stride()
+                ws = _co_major(w, traced).stride()
                 dw_scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), ws[0], *ws[2:], *y.stride(),
                               *r.stride())
                 grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **epilogue, **cfg)
-                launch = Launch(_conv_dw_fwd_kernel, grid, meta)
-                return lambda x, w, *tensors: launch(x, _co_major(w), *tensors, *dw_scalars)
+                launch = Launch(_conv_dw_fwd_kernel, grid, meta, traced=traced)
+                return lambda x, w, *tensors: launch(x, _co_major(w, traced), *tensors, *dw_scalars)
             grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), _runtime.cdiv(COUT_G, cfg["BLOCK_N"]), groups)
             meta = dict(_conv_meta(stride, padding, dilation, precision), **epilogue, **cfg)
             if kernel == "rows":
-                return _rows_launcher(x, w, y, r, padding, groups, grid, OH, OW, P, meta)
-            launch = Launch(_conv_fwd_kernel, grid, meta)
+                return _rows_launcher(x, w, y, r, padding, groups, grid, OH, OW, P, meta, traced)
+            launch = Launch(_conv_fwd_kernel, grid, meta, traced=traced)
             return lambda *tensors: launch(*tensors, *scalars)
 
         if rows:  # BLOCK_K fitted to KH whole rows of KW x CP columns, padded
@@ -1237,7 +1243,7 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
         direct = C_G == 1 and _direct_fits(x, y, r)
         walk = _dw3_walks(direct, KH, KW, stride, dilation)
         configs = _candidates(_DW_CONFIGS, gemm, direct, OH, OW, COUT_G * groups, _DW3_CONFIGS if walk else ())
-        tma_configs = _tma_fwd_configs(x, w, stride, groups)
+        tma_configs = _tma_fwd_configs(x, w, stride, groups, traced)
         tma = bool(tma_configs)
         configs = tma_configs + configs
         # one channel per group is told apart from 2-15 (same bucket): only there is the direct kernel a candidate
@@ -1246,22 +1252,22 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 *(("tma",) if tma else ()), *(("walk",) if walk else ()))
         return _pick("conv2d", tkey, configs, launcher, tensors)
 
-    plan(_plans, key, make)(*tensors)
+    plan(_plans, key, make, traced)(*tensors)
     return y, z
 
 
-def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
+def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool = False):
     """The gradient of the input x (same strides as x where x is dense, else contiguous). Where the TMA forward
-    takes it (_dgrad_conv_padding), or the depthwise 3x3 walk (_dw3_dgrad), a stride-1 convolution of dz; else
+    takes it (_dgrad_as_conv), or the depthwise 3x3 walk (_dw3_dgrad), a stride-1 convolution of dz; else
     _conv_dgrad_kernel or the direct kernel."""
     if x.is_contiguous(memory_format=torch.channels_last):  # (a channels_last model's dz is; a copy otherwise)
         dz = dz.contiguous(memory_format=torch.channels_last)
-    conv_padding = _dgrad_conv_padding(dz, x, w, stride, padding, dilation, groups)
-    if conv_padding is not None:
-        return _fwd_impl(dz, _flipped(w), None, None, (1, 1), conv_padding, dilation, 1, "none", False)[0]
+    as_conv = _dgrad_as_conv(dz, x, w, stride, padding, dilation, groups, traced)
+    if as_conv is not None:
+        return _fwd_impl(dz, as_conv[0], None, None, (1, 1), as_conv[1], dilation, 1, "none", False, traced=traced)[0]
     if _dw3_dgrad(x, w, stride, padding, dilation, groups):
-        dx = _fwd_impl(dz, _derived(w, "mirrored", lambda w: w.flip(2, 3)), None, None, (1, 1),
-                       tuple(2 - p for p in padding), (1, 1), groups, "none", False)[0]
+        dx = _fwd_impl(dz, _derived(w, "mirrored", lambda w: w.flip(2, 3), traced), None, None, (1, 1),
+                       tuple(2 - p for p in padding), (1, 1), groups, "none", False, traced=traced)[0]
         return dx if dx.stride() == x.stride() else torch.empty_like(x).copy_(dx)  # (dz's layout was not x's)
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
     dx = torch.empty_like(x)
@@ -1271,7 +1277,7 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
         return dx.zero_()
     precision = _precision(x.dtype)
     key = ("dgrad", dz.shape, dz.stride(), dx.stride(), w.shape, w.stride(), x.shape, x.dtype,
-           _align(dz, w, dx), stride, padding, dilation, groups, precision)
+           *(aligned(t, traced) for t in (dz, w, dx)), stride, padding, dilation, groups, precision)
 
     def make():
         P = N * H * W
@@ -1279,16 +1285,16 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
         def launcher(cfg):
             cfg = dict(cfg)
             if cfg.pop("KERNEL") == "direct":
-                ws = _co_major(w).stride()
+                ws = _co_major(w, traced).stride()
                 scalars = (groups, H, W, COUT_G, OH, OW, *dz.stride(), ws[0], *ws[2:], *dx.stride())
                 grid = (N * _tiles(H, W, cfg), _runtime.cdiv(groups, cfg["BLOCK_N"]))
                 meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg)
-                launch = Launch(_conv_dw_dgrad_kernel, grid, meta)
-                return lambda dz, w, dx: launch(dz, _co_major(w), dx, *scalars)
+                launch = Launch(_conv_dw_dgrad_kernel, grid, meta, traced=traced)
+                return lambda dz, w, dx: launch(dz, _co_major(w, traced), dx, *scalars)
             scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *w.stride(), *dx.stride())
             grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), _runtime.cdiv(C_G, cfg["BLOCK_N"]), groups)
-            launch = Launch(_conv_dgrad_kernel, grid,
-                                       dict(_conv_meta(stride, padding, dilation, precision), **cfg))
+            launch = Launch(_conv_dgrad_kernel, grid, dict(_conv_meta(stride, padding, dilation, precision), **cfg),
+                            traced=traced)
             return lambda dz, w, dx: launch(dz, w, dx, *scalars)
 
         gemm = _configs(_DGRAD_CONFIGS, P, C_G, COUT_G, x.element_size(), precision)
@@ -1298,11 +1304,11 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, H, W))
         return _pick("conv2d", tkey, configs, launcher, (dz, w, dx))
 
-    plan(_plans, key, make)(dz, w, dx)
+    plan(_plans, key, make, traced)(dz, w, dx)
     return dx
 
 
-def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
+def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool = False):
     """The gradient of the weight w (same strides as w where w is dense, else contiguous)."""
     if x.is_contiguous(memory_format=torch.channels_last):  # (a channels_last model's dz is; a copy otherwise)
         dz = dz.contiguous(memory_format=torch.channels_last)
@@ -1314,7 +1320,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
         return dw.zero_()
     precision = _precision(x.dtype)
     key = ("wgrad", dz.shape, dz.stride(), x.shape, x.stride(), w.shape, dw.stride(), x.dtype,
-           _align(dz, x, dw), stride, padding, dilation, groups, precision)
+           *(aligned(t, traced) for t in (dz, x, dw)), stride, padding, dilation, groups, precision)
 
     def make():
         P = N * OH * OW
@@ -1335,8 +1341,8 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 programs = cfg.pop("OCC") * _runtime.num_sms(x.device.index or 0)
                 per_split = _runtime.cdiv(pixel_tiles, max(1, min(pixel_tiles, programs // out_tiles)))
                 splits = _runtime.cdiv(pixel_tiles, per_split)
-                launch = Launch(_conv_wgrad_tma_kernel, (out_tiles, splits),
-                                           dict(meta0, KH=KH, KW=KW, **cfg), scratch=True)
+                launch = Launch(_conv_wgrad_tma_kernel, (out_tiles, splits), dict(meta0, KH=KH, KW=KW, **cfg),
+                                scratch=True, traced=traced)
                 tma_scalars = (N, C_G, H, W, COUT_G, OH, OW, per_split)
 
                 def run_tma(dz, x, dw):
@@ -1352,12 +1358,12 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                     direct_kernel = _conv_dw_wgrad_kernel
                     meta = dict(_geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg)
                 grid = (N * _tiles(OH, OW, cfg), _runtime.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
-                launch = Launch(direct_kernel, grid, meta)
+                launch = Launch(direct_kernel, grid, meta, traced=traced)
                 dw_scalars = (H, W, groups * COUT_G, COUT_G, OH, OW, *dz.stride(), *x.stride())
                 part_shape = (grid[0], KH * KW, groups * COUT_G)
                 block_c = min(32, _runtime.next_power_of_2(groups * COUT_G))
                 tile_sum = Launch(sum_partials_kernel, (KH * KW, _runtime.cdiv(groups * COUT_G, block_c)),
-                                             dict(KW=KW, TAPS=KH * KW, BLOCK_T=64, BLOCK_C=block_c))
+                                  dict(KW=KW, TAPS=KH * KW, BLOCK_T=64, BLOCK_C=block_c), traced=traced)
                 sum_scalars = (grid[0], groups * COUT_G, dw.stride(0), *dw.stride()[2:])
 
                 def run_direct(dz, x, dw):
@@ -1368,8 +1374,8 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
             splits = max(1, min(cfg.pop("SPLIT_K"), _runtime.cdiv(P, cfg["BLOCK_K"])))
             grid = (_runtime.cdiv(COUT_G, cfg["BLOCK_M"]) * _runtime.cdiv(cols, cfg["BLOCK_N"]), groups, splits)
             one_tap = tap_major and C_G % cfg["BLOCK_N"] == 0
-            launch = Launch(_conv_wgrad_kernel, grid, dict(meta0, TAP_MAJOR=tap_major, ONE_TAP=one_tap,
-                                                                      **cfg))
+            launch = Launch(_conv_wgrad_kernel, grid, dict(meta0, TAP_MAJOR=tap_major, ONE_TAP=one_tap, **cfg),
+                            traced=traced)
             if splits == 1:
                 scalars = base + (*dw.stride(), 0)
                 return lambda dz, x, dw: launch(dz, x, dw, *scalars)
@@ -1388,7 +1394,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
         gemm = _configs(_WGRAD_CONFIGS, COUT_G, cols, P, x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(dz, x)
         walk = _dw3_walks(direct, KH, KW, stride, dilation)
-        tma_configs = _tma_wgrad_configs(dz, x, stride, groups, precision)
+        tma_configs = _tma_wgrad_configs(dz, x, stride, groups, precision, traced)
         configs = tma_configs + _candidates(_DW_WGRAD_CONFIGS, gemm, direct, OH, OW, groups * COUT_G,
                                             _DW3_WGRAD_CONFIGS if walk else ())
         tkey = ("wgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
@@ -1396,11 +1402,11 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int):
                 *(("tma",) if tma_configs else ()), *(("walk",) if walk else ()))
         return _pick("conv2d", tkey, configs, launcher, (dz, x, dw))
 
-    plan(_plans, key, make)(dz, x, dw)
+    plan(_plans, key, make, traced)(dz, x, dw)
     return dw
 
 
-def _act_grad_impl(dy, z, activation: str, bias_grad: bool):
+def _act_grad_impl(dy, z, activation: str, bias_grad: bool, traced: bool = False):
     """(dz, dbias) for y = act(z): dz in z's strides (empty for activation "none", where it is dy) and the
     bias gradient (empty unless bias_grad)."""
     N, COUT, OH, OW = dy.shape
@@ -1413,63 +1419,46 @@ def _act_grad_impl(dy, z, activation: str, bias_grad: bool):
         zz = z if activation != "none" else dy
         launch(_conv_act_grad_kernel, (tiles_p, _runtime.cdiv(COUT, block_c)), dy, zz,
                dz if activation != "none" else dy, part, COUT, OH, OW, P, *dy.stride(), *zz.stride(),
-               ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c)
+               ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c, traced=traced)
     if not bias_grad:
         return dz, dy.new_empty(0)
-    return dz, column_sums(part, dy.new_empty(COUT)) if P * COUT > 0 else dy.new_zeros(COUT)
+    return dz, column_sums(part, dy.new_empty(COUT), traced) if P * COUT > 0 else dy.new_zeros(COUT)
 
 
-# --- 4. Registration as custom ops (what torch.compile traces) --------------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ---------------------------------
 
-@torch.library.custom_op("dropin::conv2d", mutates_args=())
+@torch_op("dropin::conv2d", mutates_args=())
 def _fwd_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
             stride: list[int], padding: list[int], dilation: list[int], groups: int, activation: str,
             save_preact: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return _fwd_impl(x, w, bias, residual, tuple(stride), tuple(padding), tuple(dilation), groups, activation,
-                     save_preact)
+                     save_preact, traced=True)
 
 
-@_fwd_op.register_fake
-def _(x, w, bias, residual, stride, padding, dilation, groups, activation, save_preact):
-    OH, OW = _out_hw(x.shape[2], x.shape[3], w.shape[2], w.shape[3], stride, padding, dilation)
-    y = torch.empty((x.shape[0], w.shape[0], OH, OW), device=x.device, dtype=x.dtype,
-                    memory_format=_out_format(x, w))
-    return y, torch.empty_like(y) if save_preact else x.new_empty(0)
+@torch_op("dropin::conv2d_out", mutates_args=("out",))
+def _fwd_out_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                stride: list[int], padding: list[int], dilation: list[int], groups: int, activation: str,
+                out: torch.Tensor) -> None:
+    _fwd_impl(x, w, bias, residual, tuple(stride), tuple(padding), tuple(dilation), groups, activation, False, out,
+              traced=True)
 
 
-@torch.library.custom_op("dropin::conv2d_dgrad", mutates_args=())
+@torch_op("dropin::conv2d_dgrad", mutates_args=())
 def _dgrad_op(dz: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
               dilation: list[int], groups: int) -> torch.Tensor:
-    return _dgrad_impl(dz, x, w, tuple(stride), tuple(padding), tuple(dilation), groups)
+    return _dgrad_impl(dz, x, w, tuple(stride), tuple(padding), tuple(dilation), groups, traced=True)
 
 
-@_dgrad_op.register_fake
-def _(dz, x, w, stride, padding, dilation, groups):
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("dropin::conv2d_wgrad", mutates_args=())
+@torch_op("dropin::conv2d_wgrad", mutates_args=())
 def _wgrad_op(dz: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
               dilation: list[int], groups: int) -> torch.Tensor:
-    return _wgrad_impl(dz, x, w, tuple(stride), tuple(padding), tuple(dilation), groups)
+    return _wgrad_impl(dz, x, w, tuple(stride), tuple(padding), tuple(dilation), groups, traced=True)
 
 
-@_wgrad_op.register_fake
-def _(dz, x, w, stride, padding, dilation, groups):
-    return torch.empty_like(w)
-
-
-@torch.library.custom_op("dropin::conv2d_act_grad", mutates_args=())
+@torch_op("dropin::conv2d_act_grad", mutates_args=())
 def _act_grad_op(dy: torch.Tensor, z: torch.Tensor, activation: str,
                  bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _act_grad_impl(dy, z, activation, bias_grad)
-
-
-@_act_grad_op.register_fake
-def _(dy, z, activation, bias_grad):
-    dz = torch.empty_like(z) if activation != "none" else dy.new_empty(0)
-    return dz, dy.new_empty(dy.shape[1] if bias_grad else 0)
-
+    return _act_grad_impl(dy, z, activation, bias_grad, traced=True)
 
 
 _fwd = switch(_fwd_op, _fwd_impl)
@@ -1612,12 +1601,14 @@ def _span(t: torch.Tensor) -> tuple:
 
 def _check_out(out: torch.Tensor, *tensors) -> None:
     """conv2d's checks of `out` that depend on more than shapes: no autograd, no element written twice, no overlap
-    with an operand (a residual may be `out` itself: each element is read before it is written)."""
+    with an operand (a residual may be `out` itself: each element is read before it is written; eager only)."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (out, *tensors)):
         raise RuntimeError("conv2d: out= is for inference: it does not support automatic differentiation, but one "
                            "of the arguments requires grad")
     if any(size > 1 and st == 0 for size, st in zip(out.shape, out.stride())):
         raise RuntimeError("conv2d: 'out' has elements that share memory (a stride of 0); it must not")
+    if torch.compiler.is_compiling():
+        return  # traced tensors have no addresses
     first, last = _span(out)
     input, weight, bias, residual = tensors
     for name, t in (("input", input), ("weight", weight), ("bias", bias), ("residual", residual)):
@@ -1663,8 +1654,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         residual = residual.unsqueeze(0)
     if out is not None:
         y = out.unsqueeze(0) if unbatched else out
-        if torch.compiler.is_compiling():  # (the registered op returns a new tensor)
-            y.copy_(_fwd(x, weight, bias, residual, stride, pads, dilation, groups, act, False)[0])
+        if torch.compiler.is_compiling():  # the registered op while torch.compile traces, as `switch` picks
+            _fwd_out_op(x, weight, bias, residual, stride, pads, dilation, groups, act, y)
         else:
             _fwd_impl(x, weight, bias, residual, stride, pads, dilation, groups, act, False, y)
         return out

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, column_sums, row_config, row_view
-from ._dispatch import checked_once, launch, switch
+from ._dispatch import checked_once, launch, switch, torch_op
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -108,7 +108,9 @@ def _rows(x: torch.Tensor, n_last: int):
     return x, view
 
 
-def _fwd_impl(x, n_last: int, w, b, eps: float):
+def _fwd_impl(x, n_last: int, w, b, eps: float, traced: bool = False):
+    """(y, mean, rstd): y contiguous in x's shape and dtype, mean and rstd [rows] fp32. traced: under
+    torch.compile (`_dispatch`)."""
     x, ((_, s0), (M1, s1), (N, sn)) = _rows(x, n_last)
     M = x.numel() // max(N, 1)
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
@@ -118,11 +120,12 @@ def _fwd_impl(x, n_last: int, w, b, eps: float):
         return y, mean, rstd
     cfg = row_config(N)
     launch(_ln_fwd_kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), x, y if w is None else w, y if b is None else b,
-           y, mean, rstd, M, M1, N, s0, s1, sn, eps, HAS_W=w is not None, HAS_B=b is not None, **cfg)
+           y, mean, rstd, M, M1, N, s0, s1, sn, eps, HAS_W=w is not None, HAS_B=b is not None, **cfg,
+           traced=traced)
     return y, mean, rstd
 
 
-def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype]):
+def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype], traced: bool = False):
     """(dx, [dweight; dbias]): the second [2, N] in wb_dtype, or empty where wb_dtype is None."""
     need_wb = wb_dtype is not None
     x, ((_, sx0), (M1x, sx1), (N, sxn)) = _rows(x, n_last)
@@ -136,41 +139,25 @@ def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype]
     G = min(_runtime.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
     part = torch.empty((G, 2, N) if need_wb else (0,), device=x.device, dtype=torch.float32)
     launch(_ln_bwd_kernel, (G,), x, dx if w is None else w, dy, dx, mean, rstd, part if need_wb else mean,
-           M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn, HAS_W=w is not None, PARTIALS=need_wb, **cfg)
+           M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn, HAS_W=w is not None, PARTIALS=need_wb, **cfg,
+           traced=traced)
     if need_wb:
-        column_sums(part.view(G, 2 * N), dwb.view(2 * N))
+        column_sums(part.view(G, 2 * N), dwb.view(2 * N), traced)
     return dx, dwb
 
 
-# --- 4. Registration as custom ops -----------------------------------------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) --------------------------------
 
-def _fake_stats(x, n_last):
-    M = x.numel() // max(math.prod(x.shape[x.dim() - n_last:]), 1)
-    return x.new_empty(M, dtype=torch.float32)
-
-
-@torch.library.custom_op("dropin::layer_norm", mutates_args=())
+@torch_op("dropin::layer_norm", mutates_args=())
 def _fwd_op(x: torch.Tensor, n_last: int, w: Optional[torch.Tensor], b: Optional[torch.Tensor],
             eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd_impl(x, n_last, w, b, eps)
+    return _fwd_impl(x, n_last, w, b, eps, traced=True)
 
 
-@_fwd_op.register_fake
-def _(x, n_last, w, b, eps):
-    return torch.empty(x.shape, device=x.device, dtype=x.dtype), _fake_stats(x, n_last), _fake_stats(x, n_last)
-
-
-@torch.library.custom_op("dropin::layer_norm_backward", mutates_args=())
+@torch_op("dropin::layer_norm_backward", mutates_args=())
 def _bwd_op(dy: torch.Tensor, x: torch.Tensor, n_last: int, w: Optional[torch.Tensor], mean: torch.Tensor,
             rstd: torch.Tensor, wb_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
-    return _bwd_impl(dy, x, n_last, w, mean, rstd, wb_dtype)
-
-
-@_bwd_op.register_fake
-def _(dy, x, n_last, w, mean, rstd, wb_dtype):
-    N = math.prod(x.shape[x.dim() - n_last:])
-    dwb = x.new_empty((2, N), dtype=wb_dtype) if wb_dtype is not None else x.new_empty(0)
-    return torch.empty(x.shape, device=x.device, dtype=x.dtype), dwb
+    return _bwd_impl(dy, x, n_last, w, mean, rstd, wb_dtype, traced=True)
 
 
 _fwd = switch(_fwd_op, _fwd_impl)

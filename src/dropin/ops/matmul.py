@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, checked_once, launch, plan, switch
+from ._dispatch import Launch, aligned, checked_once, launch, plan, switch, torch_op
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -349,10 +349,12 @@ _FMA_CONFIGS = {
 
 def _fits(configs, M, N, K, max_k=256, min_m=16):
     """Drops candidates whose tile is larger than the bucketed problem, K tiles over max_k, and K splits for
-    short K; keeps the smallest if none fits."""
+    short K; keeps the smallest if none fits. A choice that only tunes: symbolic sizes count by their traced
+    value, without a guard."""
     bm, bn = max(min_m, _autotune.bucket(M)), _autotune.bucket(N)
+    long_k = _runtime.size_hint(K) >= 1024
     fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn and c["BLOCK_K"] <= max_k
-               and (K >= 1024 or "SPLIT_K" not in c)]
+               and (long_k or "SPLIT_K" not in c)]
     return fitting or configs[-1:]
 
 
@@ -386,12 +388,12 @@ def _max_k(precision: str, size: int, tf32x3_k: int = 32) -> int:
     return tf32x3_k if precision == "tf32x3" else 64
 
 
-def _tma_layout(t: torch.Tensor):
+def _tma_layout(t: torch.Tensor, traced: bool = False):
     """(transposed, outer stride, batch stride) when `t` [B, R, C] suits a TMA descriptor, else None."""
     size = t.element_size()
     batch, rows, cols = t.shape
     sb, sr, sc = t.stride()
-    if t.data_ptr() % 16:
+    if not aligned(t, traced):
         return None
     if sc == 1 and rows > 1 and (sr * size) % 16 == 0:
         transposed, outer, extent = False, sr, rows
@@ -409,7 +411,7 @@ def _tma_layout(t: torch.Tensor):
 _plans: dict = {}
 
 
-def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] = None):
+def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] = None, traced: bool = False):
     """C = act(A @ B + bias) for A [B, M, K], B [B, K, N] (same batch, any strides), bias [N] or None.
     Returns (C, Z): C contiguous [B, M, N]; Z = A @ B + bias when save_preact, else None.
     `tma` forces the kernel choice (tests); None picks the TMA kernel wherever it applies.
@@ -425,31 +427,32 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
     if precision == "tf32" and K > 0:
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)
-        a, b, precision = _tf32_operand(a, 2), _tf32_operand(b, 1), "tf32_rounded"
-    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16, b.data_ptr() % 16,
-           None if bias is None else bias.data_ptr() % 16, activation, save_preact, precision, tma)
-    plan = plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision))
-    plan(a, b, c, c if bias is None else bias, z)
+        a, b, precision = _tf32_operand(a, 2, traced), _tf32_operand(b, 1, traced), "tf32_rounded"
+    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, aligned(a, traced), aligned(b, traced),
+           None if bias is None else aligned(bias, traced), activation, save_preact, precision, tma)
+    run = plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced),
+               traced=traced)
+    run(a, b, c, c if bias is None else bias, z)
     return c, z if save_preact else None
 
 
-def _tf32_operand(t: torch.Tensor, k_dim: int) -> torch.Tensor:
+def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Tensor:
     """A copy of t [batch, R, C] rounded to tf32, with dimension k_dim (1 or 2) contiguous."""
     batch, R, C = t.shape
     y = t.new_empty((batch, R, C)) if k_dim == 2 else t.new_empty((batch, C, R)).mT
     grid = (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch)
-    launch(_tf32_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), BLOCK_R=64, BLOCK_C=64)
+    launch(_tf32_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), BLOCK_R=64, BLOCK_C=64, traced=traced)
     return y
 
 
-def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision):
+def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced: bool):
     """Chooses the kernel and its config for this signature (tuning on first use); returns the launcher.
     Candidates: the TMA kernel's where it applies, and the pointer kernel's where it may win (skinny or
     fp32 products, or no TMA)."""
     batch, M, K = a.shape
     N = b.shape[2]
     size = a.element_size()
-    a_layout, b_layout = _tma_layout(a), _tma_layout(b)
+    a_layout, b_layout = _tma_layout(a, traced), _tma_layout(b, traced)
     tuned = tma is None
     if tuned:
         tma = (_runtime.is_hopper(a.device.index or 0) and K > 0 and a_layout is not None
@@ -476,7 +479,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision):
             meta = dict(HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact, BLOCK_M=cfg["BLOCK_M"],
                         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
             scalars = (M, N, K, *a.stride(), *b.stride())
-            launch = Launch(_fma_kernel, (tiles, batch), meta)
+            launch = Launch(_fma_kernel, (tiles, batch), meta, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         if kernel == "tma":
             programs = cfg.pop("OCC", 1) * _runtime.num_sms(a.device.index or 0)
@@ -484,21 +487,21 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision):
             scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
             meta = dict(epilogue, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs)
             meta.update(cfg)
-            launch = Launch(_mm_tma_kernel, grid, meta, scratch=True)
+            launch = Launch(_mm_tma_kernel, grid, meta, scratch=True, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         scalars = (M, N, K, *a.stride(), *b.stride())
         if splits == 1:
             meta = dict(epilogue)
             meta.update(cfg)
-            launch = Launch(_mm_kernel, (tiles, batch, 1), meta)
+            launch = Launch(_mm_kernel, (tiles, batch, 1), meta, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         partial_meta = dict(epilogue, HAS_BIAS=False, ACT="none", STORE_Z=False)
         partial_meta.update(cfg)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
                         BLOCK_R=32, BLOCK_N=64)
-        launch_partial = Launch(_mm_kernel, (tiles, batch, splits), partial_meta)
+        launch_partial = Launch(_mm_kernel, (tiles, batch, splits), partial_meta, traced=traced)
         sum_grid = (_runtime.cdiv(batch * M, 32), _runtime.cdiv(N, 64))
-        launch_sum = Launch(_split_sum_kernel, sum_grid, sum_meta)
+        launch_sum = Launch(_split_sum_kernel, sum_grid, sum_meta, traced=traced)
 
         def run_split(a, b, c, bias, z):
             partial = torch.empty((splits, batch, M, N), device=a.device, dtype=torch.float32)
@@ -517,7 +520,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision):
     return launcher(_autotune.pick("matmul", key, configs, prepare))
 
 
-def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool):
+def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool, traced: bool = False):
     """(grad_z, grad_bias) for y = act(z): grad_z [.., N] (empty for activation "none", where it is grad_y)
     and the bias gradient, grad_z summed over every row (empty unless bias_grad)."""
     N = grad_y.shape[-1]
@@ -536,38 +539,26 @@ def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool):
     partial = grad_bias.view(1, N) if (splits == 1 and bias_grad) else \
         torch.empty((splits, N) if bias_grad else (0,), device=grad_y.device, dtype=torch.float32)
     launch(_act_grad_kernel, (n_blocks, splits), g2, g2 if z is None else z, grad_z, partial, R, N, *g2.stride(), rows,
-           ACT=activation, COL_SUM=bias_grad, BLOCK_R=block_r, BLOCK_N=block_n)
+           ACT=activation, COL_SUM=bias_grad, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
     if bias_grad and splits > 1:
         launch(_act_grad_kernel, (n_blocks, 1), partial, partial, partial, grad_bias, splits, N, N, 1, splits,
-               ACT="none", COL_SUM=True, BLOCK_R=block_r, BLOCK_N=block_n)
+               ACT="none", COL_SUM=True, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
     return grad_z, grad_bias
 
 
-# --- 4. Registration as custom ops (what torch.compile traces) -------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
 
-@torch.library.custom_op("dropin::mm", mutates_args=())
+@torch_op("dropin::mm", mutates_args=())
 def _mm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: str,
            save_preact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    c, z = _mm_impl(a, b, bias, activation, save_preact)
+    c, z = _mm_impl(a, b, bias, activation, save_preact, traced=True)
     return c, z if z is not None else a.new_empty(0)
 
 
-@_mm_op.register_fake
-def _(a, b, bias, activation, save_preact):
-    shape = (a.shape[0], a.shape[1], b.shape[2])
-    return a.new_empty(shape), a.new_empty(shape if save_preact else (0,))
-
-
-@torch.library.custom_op("dropin::act_grad", mutates_args=())
+@torch_op("dropin::act_grad", mutates_args=())
 def _act_grad_op(grad_y: torch.Tensor, z: Optional[torch.Tensor], activation: str,
                  bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _act_grad_impl(grad_y, z, activation, bias_grad)
-
-
-@_act_grad_op.register_fake
-def _(grad_y, z, activation, bias_grad):
-    grad_z = torch.empty_like(grad_y) if activation != "none" else grad_y.new_empty(0)
-    return grad_z, grad_y.new_empty(grad_y.shape[-1] if bias_grad else 0)
+    return _act_grad_impl(grad_y, z, activation, bias_grad, traced=True)
 
 
 _mm = switch(_mm_op, _mm_impl)

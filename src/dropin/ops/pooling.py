@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float
-from ._dispatch import launch, switch
+from ._dispatch import launch, switch, torch_op
 from .conv2d import _channels_last, _pixel
 
 # --- 1. References ---------------------------------------------------------------------------------------
@@ -222,7 +222,9 @@ def _meta(mode, kernel, stride, padding, dilation, count_pad, divisor):
 
 
 def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad: bool, divisor: int,
-              store_idx: bool):
+              store_idx: bool, traced: bool = False):
+    """x [N, C, H, W] (any strides) -> (y [N, C, OH, OW] in x's memory format, idx (int32 argmax in y's layout
+    with store_idx, else empty)). traced: under torch.compile (`_dispatch`)."""
     N, C, H, W = x.shape
     OH, OW = out_hw
     cl = _channels_last(x)
@@ -239,19 +241,21 @@ def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad
         block_c = min(_runtime.next_power_of_2(C), 64) if cl else min(_runtime.next_power_of_2(C), 4)
         block_hw = max(2, min(_runtime.next_power_of_2(H * W), 2048 // block_c))
         launch(_global_avg_kernel, (N, _runtime.cdiv(C, block_c)), x, y, C, H * W, ww, x.stride(0), x.stride(1),
-               sxh, sxw, y.stride(0), y.stride(1), BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=4)
+               sxh, sxw, y.stride(0), y.stride(1), BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=4, traced=traced)
         return y, idx
     P = N * OH * OW
     block_p, block_c = _tiles(P, C, cl)
     launch(_pool_fwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), x, y, idx if store_idx else y,
            C, H, W, OH, OW, P, *x.stride(), *y.stride(),
            **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), STORE_IDX=store_idx,
-           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
     return y, idx
 
 
 def _bwd_impl(dy, idx, x_shape, channels_last: bool, mode: str, kernel, stride, padding, dilation,
-              count_pad: bool, divisor: int):
+              count_pad: bool, divisor: int, traced: bool = False):
+    """dy [N, C, OH, OW] (any strides), idx the forward's argmax (max pooling) -> dx of shape x_shape, channels_last
+    or contiguous."""
     N, C, H, W = x_shape
     OH, OW = dy.shape[2:]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -270,37 +274,25 @@ def _bwd_impl(dy, idx, x_shape, channels_last: bool, mode: str, kernel, stride, 
     launch(_pool_bwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), dy, i, dx,
            C, H, W, OH, OW, P, *dy.stride(), *i.stride(), *dx.stride(),
            **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), TH=th, TW=tw,
-           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8)
+           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
     return dx
 
 
-# --- 4. Registration as custom ops -----------------------------------------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
 
-@torch.library.custom_op("dropin::pool2d", mutates_args=())
+@torch_op("dropin::pool2d", mutates_args=())
 def _fwd_op(x: torch.Tensor, mode: str, kernel: list[int], stride: list[int], padding: list[int],
             dilation: list[int], out_hw: list[int], count_pad: bool, divisor: int,
             store_idx: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd_impl(x, mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor, store_idx)
+    return _fwd_impl(x, mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor, store_idx, traced=True)
 
 
-@_fwd_op.register_fake
-def _(x, mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor, store_idx):
-    fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
-    y = torch.empty((*x.shape[:2], *out_hw), device=x.device, dtype=x.dtype, memory_format=fmt)
-    return y, torch.empty_like(y, dtype=torch.int32) if store_idx else y.new_empty(0, dtype=torch.int32)
-
-
-@torch.library.custom_op("dropin::pool2d_backward", mutates_args=())
+@torch_op("dropin::pool2d_backward", mutates_args=())
 def _bwd_op(dy: torch.Tensor, idx: torch.Tensor, x_shape: list[int], channels_last: bool, mode: str,
             kernel: list[int], stride: list[int], padding: list[int], dilation: list[int], count_pad: bool,
             divisor: int) -> torch.Tensor:
-    return _bwd_impl(dy, idx, x_shape, channels_last, mode, kernel, stride, padding, dilation, count_pad, divisor)
-
-
-@_bwd_op.register_fake
-def _(dy, idx, x_shape, channels_last, mode, kernel, stride, padding, dilation, count_pad, divisor):
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return torch.empty(x_shape, device=dy.device, dtype=dy.dtype, memory_format=fmt)
+    return _bwd_impl(dy, idx, x_shape, channels_last, mode, kernel, stride, padding, dilation, count_pad, divisor,
+                     traced=True)
 
 
 _fwd = switch(_fwd_op, _fwd_impl)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._dispatch import launch, switch
+from ._dispatch import launch, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -100,9 +100,10 @@ def _table_strides(t: torch.Tensor, batch: int):
     return (t.stride(0) if t.shape[0] == batch and batch > 1 else 0, t.stride(1), t.stride(2))
 
 
-def _rope_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_out, backward: bool):
+def _rope_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_out, backward: bool,
+               traced: bool = False):
     """Writes the rotation (its transpose when `backward`) of q and k into q_out and k_out (q and k
-    themselves for in place); every tensor may have any strides."""
+    themselves for in place); every tensor may have any strides. traced: under torch.compile (`_dispatch`)."""
     B, HQ, S, D = q.shape
     HK = k.shape[1]
     half = D // 2
@@ -119,43 +120,36 @@ def _rope_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_ou
         *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
         *_table_strides(cos, B), *_table_strides(sin, B), *pos_strides,
         HAS_POS=position_ids is not None, BACKWARD=backward, BLOCK_T=block_t, BLOCK_HALF=block_half,
-        num_warps=4)
+        num_warps=4, traced=traced)
 
 
-def _rope_out_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], backward: bool):
+def _rope_out_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], backward: bool, traced: bool = False):
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # q's and k's own layouts where dense
-    _rope_impl(q, k, cos, sin, position_ids, q_out, k_out, backward)
+    _rope_impl(q, k, cos, sin, position_ids, q_out, k_out, backward, traced=traced)
     return q_out, k_out
 
 
-def _rope_inplace_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor]) -> None:
-    _rope_impl(q, k, cos, sin, position_ids, q, k, False)
-    for t in (q, k):  # written through pointers: tell autograd, whose saved-tensor checks rely on it
-        torch.autograd.graph.increment_version(t)
+def _rope_inplace_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], traced: bool = False) -> None:
+    _rope_impl(q, k, cos, sin, position_ids, q, k, False, traced=traced)
+    # Written through pointers: autograd's saved-tensor checks need q's and k's versions bumped, which the
+    # registered op's dispatch does itself (mutates_args), and an eager call of the impl here.
+    if not traced:
+        for t in (q, k):
+            torch.autograd.graph.increment_version(t)
 
 
-# --- 4. Registration as custom ops --------------------------------------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
 
-@torch.library.custom_op("dropin::rope", mutates_args=())
+@torch_op("dropin::rope", mutates_args=())
 def _rope_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              position_ids: Optional[torch.Tensor], backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rope_out_impl(q, k, cos, sin, position_ids, backward)
+    return _rope_out_impl(q, k, cos, sin, position_ids, backward, traced=True)
 
 
-@_rope_op.register_fake
-def _(q, k, cos, sin, position_ids, backward):
-    return torch.empty_like(q), torch.empty_like(k)
-
-
-@torch.library.custom_op("dropin::rope_", mutates_args=("q", "k"))
+@torch_op("dropin::rope_", mutates_args=("q", "k"))
 def _rope_inplace_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      position_ids: Optional[torch.Tensor]) -> None:
-    _rope_inplace_impl(q, k, cos, sin, position_ids)
-
-
-@_rope_inplace_op.register_fake
-def _(q, k, cos, sin, position_ids):
-    return None
+    _rope_inplace_impl(q, k, cos, sin, position_ids, traced=True)
 
 
 _rope_out = switch(_rope_op, _rope_out_impl)

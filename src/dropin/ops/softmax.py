@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, row_config, row_view
-from ._dispatch import launch, switch
+from ._dispatch import launch, switch, torch_op
 from .layer_norm import _rows, _tile
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr,
 
 # --- 3. Launchers ----------------------------------------------------------------------------------------
 
-def _launch(kernel, a, y, out, dim: int, log: bool):
+def _launch(kernel, a, y, out, dim: int, log: bool, traced: bool):
     """kernel over rows along dim: reads a and y (y None: reads only a; else y has out's strides), writes out."""
     a, ((_, sa0), (M1a, sa1), (N, san)) = _rows(a.movedim(dim, -1), 1)
     (_, so0), (M1o, so1), (_, son) = row_view(out.movedim(dim, -1), 1)
@@ -79,43 +79,34 @@ def _launch(kernel, a, y, out, dim: int, log: bool):
     cfg = row_config(N)
     tensors = (a, out) if y is None else (a, y, out)
     launch(kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), *tensors, M, N, M1a, sa0, sa1, san, M1o, so0, so1, son,
-           LOG=log, **cfg)
+           LOG=log, **cfg, traced=traced)
 
 
-def _fwd_impl(x, dim: int, log: bool):
+def _fwd_impl(x, dim: int, log: bool, traced: bool = False):
+    """softmax (log: log_softmax) of x along dim, contiguous. traced: under torch.compile (`_dispatch`)."""
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     if x.numel() > 0:
-        _launch(_softmax_fwd_kernel, x, None, y, dim, log)
+        _launch(_softmax_fwd_kernel, x, None, y, dim, log, traced)
     return y
 
 
-def _bwd_impl(dy, y, dim: int, log: bool):
+def _bwd_impl(dy, y, dim: int, log: bool, traced: bool = False):
     dx = torch.empty(y.shape, device=y.device, dtype=y.dtype)
     if y.numel() > 0:
-        _launch(_softmax_bwd_kernel, dy, y, dx, dim, log)
+        _launch(_softmax_bwd_kernel, dy, y, dx, dim, log, traced)
     return dx
 
 
-# --- 4. Registration as custom ops -----------------------------------------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) --------------------------------
 
-@torch.library.custom_op("dropin::softmax", mutates_args=())
+@torch_op("dropin::softmax", mutates_args=())
 def _fwd_op(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    return _fwd_impl(x, dim, log)
+    return _fwd_impl(x, dim, log, traced=True)
 
 
-@_fwd_op.register_fake
-def _(x, dim, log):
-    return torch.empty(x.shape, device=x.device, dtype=x.dtype)
-
-
-@torch.library.custom_op("dropin::softmax_backward", mutates_args=())
+@torch_op("dropin::softmax_backward", mutates_args=())
 def _bwd_op(dy: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    return _bwd_impl(dy, y, dim, log)
-
-
-@_bwd_op.register_fake
-def _(dy, y, dim, log):
-    return torch.empty(y.shape, device=y.device, dtype=y.dtype)
+    return _bwd_impl(dy, y, dim, log, traced=True)
 
 
 _fwd = switch(_fwd_op, _fwd_impl)

@@ -13,8 +13,8 @@ columns), BLOCK_C chunks of K and up to 16 tokens; it loads the run pointers of 
 transpose [K, tokens] (the tokens of one entry's column are one contiguous read). Built for the memory-bound
 small-token products (M <= 16), where reading only the non-zero weight bytes is the win. With many tokens
 every product is a gathered FMA, so tensor cores on the dense weight win: there the weight is expanded into
-a temporary dense [N, K] (`_scatter_kernel`) for dropin's `linear` (the default on the GPU when
-M * density >= 2, else a tuning candidate; docs/perf-notes.md has the arithmetic).
+a temporary dense [N, K] (`_scatter_kernel`) for dropin's tensor-core product (matmul's; the default on the GPU
+when M * density >= 2, else a tuning candidate; docs/perf-notes.md has the arithmetic).
 
 Backward (weights frozen): dx = dy @ W is the same product with W^T [K, N], compressed at sparsify time
 (`transpose=True`, the default) and run through the same kernel: no atomics, deterministic, at the cost of a
@@ -31,9 +31,9 @@ import triton.language as tl
 from .. import _runtime
 from . import _autotune
 from ._common import FLOAT_DTYPES
-from ._dispatch import launch, plan, switch
+from ._dispatch import Launch, aligned, launch, plan, switch, torch_op
 from .conv2d import _tap
-from .matmul import _split_sum_kernel, linear
+from .matmul import _mm_impl, _split_sum_kernel
 
 MAX_BLOCK_K = 256  # a chunk offset fits a uint8
 
@@ -305,7 +305,7 @@ def _scatter_kernel(val_ptr, off_ptr, chunk_ptr, w_ptr, N, K, chunks,
 # second kernel) only beyond BLOCK_C chunks. Short steps (BLOCK_P 2-8 entries of each run) over many runs
 # won; with several tokens, one or two rows a program on one or two warps (more programs a wave: the kernel
 # waits on its gathers, ncu). DENSE (many tokens): the weight expanded
-# into a temporary dense [N, K] (one scatter kernel) for dropin's tensor-core `linear`; the default where
+# into a temporary dense [N, K] (one scatter kernel) for dropin's tensor-core product; the default where
 # M * density >= 2.
 def _cfg(n, c, p, warps):
     return dict(BLOCK_N=n, BLOCK_C=c, BLOCK_P=p, num_warps=warps)
@@ -320,33 +320,36 @@ _CONFIGS["many"] = _CONFIGS["few"] + [dict(DENSE=True)]
 MAX_M_TILES = 65535  # the grid's second dimension; more tokens take the dense path
 
 
-def _densify(values, offsets, chunk_ptr, N: int, K: int, block_k: int) -> torch.Tensor:
+def _densify(values, offsets, chunk_ptr, N: int, K: int, block_k: int, traced: bool = False) -> torch.Tensor:
     """The dense weight [N, K] of a chunked CSR (zeros, then one scatter of the entries)."""
     dense = torch.zeros((N, K), device=values.device, dtype=values.dtype)
     chunks = _runtime.cdiv(K, block_k)
     if N * chunks:
         launch(_scatter_kernel, (_runtime.cdiv(N, 32), chunks), values, offsets, chunk_ptr, dense, N, K, chunks,
-               BLOCK_K=block_k, BLOCK_N=32, BLOCK_P=32)
+               BLOCK_K=block_k, BLOCK_N=32, BLOCK_P=32, traced=traced)
     return dense
 
 
 _plans: dict = {}
 
 
-def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], N: int, block_k: int):
-    """x [M, K] (any strides), the weight's chunked CSR (values, offsets, chunk_ptr of N rows), bias [N] or
-    None -> y [M, N] contiguous in x's dtype. The launch plan is made once per signature and reused: a
-    one-token product takes a few us of GPU time, as much as a call's CPU time."""
+def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], N: int, block_k: int,
+                        traced: bool = False):
+    """x [M, K] (any strides), the weight's chunked CSR (values, offsets, chunk_ptr of N rows), bias [N]
+    (contiguous) or None -> y [M, N] contiguous in x's dtype. The launch plan is made once per signature and
+    reused: a one-token product takes a few us of GPU time, as much as a call's CPU time. traced: under
+    torch.compile (`_dispatch`)."""
     M, K = x.shape
     if M * N == 0:
         return x.new_empty((M, N))
     key = (x.shape, x.stride(), x.dtype, x.device, values.numel(), chunk_ptr.dtype, N, block_k, bias is None,
-           *(t.data_ptr() % 16 for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
-    plan = plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, N, block_k))
-    return plan(x, values, offsets, chunk_ptr, bias)
+           *(aligned(t, traced) for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
+    run = plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, N, block_k, traced),
+               traced=traced)
+    return run(x, values, offsets, chunk_ptr, bias)
 
 
-def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
+def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int, traced: bool = False):
     """Chooses the config for this signature (tuning on first use); returns run(x, values, offsets, chunk_ptr,
     bias) -> y."""
     M, K = x.shape
@@ -355,8 +358,9 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
 
     def runner(cfg):
         if cfg.get("DENSE"):
-            return lambda x, values, offsets, chunk_ptr, bias: linear(
-                x, _densify(values, offsets, chunk_ptr, N, K, block_k), bias)
+            return lambda x, values, offsets, chunk_ptr, bias: _mm_impl(
+                x.unsqueeze(0), _densify(values, offsets, chunk_ptr, N, K, block_k, traced).t().unsqueeze(0), bias,
+                "none", False, traced=traced)[0][0]
         block_c = min(cfg["BLOCK_C"], _runtime.next_power_of_2(max(chunks, 1)))
         splits = max(1, _runtime.cdiv(chunks, block_c))
         # the kernel reads x through its transpose xt [K, M] with unit column stride: x itself when one token
@@ -368,9 +372,9 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
         scalars = (M, N, chunks, stride_t, 1, 1, 1, m_tiles)
         meta = dict(cfg, BLOCK_C=block_c, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k,
                     BLOCK_M=block_m)
-        product = Launch(_sparse_kernel, grid, meta)
+        product = Launch(_sparse_kernel, grid, meta, traced=traced)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
-        split_sum = Launch(_split_sum_kernel, (_runtime.cdiv(M, 32), _runtime.cdiv(N, 64)), sum_meta)
+        split_sum = Launch(_split_sum_kernel, (_runtime.cdiv(M, 32), _runtime.cdiv(N, 64)), sum_meta, traced=traced)
 
         def run(x, values, offsets, chunk_ptr, bias):
             xt = x if direct else x.t().contiguous()
@@ -386,14 +390,15 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
         return run
 
     tokens = "one" if M == 1 else "few" if M <= 16 else "many"
-    density = values.numel() / max(1, N * K)
+    nnz = values.numel()
     configs = _CONFIGS[tokens]
     if _runtime.cdiv(M, block_m) > MAX_M_TILES:
         configs = configs[-1:]
-    elif tokens == "many" and M * density >= 2 and not _runtime.INTERPRET:
-        # the dense product is predicted faster (docs/perf-notes.md); not under the interpreter, where speed
-        # is moot and tl.dot on bfloat16 is wrong
+    elif tokens == "many" and M * nnz >= 2 * max(1, N * K) and not _runtime.INTERPRET:
+        # M * density >= 2: the dense product is predicted faster (docs/perf-notes.md); not under the
+        # interpreter, where speed is moot and tl.dot on bfloat16 is wrong
         configs = configs[-1:] + configs[:-1]
+    density = _runtime.size_hint(nnz) / max(1, _runtime.size_hint(N * K))  # (a tuning key only)
     key = (x.dtype, block_k, tokens, *map(_autotune.bucket, (M, N, K)), round(math.log2(max(density, 1e-3))))
 
     def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
@@ -403,17 +408,12 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int):
     return runner(_autotune.pick("sparse_linear", key, configs, prepare))
 
 
-# --- 4. Registration as a custom op ---------------------------------------------------------------------
+# --- 4. Registration as a torch op (what torch.compile traces: `_dispatch`) ----------------------------
 
-@torch.library.custom_op("dropin::sparse_linear", mutates_args=())
+@torch_op("dropin::sparse_linear", mutates_args=())
 def _sparse_linear_op(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, chunk_ptr: torch.Tensor,
                       bias: Optional[torch.Tensor], N: int, block_k: int) -> torch.Tensor:
-    return _sparse_linear_impl(x, values, offsets, chunk_ptr, bias, N, block_k)
-
-
-@_sparse_linear_op.register_fake
-def _(x, values, offsets, chunk_ptr, bias, N, block_k):
-    return x.new_empty((x.shape[0], N))
+    return _sparse_linear_impl(x, values, offsets, chunk_ptr, bias, N, block_k, traced=True)
 
 
 _sparse_linear = switch(_sparse_linear_op, _sparse_linear_impl)
@@ -494,6 +494,8 @@ def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Te
         x, weight, bias = x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
     N, K = weight.shape
     x2 = x.reshape(math.prod(x.shape[:-1]), K)
+    if bias is not None:
+        bias = bias.contiguous()  # the kernels read bias with unit stride
     t = weight.transposed
     if torch.is_grad_enabled() and (x.requires_grad or bias is not None and bias.requires_grad):
         if t is None and x.requires_grad:

@@ -16,7 +16,7 @@ import torch
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, plan, switch
+from ._dispatch import Launch, aligned, plan, switch, torch_op
 from .conv2d import _channels_last, _out_hw, conv_args
 from .sparse import SparseWeight, _sparse_kernel, check_operands
 
@@ -39,10 +39,11 @@ _plans: dict = {}
 
 def _conv_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], rows: int, block_k: int,
                kernel: list[int], stride: list[int], pads: list[int], dilation: list[int], out_hw: list[int],
-               transposed: bool) -> torch.Tensor:
+               transposed: bool, traced: bool = False) -> torch.Tensor:
     """y [B, rows, OH, OW] (NCHW, x's dtype) = the sparse conv of x [B, C, H, W] (NCHW contiguous) by the weight
     whose chunked CSR has `rows` rows; kernel = (KH, KW, groups); transposed: x is the output gradient and y
-    the input gradient (rows = input channels, out_hw = the input's size)."""
+    the input gradient (rows = input channels, out_hw = the input's size). traced: under torch.compile
+    (`_dispatch`)."""
     B, C, H, W = x.shape
     OH, OW = out_hw
     y = x.new_empty((B, rows, OH, OW))
@@ -50,14 +51,15 @@ def _conv_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], rows
         return y
     key = (x.shape, x.dtype, x.device, values.numel(), chunk_ptr.dtype, rows, block_k, *kernel, *stride, *pads,
            *dilation, *out_hw, transposed, bias is None,
-           *(t.data_ptr() % 16 for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
-    plan = plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k,
-                                                       kernel, stride, pads, dilation, transposed))
-    plan(x, values, offsets, chunk_ptr, bias, y)
+           *(aligned(t, traced) for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
+    run = plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, stride,
+                                               pads, dilation, transposed, traced), traced)
+    run(x, values, offsets, chunk_ptr, bias, y)
     return y
 
 
-def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, stride, pads, dilation, transposed):
+def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, stride, pads, dilation, transposed,
+               traced: bool):
     B, C, H, W = x.shape
     OH, OW = y.shape[2:]
     KH, KW, groups = kernel
@@ -76,8 +78,8 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, st
         block_p = 1 << max(0, per_step.bit_length() - 1)  # the power of two at most per_step, at least 1
         m_tiles = _runtime.cdiv(M, block_m)
         launch = Launch(_sparse_kernel, (_runtime.cdiv(rows, block_n), B * m_tiles, splits),
-                                   dict(geometry, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_P=block_p,
-                                        num_warps=warps))
+                        dict(geometry, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_P=block_p, num_warps=warps),
+                        traced=traced)
         scalars = (M, rows, chunks, 0, H, W, OW, m_tiles)
 
         def run(x, values, offsets, chunk_ptr, bias, y):
@@ -99,17 +101,12 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, st
     return runner(_autotune.pick("sparse_conv2d", key, _CONFIGS, prepare))
 
 
-@torch.library.custom_op("dropin::sparse_conv2d", mutates_args=())
+@torch_op("dropin::sparse_conv2d", mutates_args=())
 def _conv_op(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, chunk_ptr: torch.Tensor,
              bias: Optional[torch.Tensor], rows: int, block_k: int, kernel: list[int], stride: list[int],
              pads: list[int], dilation: list[int], out_hw: list[int], transposed: bool) -> torch.Tensor:
     return _conv_impl(x, values, offsets, chunk_ptr, bias, rows, block_k, kernel, stride, pads, dilation, out_hw,
-                      transposed)
-
-
-@_conv_op.register_fake
-def _(x, values, offsets, chunk_ptr, bias, rows, block_k, kernel, stride, pads, dilation, out_hw, transposed):
-    return x.new_empty((x.shape[0], rows, *out_hw))
+                      transposed, traced=True)
 
 
 _conv = switch(_conv_op, _conv_impl)
@@ -164,6 +161,8 @@ def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torc
                                                      padding, dilation, groups)
     channels_last = _channels_last(x)
     x = x.contiguous()
+    if bias is not None:
+        bias = bias.contiguous()  # the kernel reads bias with unit stride
     KH, KW = weight.kernel[:2]
     out_hw = list(_out_hw(x.shape[2], x.shape[3], KH, KW, stride, pads, dilation))
     geometry = (weight.shape[0], weight.block_k, list(weight.kernel), list(stride), list(pads), list(dilation),

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import launch, switch
+from ._dispatch import Launch, aligned, plan, switch, torch_op
 from .activations import activation_grad, apply_activation
 from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul
 
@@ -173,28 +173,42 @@ _TMA_CONFIGS = {  # _swiglu_tma_kernel's (persistent, a program an SM)
 }
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
+def _tma_ok(t: torch.Tensor, traced: bool = False) -> bool:
     """A 2-D tensor a descriptor can read and write: unit inner stride, 16-byte aligned base and rows."""
-    return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    return t.stride(1) == 1 and aligned(t, traced) and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+_plans: dict = {}
 
 
 def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, save=False,
-            tma: Optional[bool] = None):
+            tma: Optional[bool] = None, traced: bool = False):
     """The kernel over the [M, N] tiles; x [M, K] and the weights [N, K] with any strides. Backward when
     dh is given; with zg and zu, forward saves g and u there (save) or backward reads them (not save).
-    Candidates for the products: _swiglu_tma_kernel's where every tensor suits a descriptor (Hopper; not on
-    fp32 FMA dots, where TMA loads ran 10-30x slower than pointer ones, H200) and _swiglu_kernel's; the
-    config is tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces the choice (tests)."""
-    (M, N), K = h.shape, x.shape[1]
+    The launch plan (kernel, grid, config) is made once per signature and reused."""
     backward, saved = dh is not None, zg is not None and not save
-    precision = _precision(x.dtype, k=K)
+    precision = _precision(x.dtype, k=x.shape[1])
+    ptrs = tuple(h if t is None else t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu))
+    key = (backward, saved, save, precision, tma, x.device, h.shape, x.shape[1], x.stride(), gate_weight.stride(),
+           up_weight.stride(), tuple((t.dtype, aligned(t, traced)) for t in ptrs))
+    run = plan(_plans, key, lambda: _make_plan(ptrs, backward, saved, save, precision, tma, traced), traced=traced)
+    run(*ptrs)
+
+
+def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
+    """Chooses the kernel and its config for this signature (tuning on first use); returns the launcher of
+    `_launch`'s 8 tensors. Candidates for the products: _swiglu_tma_kernel's where every tensor suits a
+    descriptor (Hopper; not on fp32 FMA dots, where TMA loads ran 10-30x slower than pointer ones, H200) and
+    _swiglu_kernel's; the config is tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces
+    the choice (tests)."""
+    x, gate_weight, up_weight, h = ptrs[:4]
+    (M, N), K = h.shape, x.shape[1]
     max_k = _max_k(precision, x.element_size())
-    tensors = (x, gate_weight, up_weight, h, dh, du, zg, zu)
     if saved:  # elementwise, in place: not tuned (the best of 7 tiles on the H200: 3.1 TB/s)
         configs, kinds = [dict(_cfg(32, 128, 16, 4, 1), TMA=False)], ()
     else:
         if tma is None:
-            tma_ok = (_runtime.is_hopper(x.device.index or 0) and all(_tma_ok(t) for t in tensors if t is not None)
+            tma_ok = (_runtime.is_hopper(x.device.index or 0) and all(_tma_ok(t, traced) for t in ptrs)
                       and not (x.dtype == torch.float32 and precision == "ieee"))
             kinds = (True, False) if tma_ok else (False,)
         else:
@@ -205,32 +219,34 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
             if M >= 64:  # the 16-row tiles are for few tokens; fewer candidates, less compiling when tuning
                 fitting = [cfg for cfg in fitting if cfg["BLOCK_M"] > 16] or fitting
             configs += [dict(cfg, TMA=kind) for cfg in fitting]
-    ptrs = tuple(h if t is None else t for t in tensors)
 
-    def launcher(cfg, ptrs):
+    def launcher(cfg):
         cfg = dict(cfg)
         tiles = _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
         meta = dict(BACKWARD=backward, SAVE=save, PRECISION=precision, GROUP_M=8)
         if cfg.pop("TMA"):
             programs = _runtime.num_sms(x.device.index or 0)
             scalars = (M, N, K, x.stride(0), gate_weight.stride(0), up_weight.stride(0))
-            return lambda: launch(_swiglu_tma_kernel, (min(tiles, programs),), *ptrs, *scalars, scratch=True,
-                                  NUM_PROGRAMS=programs, **meta, **cfg)
-        scalars = (M, N, K, *x.stride(), *gate_weight.stride(), *up_weight.stride())
-        return lambda: launch(_swiglu_kernel, (tiles,), *ptrs, *scalars, SAVED=saved, **meta, **cfg)
+            launch = Launch(_swiglu_tma_kernel, (min(tiles, programs),), dict(meta, NUM_PROGRAMS=programs, **cfg),
+                            scratch=True, traced=traced)
+        else:
+            scalars = (M, N, K, *x.stride(), *gate_weight.stride(), *up_weight.stride())
+            launch = Launch(_swiglu_kernel, (tiles,), dict(meta, SAVED=saved, **cfg), traced=traced)
+        return lambda *tensors: launch(*tensors, *scalars)
 
     tuning = {}
 
-    def prepare(cfg):  # the backward writes dg over dh: tuning runs, repeated, write over a copy of it
-        if backward and not tuning:
-            tuning["ptrs"] = (*ptrs[:4], dh.clone(), *ptrs[5:])
-        return launcher(cfg, tuning.get("ptrs", ptrs))
+    def prepare(cfg):  # a launch to time, built once; the backward writes dg over dh, so its timed runs
+        if backward and not tuning:  # write over a copy of dh
+            tuning["ptrs"] = (*ptrs[:4], ptrs[4].clone(), *ptrs[5:])
+        launch, args = launcher(cfg), tuning.get("ptrs", ptrs)
+        return lambda: launch(*args)
 
     key = ("bwd" if backward else "fwd", saved, save, x.dtype, precision, kinds, *map(_autotune.bucket, (M, N, K)))
-    launcher(_autotune.pick("swiglu", key, configs, prepare), ptrs)()
+    return launcher(_autotune.pick("swiglu", key, configs, prepare))
 
 
-def _swiglu_fwd_impl(x, gate_weight, up_weight, save: bool, tma: Optional[bool] = None):
+def _swiglu_fwd_impl(x, gate_weight, up_weight, save: bool, tma: Optional[bool] = None, traced: bool = False):
     """h = silu(x @ G^T) * (x @ U^T): x [M, K], G and U [N, K] -> (h, g, u), [M, N] contiguous; g and u
     (the pre-activations) are written only when `save`, else empty."""
     M, N = x.shape[0], gate_weight.shape[0]
@@ -238,61 +254,46 @@ def _swiglu_fwd_impl(x, gate_weight, up_weight, save: bool, tma: Optional[bool] 
     zg, zu = (x.new_empty((M, N)), x.new_empty((M, N))) if save else (x.new_empty(0), x.new_empty(0))
     if h.numel():
         _launch(x, gate_weight, up_weight, h, zg=zg if save else None, zu=zu if save else None, save=save,
-                tma=tma)
+                tma=tma, traced=traced)
     return h, zg, zu
 
 
-def _swiglu_bwd_impl(x, gate_weight, up_weight, dh, tma: Optional[bool] = None):
+def _swiglu_bwd_impl(x, gate_weight, up_weight, dh, tma: Optional[bool] = None, traced: bool = False):
     """Recomputes g and u; given dh [M, N] (contiguous; overwritten with dg = dh * u * silu'(g)), returns
     (h, du)."""
     h, du = torch.empty_like(dh), torch.empty_like(dh)
     if h.numel():
-        _launch(x, gate_weight, up_weight, h, dh, du, tma=tma)
+        _launch(x, gate_weight, up_weight, h, dh, du, tma=tma, traced=traced)
     return h, du
 
 
-def _swiglu_bwd_saved_impl(g, u, dh) -> None:
+def _swiglu_bwd_saved_impl(g, u, dh, traced: bool = False) -> None:
     """From the saved pre-activations, in place: g becomes h = silu(g) * u, u becomes du = dh * silu(g),
     dh becomes dg = dh * u * silu'(g) (all [M, N] contiguous)."""
     if g.numel():
-        _launch(g, g, g, g, dh, u, g, u)
-    for t in (g, u, dh):  # written through pointers: tell autograd, whose saved-tensor checks rely on it
-        torch.autograd.graph.increment_version(t)
+        _launch(g, g, g, g, dh, u, g, u, traced=traced)
+    if not traced:  # (the registered op's dispatcher bumps the versions of the arguments it mutates)
+        for t in (g, u, dh):  # written through pointers: tell autograd, whose saved-tensor checks rely on it
+            torch.autograd.graph.increment_version(t)
 
 
-# --- 4. Registration as custom ops --------------------------------------------------------------------
+# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
 
-@torch.library.custom_op("dropin::swiglu_fwd", mutates_args=())
+@torch_op("dropin::swiglu_fwd", mutates_args=())
 def _swiglu_fwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
                    save: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _swiglu_fwd_impl(x, gate_weight, up_weight, save)
+    return _swiglu_fwd_impl(x, gate_weight, up_weight, save, traced=True)
 
 
-@_swiglu_fwd_op.register_fake
-def _(x, gate_weight, up_weight, save):
-    shape = (x.shape[0], gate_weight.shape[0])
-    return x.new_empty(shape), x.new_empty(shape if save else (0,)), x.new_empty(shape if save else (0,))
-
-
-@torch.library.custom_op("dropin::swiglu_bwd", mutates_args=("dh",))
+@torch_op("dropin::swiglu_bwd", mutates_args=("dh",))
 def _swiglu_bwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
                    dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return _swiglu_bwd_impl(x, gate_weight, up_weight, dh)
+    return _swiglu_bwd_impl(x, gate_weight, up_weight, dh, traced=True)
 
 
-@_swiglu_bwd_op.register_fake
-def _(x, gate_weight, up_weight, dh):
-    return torch.empty_like(dh), torch.empty_like(dh)
-
-
-@torch.library.custom_op("dropin::swiglu_bwd_saved_", mutates_args=("g", "u", "dh"))
+@torch_op("dropin::swiglu_bwd_saved_", mutates_args=("g", "u", "dh"))
 def _swiglu_bwd_saved_op(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> None:
-    _swiglu_bwd_saved_impl(g, u, dh)
-
-
-@_swiglu_bwd_saved_op.register_fake
-def _(g, u, dh):
-    return None
+    _swiglu_bwd_saved_impl(g, u, dh, traced=True)
 
 
 _swiglu_fwd = switch(_swiglu_fwd_op, _swiglu_fwd_impl)

@@ -1,0 +1,114 @@
+"""Decoding with HF `generate()` (`dropin inject llama --generate NEW_TOKENS`): a causal LM with a static KV cache,
+greedy, one token per step, original vs injected, eager and torch.compile(mode="reduce-overhead") (HF compiles the
+decoding step itself when the cache is static and `disable_compile` is off: the prefill stays eager, each step
+after it replays a CUDA graph).
+
+Providers (PROVIDERS): `original`, `original_compile_ro`, `dropin`, `dropin_compile_ro`. Row keys: model, provider,
+batch, prompt, new_tokens, median_ms (one whole generate() call: prefill + new_tokens steps), spread_ms ([min, max]
+of the timed calls), prefill_ms (generate() of one new token), tokens_per_s (batch * new_tokens / median_ms),
+decode_tokens_per_s (batch * (new_tokens - 1) / (median_ms - prefill_ms): the steps after the prefill),
+speedup_vs_original (decode tokens/s over the original eager's at the same batch), rel_err_vs_original (the first
+step's logits against the original eager's), tokens_match (share of generated tokens equal to the original eager's:
+random weights make near-ties, so greedy paths may part after a rounding-level difference), note, error.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .. import _runtime
+from .._tolerance import rel_err
+from . import harness
+
+PROVIDERS = ("original", "original_compile_ro", "dropin", "dropin_compile_ro")
+
+
+def _generate(model, ids: torch.Tensor, new_tokens: int, compiled: bool):
+    from transformers import CompileConfig
+
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, cache_implementation="static",
+                         disable_compile=not compiled, compile_config=CompileConfig(mode="reduce-overhead"),
+                         return_dict_in_generate=True, output_logits=True, pad_token_id=0)
+    return out.sequences[:, ids.shape[1]:], out.logits[0]
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed(fn, calls: int) -> list[float]:
+    """Wall-clock ms of each of `calls` calls (synchronized: a generate() call ends on the host anyway)."""
+    times = []
+    for _ in range(calls):
+        _synchronize()
+        start = time.perf_counter()
+        fn()
+        _synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def generate_rows(name: str, original, injected, batches: list[int], prompt: int, new_tokens: int,
+                  calls: int = 5) -> list[dict]:
+    """One row per (batch, provider) (see the module docstring); random prompt token ids. A provider that cannot
+    run gets its `error` (or `note`) and the others still run."""
+    rows = []
+    vocab = original.config.vocab_size
+    for batch in batches:
+        ids = torch.randint(0, vocab, (batch, prompt), device=_runtime.KERNEL_DEVICE)
+        base = None
+        for provider in PROVIDERS:
+            model = original if provider.startswith("original") else injected
+            compiled = provider.endswith("_compile_ro")
+            row = {"model": name, "provider": provider, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
+                   "median_ms": None, "spread_ms": None, "prefill_ms": None, "tokens_per_s": None,
+                   "decode_tokens_per_s": None, "speedup_vs_original": None, "rel_err_vs_original": None,
+                   "tokens_match": None}
+            rows.append(row)
+            try:
+                if compiled and _runtime.INTERPRET:
+                    raise harness.Skipped("skipped: torch.compile does not run interpreted kernels")
+                with torch.no_grad():
+                    for _ in range(2):  # compiles, records the CUDA graphs, fills the plan caches
+                        tokens, logits = _generate(model, ids, new_tokens, compiled)
+                    times = _timed(lambda: _generate(model, ids, new_tokens, compiled), calls)
+                    prefill = _timed(lambda: _generate(model, ids, 1, compiled), calls)
+            except harness.Skipped as e:
+                row["note"] = str(e)
+                continue
+            except Exception as e:  # noqa: BLE001 (the row says why; the other providers still run)
+                row["error"] = harness.one_line(f"{type(e).__name__}: {e}")
+                continue
+            finally:
+                torch._dynamo.reset()
+            median, first = statistics.median(times), statistics.median(prefill)
+            row.update(median_ms=median, spread_ms=[min(times), max(times)], prefill_ms=first,
+                       tokens_per_s=batch * new_tokens / median * 1e3,
+                       decode_tokens_per_s=batch * (new_tokens - 1) / max(median - first, 1e-9) * 1e3)
+            if base is None:
+                base = (row, tokens, logits)
+            row["speedup_vs_original"] = row["decode_tokens_per_s"] / base[0]["decode_tokens_per_s"]
+            row["rel_err_vs_original"] = rel_err(logits.float(), base[2].float())
+            row["tokens_match"] = (tokens == base[1]).float().mean().item()
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    """The terminal table of generate_rows."""
+    lines = [f"{'batch':>5}  {'provider':<20}{'generate ms':>12}{'prefill ms':>11}{'tokens/s':>10}"
+             f"{'decode tok/s':>13}{'speed-up':>9}{'logits err':>11}{'same tokens':>12}  note"]
+    for r in rows:
+        def cell(key, fmt, width):
+            return f"{'-' if r[key] is None else format(r[key], fmt):>{width}}"
+        lines.append(f"{r['batch']:>5}  {r['provider']:<20}" + cell("median_ms", ".1f", 12)
+                     + cell("prefill_ms", ".1f", 11) + cell("tokens_per_s", ".0f", 10)
+                     + cell("decode_tokens_per_s", ".0f", 13) + cell("speedup_vs_original", ".2f", 9)
+                     + cell("rel_err_vs_original", ".1e", 11) + cell("tokens_match", ".0%", 12)
+                     + f"  {r.get('error') or r.get('note', '')}")
+    lines.append("decode tok/s: tokens of the steps after the prefill per second; speed-up: of decode tok/s over the "
+                 "original eager at the same batch; logits err: the first step's logits against the original eager's")
+    return "\n".join(lines)
