@@ -103,7 +103,7 @@ def _llama():
 
 def _cvt():
     transformers = pytest.importorskip("transformers")
-    config = transformers.CvtConfig(num_labels=10, embed_dim=[16, 32, 48], num_heads=[1, 2, 2], depth=[1, 1, 2])
+    config = transformers.CvtConfig(num_labels=10, embed_dim=[16, 32, 48], num_heads=[1, 2, 2], depth=[1, 2, 3])
     model = transformers.CvtForImageClassification(config).cuda().eval()
     pixels = lambda: (torch.randn(2, 3, 64, 64, device="cuda"),)  # noqa: E731
     return model, pixels(), pixels

@@ -609,3 +609,20 @@ def test_autocast(op, amp_dtype):
         fn, ref = getattr(dropin.ops, op), getattr(torch, op)
         leaves = {"a": randn(4, 96, 256), "b": randn(4, 256, 160)}
     check(fn, ref, leaves, autocast_dtype=amp_dtype)
+
+
+@gpu  # (bf16 products: the interpreter's are wrong)
+@pytest.mark.parametrize("op", ["matmul", "bmm", "linear"])
+def test_autocast_mixed_dtypes(op):
+    """Under torch.autocast an operand already in the autocast dtype (a previous op's output) meets an fp32 one (a
+    weight): autocast casts both, as torch's op does, where outside autocast this is an error."""
+    a, b = randn(2, 24, 40).bfloat16(), randn(2, 40, 16)
+    fn, ref = getattr(dropin.ops, op), getattr(torch, op) if op != "linear" else F.linear
+    if op == "linear":
+        b = b[0].t()
+    with pytest.raises(RuntimeError, match="same dtype"):
+        fn(a, b)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out, want = fn(a, b), ref(a, b)
+    assert out.dtype == want.dtype == torch.bfloat16
+    assert_close(out, ref(a.double(), b.bfloat16().double()), torch.bfloat16, "fwd", torch_out=want)

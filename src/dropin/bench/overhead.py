@@ -64,16 +64,11 @@ def _sparse_weight(n, k):
 
 def pairs() -> list[Pair]:
     """The public ops (dropin.ops.__all__) at tiny shapes, with their torch peers."""
-    sparse_w = {}
-
-    def sparse(w):
-        if id(w) not in sparse_w:  # sparsify runs once per weight (at inject time), not per call
-            sparse_w[id(w)] = ops.sparsify(w)
-        return sparse_w[id(w)]
-
     conv_w = _t(16, 16, 3, 3, channels_last=True)
     sparse_conv_w = _sparse_weight(16, 144).view(16, 16, 3, 3)
     linear_w = _sparse_weight(64, 256)
+    # sparsify runs once per weight (at inject time), not per call nor under torch.compile: dropin's ops take these
+    sparse_conv_sw, linear_sw = ops.sparsify(sparse_conv_w), ops.sparsify(linear_w)
     return [
         Pair("matmul", lambda: (_t(64, 64), _t(64, 64)), dropin.matmul, torch.matmul, 2),
         Pair("bmm", lambda: (_t(4, 32, 32), _t(4, 32, 32)), dropin.bmm, torch.bmm, 2),
@@ -121,9 +116,9 @@ def pairs() -> list[Pair]:
         Pair("gelu", lambda: (_t(64, 256),), ops.gelu, F.gelu),
         Pair("silu", lambda: (_t(64, 256),), ops.silu, F.silu),
         Pair("sparse_linear", lambda: (_t(4, 256), linear_w),
-             lambda x, w: ops.sparse_linear(x, sparse(w)), lambda x, w: F.linear(x, w)),
+             lambda x, w: ops.sparse_linear(x, linear_sw), lambda x, w: F.linear(x, w)),
         Pair("sparse_conv2d", lambda: (_t(1, 16, 8, 8), sparse_conv_w),
-             lambda x, w: ops.sparse_conv2d(x, sparse(w), padding=1), lambda x, w: F.conv2d(x, w, padding=1)),
+             lambda x, w: ops.sparse_conv2d(x, sparse_conv_sw, padding=1), lambda x, w: F.conv2d(x, w, padding=1)),
     ]
 
 

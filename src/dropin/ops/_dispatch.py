@@ -13,6 +13,8 @@ constexprs) made for the call's signature. The impl takes `traced`:
   `wrap_triton` calls, which Inductor turns into kernel launches in its generated code (no Python launcher per call).
   `switch` calls the registered op while torch.compile traces and the impl otherwise.
 """
+import inspect
+
 import torch
 import triton
 from torch._subclasses.fake_tensor import is_fake
@@ -44,6 +46,13 @@ def tracing() -> bool:
 def switch(op, impl):
     """The registered op while torch.compile traces; the impl itself in eager mode (no dispatch cost)."""
     return lambda *args: (op if torch.compiler.is_compiling() else impl)(*args)
+
+
+def absent(like: torch.Tensor, traced: bool = False) -> torch.Tensor:
+    """The pointer argument for a tensor that a kernel leaves alone (its flag is off): `like` itself in eager (no
+    allocation), an empty tensor of its dtype under tracing, where Inductor works out which arguments a kernel
+    writes: an output passed again in an unused slot makes it emit a copy of the buffer onto itself."""
+    return like.new_empty(0) if traced else like
 
 
 def aligned(t: torch.Tensor, traced: bool = False) -> bool:
@@ -145,6 +154,7 @@ class Launch:
     def __init__(self, kernel, grid, constexprs: dict, scratch: bool = False, traced: bool = False):
         self.kernel, self.grid, self.constexprs = kernel, tuple(grid) + (1,) * (3 - len(grid)), constexprs
         self.scratch, self.traced = scratch, traced
+
         self.compiled = None
 
     def __call__(self, *args):
@@ -153,7 +163,10 @@ class Launch:
         if self.traced:
             if _runtime.INTERPRET and any(is_fake(a) for a in args if isinstance(a, torch.Tensor)):
                 return  # the fake of an op (`torch_op`): only the outputs' metadata counts
-            wrap_triton(self.kernel)[self.grid](*args, **self.constexprs)
+            # Inductor's launcher of a wrap_triton kernel takes every parameter: the defaults spelled out
+            defaults = {p.name: p.default for p in getattr(self.kernel, "params", ())[len(args):]
+                        if p.name not in self.constexprs and p.default is not inspect.Parameter.empty}
+            wrap_triton(self.kernel)[self.grid](*args, **defaults, **self.constexprs)
             return
         compiled = self.compiled
         if compiled is None:

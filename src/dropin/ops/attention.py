@@ -225,6 +225,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
     attends to nothing) and 1 / the row sum: the backward's P = exp(s - max) / sum is then the forward's own
     (no log-sum-exp, whose rounding would not cancel against O in rowsum(dO * O), and which a finfo.min
     maximum would absorb)."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
@@ -327,6 +328,8 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk
                  CHUNK: tl.constexpr):
     """Grid (key tiles, B * HK); dk and dv are contiguous [B, HK, Lk, E]. BLOCK_N is a multiple of BLOCK_M.
     Causal: query tiles before the key tile see none of it; those on the diagonal are EDGE tiles."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
     b = bhk // HK
@@ -419,6 +422,8 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dq_p
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CHUNK: tl.constexpr):
     """Grid (query tiles, B * H); dq is contiguous [B, H, Lq, E]."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
@@ -545,12 +550,13 @@ def _tma_ok(*tensors: torch.Tensor, traced: bool = False) -> bool:
                and all(s > 0 and (s * 2) % 16 == 0 for s in _strides(t)[:3]) for t in tensors)
 
 
-def _mask_args(mask: Optional[torch.Tensor], q: torch.Tensor):
-    """(tensor, its 4 strides, kind): an expanded [B, H, Lq, Lk] mask; q stands in for a missing one."""
+def _mask_args(mask: Optional[torch.Tensor], q: torch.Tensor, traced: bool = False):
+    """(tensor, its 4 strides, kind): an expanded [B, H, Lq, Lk] mask; q stands in for a missing one. A bool mask
+    is read as bytes, or as bool under tracing (Inductor cannot lower a bool tensor's dtype view)."""
     if mask is None:
         return q, (0, 0, 0, 0), "none"
     if mask.dtype == torch.bool:
-        return mask.view(torch.uint8), mask.stride(), "bool"
+        return mask if traced else mask.view(torch.uint8), mask.stride(), "bool"
     return mask, mask.stride(), "float"
 
 
@@ -591,7 +597,7 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float, traced: bool = False
     stats = torch.empty((B, H, 2, Lq), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return out, stats
-    mask_t, mask_strides, mask_kind = _mask_args(mask, q)
+    mask_t, mask_strides, mask_kind = _mask_args(mask, q, traced)
     precision = _attention_precision(q, Lk)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
 
@@ -622,7 +628,7 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
     dv = torch.empty_like(dk)
     if dq.numel() == 0 or Lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    mask_t, mask_strides, mask_kind = _mask_args(mask, q)
+    mask_t, mask_strides, mask_kind = _mask_args(mask, q, traced)
     precision = _attention_precision(q, Lk)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
     delta = torch.empty((B, H, Lq), device=q.device, dtype=torch.float32)

@@ -40,6 +40,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, part_ptr, stats_ptr,
                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program (b * HK + hk, split): the query heads hk * GROUP ... of batch b against keys [start, end) of this
     split. part [B, H, splits, E] (fp32): the unnormalized output; stats [B, H, splits, 2]: row max, row sum."""
+    scale = tl.cast(scale, tl.float32)  # (Inductor passes Python floats as fp64)
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // HK
@@ -131,7 +132,8 @@ def _decode_impl(q, k, v, mask: Optional[torch.Tensor], scale: float, traced: bo
     if out.numel() == 0:
         return out
     kind = "none" if mask is None else "bool" if mask.dtype == torch.bool else "float"
-    mask_t = q if mask is None else mask.view(torch.uint8) if kind == "bool" else mask
+    # a bool mask read as bytes, or as bool under tracing (Inductor cannot lower a bool tensor's dtype view)
+    mask_t = q if mask is None else mask.view(torch.uint8) if kind == "bool" and not traced else mask
     mask_strides = (0, 0, 0) if mask is None else (mask.stride(0), mask.stride(1), mask.stride(3))
     group = H // HK
     precision = _precision(q.dtype, k=E)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, merge_dims
-from ._dispatch import launch, switch, torch_op
+from ._dispatch import absent, launch, switch, torch_op
 from .conv2d import _channels_last, _pixel
 from .pooling import _tiles
 
@@ -111,6 +111,8 @@ def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invs
     + b. Backward (GRAD True): dwb[0] = sum(dy * xhat), dwb[1] = sum(dy), and the coefficients of
     dx = (dy - mean(dy)) * w * invstd - (x - mean) * w * invstd^2 * mean(dy * xhat) (training), or
     dx = dy * w * invstd (inference). coef[k, c], k: Uh, Ul, A, Vh, Vl, B, Cc (see _bn_apply_kernel)."""
+    eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
+    momentum = tl.cast(momentum, tl.float32)
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     zero = tl.zeros((BLOCK_C,), tl.float64)
@@ -242,7 +244,7 @@ def _finalize(part, P, C, w, b, rm, rv, center, invstd, dwb, eps, momentum, grad
     """The coefficients [7, C] for _bn_apply_kernel; part None: no partials to merge (inference)."""
     coef = torch.empty((7, C), device=invstd.device, dtype=torch.float32)
     block_c = min(_runtime.next_power_of_2(C), 256)
-    dummy = lambda t: coef if t is None else t  # noqa: E731  (never read: its HAS_ / mode flag is off)
+    dummy = lambda t: absent(coef, traced) if t is None else t  # noqa: E731  (never read: its flag is off)
     launch(_bn_finalize_kernel, (_runtime.cdiv(C, block_c),), dummy(part), dummy(w), dummy(b), dummy(rm), dummy(rv),
            center, invstd, coef, dummy(dwb), C, P, 0 if part is None else part.shape[1], eps, momentum,
            GRAD=grad, TRAINING=training, HAS_W=w is not None, HAS_B=b is not None,

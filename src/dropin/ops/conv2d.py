@@ -35,7 +35,7 @@ from torch._prims_common import suggest_memory_format
 from .. import _runtime
 from . import _autotune
 from ._common import column_sums, sum_partials_kernel, versions
-from ._dispatch import Launch, aligned, checked_once, launch, plan, switch, torch_op
+from ._dispatch import Launch, absent, aligned, checked_once, launch, plan, switch, torch_op
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range
 from .matmul import _precision as _matmul_precision
@@ -1192,7 +1192,8 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
     key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), y.stride(), r.stride(), x.dtype,
            *(None if t is None else aligned(t, traced) for t in (x, w, y, bias, residual)),
            stride, padding, dilation, groups, activation, save_preact, precision, fmt)
-    tensors = (x, w, y, y if bias is None else bias, z if save_preact else y, r)
+    tensors = (x, w, y, absent(y, traced) if bias is None else bias, z if save_preact else absent(y, traced),
+               absent(y, traced) if residual is None else residual)
 
     def make():
         P = N * OH * OW

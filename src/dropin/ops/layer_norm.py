@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, column_sums, row_config, row_view
-from ._dispatch import checked_once, launch, switch, torch_op
+from ._dispatch import absent, checked_once, launch, switch, torch_op
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -38,6 +38,7 @@ def _ln_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                    M, M1, N, sx0, sx1, sxn, eps,
                    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """y[r, :] = (x[r, :] - mean) * rstd * w + b for BLOCK_M rows; y contiguous; grid (row blocks,)."""
+    eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     r_ok = rows < M
@@ -119,7 +120,8 @@ def _fwd_impl(x, n_last: int, w, b, eps: float, traced: bool = False):
     if x.numel() == 0:
         return y, mean, rstd
     cfg = row_config(N)
-    launch(_ln_fwd_kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), x, y if w is None else w, y if b is None else b,
+    launch(_ln_fwd_kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), x, absent(y, traced) if w is None else w,
+           absent(y, traced) if b is None else b,
            y, mean, rstd, M, M1, N, s0, s1, sn, eps, HAS_W=w is not None, HAS_B=b is not None, **cfg,
            traced=traced)
     return y, mean, rstd
@@ -138,7 +140,7 @@ def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype]
     cfg = row_config(N)
     G = min(_runtime.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
     part = torch.empty((G, 2, N) if need_wb else (0,), device=x.device, dtype=torch.float32)
-    launch(_ln_bwd_kernel, (G,), x, dx if w is None else w, dy, dx, mean, rstd, part if need_wb else mean,
+    launch(_ln_bwd_kernel, (G,), x, absent(dx, traced) if w is None else w, dy, dx, mean, rstd, part if need_wb else mean,
            M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn, HAS_W=w is not None, PARTIALS=need_wb, **cfg,
            traced=traced)
     if need_wb:

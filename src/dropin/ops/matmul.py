@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, aligned, checked_once, launch, plan, switch, torch_op
+from ._dispatch import Launch, absent, aligned, checked_once, launch, plan, switch, torch_op
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -432,7 +432,7 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
            None if bias is None else aligned(bias, traced), activation, save_preact, precision, tma)
     run = plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced),
                traced=traced)
-    run(a, b, c, c if bias is None else bias, z)
+    run(a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z)
     return c, z if save_preact else None
 
 
@@ -505,13 +505,13 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
 
         def run_split(a, b, c, bias, z):
             partial = torch.empty((splits, batch, M, N), device=a.device, dtype=torch.float32)
-            launch_partial(a, b, partial, partial, partial, *scalars)
+            launch_partial(a, b, partial, absent(partial, traced), absent(partial, traced), *scalars)
             launch_sum(partial, c, bias, z, batch * M, N)
         return run_split
 
     key = ("mm", a.dtype, precision, tma, ptr, M == 1, N <= 16, a.stride(2) != 1, b.stride(2) != 1)
     key += tuple(map(_autotune.bucket, (batch, M, N, K)))
-    args = (a, b, c, c if bias is None else bias, z)
+    args = (a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z)
 
     def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
         launch = launcher(cfg)
@@ -628,7 +628,7 @@ def _autocast(*tensors):
     """Casts floating operands the way torch.autocast casts them for matmul / linear / conv2d (not float64;
     anything that is no floating tensor passes as it is, for the argument checks to name)."""
     device_type = tensors[0].device.type if isinstance(tensors[0], torch.Tensor) else None
-    if device_type is None or not torch.is_autocast_enabled(device_type):
+    if device_type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device_type):  # (others: checks say)
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
@@ -643,8 +643,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     for name, t in (("a", a), ("b", b)):
         if isinstance(t, torch.Tensor) and t.dim() == 0:
             raise RuntimeError(f"matmul: both arguments need to be at least 1-D, but '{name}' is 0-D")
+    a, b = _autocast(a, b)  # (first: autocast accepts operands of different float dtypes)
     _check("matmul", a=a, b=b)
-    a, b = _autocast(a, b)
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     (M, K), (K2, N) = a2.shape[-2:], b2.shape[-2:]
@@ -676,8 +676,8 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     for name, t in (("a", a), ("b", b)):
         if isinstance(t, torch.Tensor) and t.dim() != 3:
             raise RuntimeError(f"bmm: argument '{name}' must be a 3-D tensor, got {t.dim()}-D")
+    a, b = _autocast(a, b)  # (first: autocast accepts operands of different float dtypes)
     _check("bmm", a=a, b=b)
-    a, b = _autocast(a, b)
     if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise RuntimeError(f"bmm: 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} have mismatched "
                            f"batch or inner dimensions")
@@ -709,8 +709,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            activation: Optional[str] = None) -> torch.Tensor:
     """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
     bias [N] or None; activation None, "relu", "gelu", "gelu_tanh" or "silu"."""
+    x, weight, bias = _autocast(x, weight, bias)  # (first: autocast accepts operands of different float dtypes)
     act = checked_once(_checked, (x, weight, bias), (activation,), lambda: _check_linear(x, weight, bias, activation))
-    x, weight, bias = _autocast(x, weight, bias)
     w2 = weight.unsqueeze(0) if weight.dim() == 1 else weight
     N, K = w2.shape
     if bias is not None:

@@ -45,6 +45,7 @@ def _rms_norm_fwd_kernel(x_ptr, res_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr,
                          R, N, stride_xr, stride_xn, stride_rr, stride_rn, stride_w, eps,
                          HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     """BLOCK_R rows per program. y, s (the new residual) and rstd are contiguous; x, res and w any strides."""
+    eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < R)[:, None] & (cols < N)[None, :]

@@ -31,7 +31,7 @@ import triton.language as tl
 from .. import _runtime
 from . import _autotune
 from ._common import FLOAT_DTYPES
-from ._dispatch import Launch, aligned, launch, plan, switch, torch_op
+from ._dispatch import Launch, absent, aligned, launch, plan, switch, torch_op
 from .conv2d import _tap
 from .matmul import _mm_impl, _split_sum_kernel
 
@@ -379,7 +379,7 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int, traced
         def run(x, values, offsets, chunk_ptr, bias):
             xt = x if direct else x.t().contiguous()
             y = x.new_empty((M, N))
-            bias = y if bias is None else bias
+            bias = absent(y, traced) if bias is None else bias
             if splits == 1:
                 product(xt, values, offsets, chunk_ptr, bias, y, *scalars)
                 return y

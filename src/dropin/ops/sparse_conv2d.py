@@ -16,7 +16,7 @@ import torch
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, aligned, plan, switch, torch_op
+from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
 from .conv2d import _channels_last, _out_hw, conv_args
 from .sparse import SparseWeight, _sparse_kernel, check_operands
 
@@ -84,7 +84,7 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, st
 
         def run(x, values, offsets, chunk_ptr, bias, y):
             if splits == 1:
-                launch(x, values, offsets, chunk_ptr, y if bias is None else bias, y, *scalars)
+                launch(x, values, offsets, chunk_ptr, absent(y, traced) if bias is None else bias, y, *scalars)
                 return
             partial = torch.empty((splits, *y.shape), device=y.device, dtype=torch.float32)
             launch(x, values, offsets, chunk_ptr, partial, partial, *scalars)
