@@ -118,6 +118,19 @@ def test_inject_bench_writes_rows(capsys, tmp_path):
     assert paths["csv"].read_text().splitlines()[0].startswith("model,provider,mode")
 
 
+def test_inject_bench_llama_has_no_plain_graph_rows(capsys, tmp_path):
+    """HF Llama's forward cannot be captured in one plain CUDA graph: both _graph rows say why, untimed; the other
+    providers still run."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "r.json"
+    assert main(["inject", "llama", "--bench", *TINY_LLAMA, *FAST, "--json", str(path)]) == 0
+    rows = {r["provider"]: r for r in json.loads(path.read_text())["rows"]}
+    for provider in ("original_graph", "dropin_graph"):
+        assert "cannot be captured in one plain CUDA graph" in rows[provider]["note"], rows[provider]
+        assert rows[provider]["median_ms"] is None
+    assert rows["original"]["median_ms"] > 0 and rows["dropin"]["median_ms"] > 0
+
+
 @gpu
 def test_inject_bench_every_mode_runs(capsys, tmp_path):
     """Inference of an injected ResNet-18 in every mode: eager, one CUDA graph, torch.compile default and

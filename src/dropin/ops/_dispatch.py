@@ -51,7 +51,8 @@ def switch(op, impl):
 def absent(like: torch.Tensor, traced: bool = False) -> torch.Tensor:
     """The pointer argument for a tensor that a kernel leaves alone (its flag is off): `like` itself in eager (no
     allocation), an empty tensor of its dtype under tracing, where Inductor works out which arguments a kernel
-    writes: an output passed again in an unused slot makes it emit a copy of the buffer onto itself."""
+    writes and copies back what it writes: an output passed again in an unused slot would be one buffer written
+    through two arguments."""
     return like.new_empty(0) if traced else like
 
 
@@ -154,7 +155,6 @@ class Launch:
     def __init__(self, kernel, grid, constexprs: dict, scratch: bool = False, traced: bool = False):
         self.kernel, self.grid, self.constexprs = kernel, tuple(grid) + (1,) * (3 - len(grid)), constexprs
         self.scratch, self.traced = scratch, traced
-
         self.compiled = None
 
     def __call__(self, *args):
@@ -194,6 +194,9 @@ def launch(kernel, grid, *args, scratch: bool = False, traced: bool = False, **m
     if traced:
         Launch(kernel, grid, meta, scratch, traced=True)(*args)
         return
-    key = (kernel, grid, args[0].device, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a
-                                               for a in args), tuple(meta.items()))
-    plan(_launches, key, lambda: Launch(kernel, grid, meta, scratch))(*args)
+    key = (kernel, grid, args[0].device, *meta.items(),
+           *[(a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else a for a in args])
+    found = _launches.get(key)  # (plan's look-up inlined: this runs on every call of a small op)
+    if found is None:
+        found = plan(_launches, key, lambda: Launch(kernel, grid, meta, scratch))
+    found(*args)

@@ -593,7 +593,8 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float, traced: bool = False
     torch.compile (`_dispatch`)."""
     B, H, Lq, E = q.shape
     HK, Lk = k.shape[1], k.shape[2]
-    out = q.new_empty((B, Lq, H, E)).transpose(1, 2)
+    # [B, Lq, H, E] in memory, its own buffer (a written view is what Inductor's mutation copy-back can miscompile)
+    out = torch.empty_strided((B, H, Lq, E), (Lq * H * E, E, H * E, 1), device=q.device, dtype=q.dtype)
     stats = torch.empty((B, H, 2, Lq), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return out, stats

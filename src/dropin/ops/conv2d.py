@@ -1384,10 +1384,11 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool =
             order = (0, 1, 3, 4, 2) if tap_major else (0, 1, 2, 3, 4)
             shape = [(splits, *w.shape)[i] for i in order]
             inverse = [order.index(i) for i in range(5)]
-            scalars = base + tuple(torch.empty(shape, device="meta").permute(inverse).stride()[1:]) + (w.numel(),)
+            strides = torch.empty(shape, device="meta").permute(inverse).stride()
+            scalars = base + tuple(strides[1:]) + (w.numel(),)
 
-            def run_split(dz, x, dw):
-                partial = torch.empty(shape, device=dz.device, dtype=torch.float32).permute(inverse)
+            def run_split(dz, x, dw):  # (its own buffer: Inductor's copy-back of a written view can miscompile)
+                partial = torch.empty_strided((splits, *w.shape), strides, device=dz.device, dtype=torch.float32)
                 launch(dz, x, partial, *scalars)
                 dw.copy_(partial.sum(0))
             return run_split

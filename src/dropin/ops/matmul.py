@@ -439,7 +439,8 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
 def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Tensor:
     """A copy of t [batch, R, C] rounded to tf32, with dimension k_dim (1 or 2) contiguous."""
     batch, R, C = t.shape
-    y = t.new_empty((batch, R, C)) if k_dim == 2 else t.new_empty((batch, C, R)).mT
+    y = t.new_empty((batch, R, C)) if k_dim == 2 else torch.empty_strided((batch, R, C), (R * C, 1, R),
+                                                                         device=t.device, dtype=t.dtype)
     grid = (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch)
     launch(_tf32_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), BLOCK_R=64, BLOCK_C=64, traced=traced)
     return y

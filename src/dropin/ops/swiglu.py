@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
+from ._dispatch import Launch, aligned, plan, switch, torch_op
 from .activations import activation_grad, apply_activation
 from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul
 
@@ -188,7 +188,7 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
     The launch plan (kernel, grid, config) is made once per signature and reused."""
     backward, saved = dh is not None, zg is not None and not save
     precision = _precision(x.dtype, k=x.shape[1])
-    ptrs = tuple(absent(h, traced) if t is None else t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu))
+    ptrs = tuple(h if t is None else t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu))
     key = (backward, saved, save, precision, tma, x.device, h.shape, x.shape[1], x.stride(), gate_weight.stride(),
            up_weight.stride(), tuple((t.dtype, aligned(t, traced)) for t in ptrs))
     run = plan(_plans, key, lambda: _make_plan(ptrs, backward, saved, save, precision, tma, traced), traced=traced)
