@@ -1,5 +1,6 @@
 """`dropin inject MODEL`: the report printed, the exit code of a failed verification, the HF models at tiny sizes,
 --train, --bench with its files, --weights and bad arguments."""
+import copy
 import json
 import re
 
@@ -7,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
+import dropin
 import dropin.nn as dnn
 from dropin.cli import MODELS, main
 from dropin.inject import registry
-from _tol import gpu, slow
+from _tol import DEVICE, ON_GPU, gpu, slow
 
 
 def _tiny_cnn():
@@ -194,6 +196,25 @@ def test_inject_pruned_llama_runs_sparse(capsys):
 def test_inject_bad_arguments(capsys, argv, message):
     assert main(["inject", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_generate_rows_eager():
+    """generate_rows on a tiny causal LM: the eager rows timed and equal to the original's tokens, the compiled
+    ones (interpreter) or their errors say why they did not run."""
+    transformers = pytest.importorskip("transformers")
+    from dropin.bench import decode
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=64, attn_implementation="sdpa")
+    original = transformers.LlamaForCausalLM(config).to(DEVICE).eval()
+    model = copy.deepcopy(original)
+    dropin.inject_(model, example_inputs=(torch.randint(0, 64, (1, 4), device=DEVICE),), verify=False)
+    rows = {r["provider"]: r for r in decode.generate_rows("llama", original, model, [2], 3, 2, calls=1)}
+    for provider in ("original", "dropin"):
+        assert "error" not in rows[provider] and rows[provider]["decode_tokens_per_s"] > 0, rows[provider]
+    assert rows["dropin"]["tokens_match"] == 1.0 and rows["dropin"]["rel_err_vs_original"] < 1e-4
+    for provider in ("original_compile_ro", "dropin_compile_ro"):
+        assert ON_GPU or "interpreted" in rows[provider]["note"]
 
 
 @gpu

@@ -186,8 +186,7 @@ def _describe(args, model) -> str:
     if args.model == "llama":
         c = model.config
         return (f"llama ({type(model).__name__}): {c.num_hidden_layers} layer(s), hidden {c.hidden_size}, "
-                f"{c.num_attention_heads} "
-                f"heads ({c.num_key_value_heads} kv) of {c.hidden_size // c.num_attention_heads}, intermediate "
+                f"{c.num_attention_heads} heads ({c.num_key_value_heads} kv) of {c.hidden_size // c.num_attention_heads}, intermediate "
                 f"{c.intermediate_size}, vocab {c.vocab_size}; token ids [{args.batch}, {args.seq}]")
     reduced = " (reduced under the interpreter: " + ", ".join(f"{k} {v}" for k, v in CVT_TINY.items()) + ")"
     no_drop_path = ", stochastic depth off" if args.model == "cvt-13" and args.train else ""

@@ -69,7 +69,8 @@ def generate_rows(name: str, original, injected, batches: list[int], prompt: int
                    "decode_tokens_per_s": None, "speedup_vs_original": None, "rel_err_vs_original": None,
                    "tokens_match": None}
             rows.append(row)
-            try:
+
+            def measure():
                 if compiled and _runtime.INTERPRET:
                     raise harness.Skipped("skipped: torch.compile does not run interpreted kernels")
                 with torch.no_grad():
@@ -77,14 +78,12 @@ def generate_rows(name: str, original, injected, batches: list[int], prompt: int
                         tokens, logits = _generate(model, ids, new_tokens, compiled)
                     times = _timed(lambda: _generate(model, ids, new_tokens, compiled), calls)
                     prefill = _timed(lambda: _generate(model, ids, 1, compiled), calls)
-            except harness.Skipped as e:
-                row["note"] = str(e)
+                return tokens, logits, times, prefill
+
+            measured = harness.attempt(row, measure)
+            if measured is None:
                 continue
-            except Exception as e:  # noqa: BLE001 (the row says why; the other providers still run)
-                row["error"] = harness.one_line(f"{type(e).__name__}: {e}")
-                continue
-            finally:
-                torch._dynamo.reset()
+            tokens, logits, times, prefill = measured
             median, first = statistics.median(times), statistics.median(prefill)
             row.update(median_ms=median, spread_ms=[min(times), max(times)], prefill_ms=first,
                        tokens_per_s=batch * new_tokens / median * 1e3,

@@ -69,6 +69,21 @@ class Skipped(Exception):
     """Raised by a provider that cannot run here; its row gets this message as `note`."""
 
 
+def attempt(row: dict, fn: Callable[[], tuple]) -> tuple | None:
+    """fn()'s result for one row of a model bench, or None where it could not run: a `Skipped` reason goes to
+    row["note"], any other exception to row["error"] (one line), and the other rows still run. The compiled graphs
+    (and CUDA graph trees) made by fn go with it either way."""
+    try:
+        return fn()
+    except Skipped as e:
+        row["note"] = str(e)
+    except Exception as e:  # noqa: BLE001 (the row says why)
+        row["error"] = one_line(f"{type(e).__name__}: {e}")
+    finally:
+        torch._dynamo.reset()
+    return None
+
+
 def skipped(reason: str) -> Callable:
     """A provider that is unavailable, e.g. `skipped("skipped: interpreter")`."""
     def provider(*inputs):

@@ -162,19 +162,16 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
         if provider.startswith("dropin"):
             row.update(cover)
         rows.append(row)
-        try:
+        def measure():
             step = _provider_step(name, provider, model, inputs, grad)
-            outs = step()
-            row["rel_err_vs_fp64"] = max(step_errors(outs, reference).values())
-            row.update(harness.summarize(harness.time_fn(step, warmup_ms, rep_ms)))
-        except harness.Skipped as e:
-            row["note"] = str(e)
+            row["rel_err_vs_fp64"] = max(step_errors(step(), reference).values())
+            return step, harness.time_fn(step, warmup_ms, rep_ms)
+
+        measured = harness.attempt(row, measure)
+        if measured is None:
             continue
-        except Exception as e:  # noqa: BLE001 (the row says why; the other modes still run)
-            row["error"] = harness.one_line(f"{type(e).__name__}: {e}")
-            continue
-        finally:
-            torch._dynamo.reset()  # each compiled provider's graphs (and CUDA graph trees) go with it
+        step, times = measured
+        row.update(harness.summarize(times))
         if grad is None and provider in ("original", "dropin"):
             row["graph_ms"], note = harness.graph_time(step)
             if note:
