@@ -50,9 +50,10 @@ def switch(op, impl):
 
 def absent(like: torch.Tensor, traced: bool = False) -> torch.Tensor:
     """The pointer argument for a tensor that a kernel leaves alone (its flag is off): `like` itself in eager (no
-    allocation), an empty tensor of its dtype under tracing, where Inductor works out which arguments a kernel
-    writes and copies back what it writes: an output passed again in an unused slot would be one buffer written
-    through two arguments."""
+    allocation), an empty tensor of its dtype under tracing, where Inductor fixes each argument's layout apart and
+    copies back what a kernel writes: a tensor passed again in an unused slot can be copied onto itself (a
+    self-dependency, KeyError in its scheduler on torch 2.11). benchmarks/probes/mutation_analysis.py lists the
+    launches that pass one tensor in two slots."""
     return like.new_empty(0) if traced else like
 
 

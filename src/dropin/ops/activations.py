@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, merge_dims
-from ._dispatch import launch, switch, torch_op
+from ._dispatch import absent, launch, switch, torch_op
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
@@ -142,17 +142,17 @@ def _act_impl(x, dy: Optional[torch.Tensor], act: str, traced: bool = False):
     out = torch.empty_like(x if dy is None or act == "relu" else dy)
     if x.numel() == 0:
         return out
-    tensors = [x, x if dy is None else dy, out]
-    flat = all(t.stride() == x.stride() for t in tensors) and _dense(x)
-    dims = [] if flat else _joint_dims(x.shape, [t.stride() for t in tensors])
-    if len(dims) > 4:  # more than 4 dims that do not merge (rare views of >= 5-D tensors): read copies in
-        tensors[:2] = [torch.empty_like(out).copy_(t) for t in tensors[:2]]  # out's dense layout, then flat
+    layouts = [x.stride(), (x if dy is None else dy).stride(), out.stride()]
+    flat = layouts[0] == layouts[1] == layouts[2] and _dense(x)
+    dims = [] if flat else _joint_dims(x.shape, layouts)
+    if len(dims) > 4:  # more than 4 dims that do not merge (rare >= 5-D views): copies in out's layout, read flat
+        x, dy = (None if t is None else torch.empty_like(out).copy_(t) for t in (x, dy))
         flat, dims = True, []
     dims = [(1, (0, 0, 0))] * (4 - len(dims)) + dims
     strides = [st[k] for k in range(3) for _, st in dims]
     block = 2048
-    launch(_act_kernel, (_runtime.cdiv(x.numel(), block),), *tensors, x.numel(), *(s for s, _ in dims[1:]),
-           *strides, ACT=act, GRAD=dy is not None, FLAT=flat, BLOCK=block, num_warps=8, traced=traced)
+    launch(_act_kernel, (_runtime.cdiv(x.numel(), block),), x, absent(x, traced) if dy is None else dy, out,
+           x.numel(), *(s for s, _ in dims[1:]), *strides, ACT=act, GRAD=dy is not None, FLAT=flat, BLOCK=block, num_warps=8, traced=traced)
     return out
 
 

@@ -34,7 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, aligned, plan, switch, torch_op
+from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
 from .attention_decode import decode
 from .matmul import _autocast, _dot, _dot_acc, _precision
 
@@ -551,10 +551,10 @@ def _tma_ok(*tensors: torch.Tensor, traced: bool = False) -> bool:
 
 
 def _mask_args(mask: Optional[torch.Tensor], q: torch.Tensor, traced: bool = False):
-    """(tensor, its 4 strides, kind): an expanded [B, H, Lq, Lk] mask; q stands in for a missing one. A bool mask
+    """(tensor, its 4 strides, kind): an expanded [B, H, Lq, Lk] mask; q stands in for a missing one (`absent`). A bool mask
     is read as bytes, or as bool under tracing (Inductor cannot lower a bool tensor's dtype view)."""
     if mask is None:
-        return q, (0, 0, 0, 0), "none"
+        return absent(q, traced), (0, 0, 0, 0), "none"
     if mask.dtype == torch.bool:
         return mask if traced else mask.view(torch.uint8), mask.stride(), "bool"
     return mask, mask.stride(), "float"

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._dispatch import Launch, aligned, plan, switch, torch_op
+from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
 from .matmul import _dot, _precision
 
 BLOCK_N = 64
@@ -133,7 +133,7 @@ def _decode_impl(q, k, v, mask: Optional[torch.Tensor], scale: float, traced: bo
         return out
     kind = "none" if mask is None else "bool" if mask.dtype == torch.bool else "float"
     # a bool mask read as bytes, or as bool under tracing (Inductor cannot lower a bool tensor's dtype view)
-    mask_t = q if mask is None else mask.view(torch.uint8) if kind == "bool" and not traced else mask
+    mask_t = absent(q, traced) if mask is None else mask.view(torch.uint8) if kind == "bool" and not traced else mask
     mask_strides = (0, 0, 0) if mask is None else (mask.stride(0), mask.stride(1), mask.stride(3))
     group = H // HK
     precision = _precision(q.dtype, k=E)

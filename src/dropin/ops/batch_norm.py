@@ -227,7 +227,7 @@ def _reduce(x, dy, center, traced: bool = False):
     """The per-split partials [2, S, C] of the training statistics (dy None) or of the backward sums."""
     x, (N, C, H, W), sx = _as4d(x)
     grad = dy is not None
-    dy, _, sd = _as4d(dy) if grad else (x, None, sx)
+    dy, _, sd = _as4d(dy) if grad else (absent(x, traced), None, sx)
     P = N * H * W
     block_p, block_c = _tiles(P, C, sx[1] == 1 and C > 1)
     c_tiles = _runtime.cdiv(C, block_c)

@@ -1418,9 +1418,10 @@ def _act_grad_impl(dy, z, activation: str, bias_grad: bool, traced: bool = False
     tiles_p = _runtime.cdiv(P, block_p)
     part = torch.empty((tiles_p, COUT) if bias_grad else (0,), device=dy.device, dtype=torch.float32)
     if P * COUT > 0:
-        zz = z if activation != "none" else dy
-        launch(_conv_act_grad_kernel, (tiles_p, _runtime.cdiv(COUT, block_c)), dy, zz,
-               dz if activation != "none" else dy, part, COUT, OH, OW, P, *dy.stride(), *zz.stride(),
+        act = activation != "none"
+        launch(_conv_act_grad_kernel, (tiles_p, _runtime.cdiv(COUT, block_c)), dy,
+               z if act else absent(dy, traced), dz if act else absent(dy, traced), part, COUT, OH, OW, P,
+               *dy.stride(), *(z if act else dy).stride(),
                ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c, traced=traced)
     if not bias_grad:
         return dz, dy.new_empty(0)

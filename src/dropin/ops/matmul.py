@@ -458,7 +458,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     if tuned:
         tma = (_runtime.is_hopper(a.device.index or 0) and K > 0 and a_layout is not None
                and b_layout is not None and (N * size) % 16 == 0)
-        ptr = not tma or min(M, N) <= 64 or size == 4
+        ptr = not tma or min(_runtime.size_hint(M), _runtime.size_hint(N)) <= 64 or size == 4  # (tunes only)
     else:
         ptr = not tma
     max_k = _max_k(precision, size)
@@ -539,10 +539,12 @@ def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool, traced: bool = F
     splits = _runtime.cdiv(R, rows)
     partial = grad_bias.view(1, N) if (splits == 1 and bias_grad) else \
         torch.empty((splits, N) if bias_grad else (0,), device=grad_y.device, dtype=torch.float32)
-    launch(_act_grad_kernel, (n_blocks, splits), g2, g2 if z is None else z, grad_z, partial, R, N, *g2.stride(), rows,
+    launch(_act_grad_kernel, (n_blocks, splits), g2, absent(g2, traced) if z is None else z, grad_z, partial, R, N,
+           *g2.stride(), rows,
            ACT=activation, COL_SUM=bias_grad, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
     if bias_grad and splits > 1:
-        launch(_act_grad_kernel, (n_blocks, 1), partial, partial, partial, grad_bias, splits, N, N, 1, splits,
+        launch(_act_grad_kernel, (n_blocks, 1), partial, absent(partial, traced), absent(partial, traced), grad_bias,
+               splits, N, N, 1, splits,
                ACT="none", COL_SUM=True, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
     return grad_z, grad_bias
 

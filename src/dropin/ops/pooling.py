@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float
-from ._dispatch import launch, switch, torch_op
+from ._dispatch import absent, launch, switch, torch_op
 from .conv2d import _channels_last, _pixel
 
 # --- 1. References ---------------------------------------------------------------------------------------
@@ -228,24 +228,27 @@ def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad
     N, C, H, W = x.shape
     OH, OW = out_hw
     cl = _channels_last(x)
-    fmt = torch.channels_last if cl else torch.contiguous_format
-    y = torch.empty((N, C, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt)
-    idx = torch.empty(y.shape, device=x.device, dtype=torch.int32, memory_format=fmt) if store_idx else \
-        y.new_empty(0, dtype=torch.int32)
-    if y.numel() == 0:
-        return y, idx
-    if mode == "adaptive" and (OH, OW) == (1, 1):
+    if mode == "adaptive" and (OH, OW) == (1, 1) and N * C * H * W > 0:
+        # written as [N, C], returned as its [N, C, 1, 1] view (contiguous in both formats): a written tensor with
+        # dims of size 1 is one whose strides Inductor may re-state, copying it onto itself (`_dispatch.absent`)
+        y = x.new_empty((N, C))
         # merge H and W into one strided axis where the layout allows (NCHW: the plane is one unit-stride run)
         sxh, sxw = (0, x.stride(3)) if x.stride(2) == W * x.stride(3) else x.stride()[2:]
         ww = H * W if sxh == 0 else W
         block_c = min(_runtime.next_power_of_2(C), 64) if cl else min(_runtime.next_power_of_2(C), 4)
         block_hw = max(2, min(_runtime.next_power_of_2(H * W), 2048 // block_c))
         launch(_global_avg_kernel, (N, _runtime.cdiv(C, block_c)), x, y, C, H * W, ww, x.stride(0), x.stride(1),
-               sxh, sxw, y.stride(0), y.stride(1), BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=4, traced=traced)
+               sxh, sxw, C, 1, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=4, traced=traced)
+        return y.view(N, C, 1, 1), y.new_empty(0, dtype=torch.int32)
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    y = torch.empty((N, C, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt)
+    idx = torch.empty(y.shape, device=x.device, dtype=torch.int32, memory_format=fmt) if store_idx else \
+        y.new_empty(0, dtype=torch.int32)
+    if y.numel() == 0:
         return y, idx
     P = N * OH * OW
     block_p, block_c = _tiles(P, C, cl)
-    launch(_pool_fwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), x, y, idx if store_idx else y,
+    launch(_pool_fwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), x, y, idx if store_idx else absent(y, traced),
            C, H, W, OH, OW, P, *x.stride(), *y.stride(),
            **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), STORE_IDX=store_idx,
            BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
@@ -270,9 +273,9 @@ def _bwd_impl(dy, idx, x_shape, channels_last: bool, mode: str, kernel, stride, 
         th, tw = kernel
     P = N * H * W
     block_p, block_c = _tiles(P, C, channels_last)
-    i = idx if mode == "max" else dy
+    i = idx if mode == "max" else absent(dy, traced)
     launch(_pool_bwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), dy, i, dx,
-           C, H, W, OH, OW, P, *dy.stride(), *i.stride(), *dx.stride(),
+           C, H, W, OH, OW, P, *dy.stride(), *(idx if mode == "max" else dy).stride(), *dx.stride(),
            **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), TH=th, TW=tw,
            BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
     return dx

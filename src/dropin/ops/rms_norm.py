@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import column_sums
-from ._dispatch import checked_once, launch, switch, torch_op
+from ._dispatch import absent, checked_once, launch, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 32768  # one row lives in registers
@@ -134,9 +134,10 @@ def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float, 
     if R * N == 0:
         return y, s, rstd
     block_n, block_r, warps = _launch_settings(N)
-    res = x if residual is None else residual
+    res = absent(x, traced) if residual is None else residual
+    res_strides = x.stride() if residual is None else residual.stride()
     launch(_rms_norm_fwd_kernel, (_runtime.cdiv(R, block_r),),
-        x, res, weight, y, s, rstd, R, N, *x.stride(), *res.stride(), weight.stride(0), eps,
+        x, res, weight, y, s, rstd, R, N, *x.stride(), *res_strides, weight.stride(0), eps,
         HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps, traced=traced)
     return y, s, rstd
 
@@ -156,10 +157,10 @@ def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd, traced: 
     rows = _runtime.cdiv(_runtime.cdiv(R, programs), block_r) * block_r
     programs = _runtime.cdiv(R, rows)
     partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
-    dsv = dy if ds is None else ds
+    dsv = absent(dy, traced) if ds is None else ds
     launch(_rms_norm_bwd_kernel, (programs,),
-        dy, dsv, x, weight, rstd, dx, partial, R, N, *dy.stride(), *dsv.stride(), *x.stride(), weight.stride(0),
-        rows, HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps, traced=traced)
+        dy, dsv, x, weight, rstd, dx, partial, R, N, *dy.stride(), *(dy if ds is None else ds).stride(), *x.stride(),
+        weight.stride(0), rows, HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps, traced=traced)
     return dx, column_sums(partial, torch.empty(N, device=x.device, dtype=weight.dtype), traced)
 
 

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._dispatch import launch, switch, torch_op
+from ._dispatch import absent, launch, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -76,16 +76,18 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                  B, S, HQ, HK, HALF, Q_TILES,
                  sqb, sqh, sqs, sqd, skb, skh, sks, skd, sqob, sqoh, sqos, sqod, skob, skoh, skos, skod,
                  scb, scs, scd, ssb, sss, ssd, spb, sps,
-                 HAS_POS: tl.constexpr, BACKWARD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                 HAS_POS: tl.constexpr, BACKWARD: tl.constexpr, IN_PLACE: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_HALF: tl.constexpr):
     """Programs [0, Q_TILES) rotate tiles of q's rows, the others tiles of k's. cos / sin are read at
-    [b, s, :], or [b, position_ids[b, s], :] when HAS_POS (batch strides 0 where they broadcast)."""
+    [b, s, :], or [b, position_ids[b, s], :] when HAS_POS (batch strides 0 where they broadcast). IN_PLACE:
+    qo and ko are read and written, q_ptr and k_ptr unused."""
     pid = tl.program_id(0)
     if pid < Q_TILES:
-        _rotate_rows(q_ptr, qo_ptr, cos_ptr, sin_ptr, pos_ptr, pid, B, HQ, S, HALF,
+        _rotate_rows(qo_ptr if IN_PLACE else q_ptr, qo_ptr, cos_ptr, sin_ptr, pos_ptr, pid, B, HQ, S, HALF,
                      sqb, sqh, sqs, sqd, sqob, sqoh, sqos, sqod, scb, scs, scd, ssb, sss, ssd, spb, sps,
                      HAS_POS, BACKWARD, BLOCK_T, BLOCK_HALF)
     else:
-        _rotate_rows(k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr, pid - Q_TILES, B, HK, S, HALF,
+        _rotate_rows(ko_ptr if IN_PLACE else k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr, pid - Q_TILES, B, HK, S, HALF,
                      skb, skh, sks, skd, skob, skoh, skos, skod, scb, scs, scd, ssb, sss, ssd, spb, sps,
                      HAS_POS, BACKWARD, BLOCK_T, BLOCK_HALF)
 
@@ -109,18 +111,20 @@ def _rope_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_ou
     half = D // 2
     if B * S * half == 0 or HQ + HK == 0:
         return
-    pos = q if position_ids is None else position_ids
+    in_place = q_out is q and k_out is k
+    pos = absent(q, traced) if position_ids is None else position_ids
     # position_ids [S] or [B or 1, S] read as a table of one column: (batch stride, seq stride)
     pos_strides = (0, 0) if position_ids is None else _table_strides(position_ids[..., None], B)[:2]
     block_half = _runtime.next_power_of_2(half)
     block_t = max(1, 2048 // block_half)  # rows per program: tiles of 2 x 2048 elements
     q_tiles = _runtime.cdiv(B * HQ * S, block_t)
     launch(_rope_kernel, (q_tiles + _runtime.cdiv(B * HK * S, block_t),),
-        q, k, q_out, k_out, cos, sin, pos, B, S, HQ, HK, half, q_tiles,
+        *((absent(q, traced), absent(k, traced)) if in_place else (q, k)), q_out, k_out, cos, sin, pos,
+        B, S, HQ, HK, half, q_tiles,
         *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
         *_table_strides(cos, B), *_table_strides(sin, B), *pos_strides,
-        HAS_POS=position_ids is not None, BACKWARD=backward, BLOCK_T=block_t, BLOCK_HALF=block_half,
-        num_warps=4, traced=traced)
+        HAS_POS=position_ids is not None, BACKWARD=backward, IN_PLACE=in_place, BLOCK_T=block_t,
+        BLOCK_HALF=block_half, num_warps=4, traced=traced)
 
 
 def _rope_out_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], backward: bool, traced: bool = False):

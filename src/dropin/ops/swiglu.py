@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, aligned, plan, switch, torch_op
+from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
 from .activations import activation_grad, apply_activation
 from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul
 
@@ -81,8 +81,8 @@ def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One [M, N] tile per program: g = x @ G^T and u = x @ U^T in registers (pointer loads); writes h, and
     when BACKWARD also du and dg over dh (_swiglu_values). SAVE (forward): g and u are also written to zg and
-    zu; SAVED (backward): g and u are read from zg and zu instead of computed (an elementwise pass; h and du
-    may then be zg and zu themselves). h, dh, du, zg, zu: contiguous [M, N]."""
+    zu; SAVED (backward): g and u are read from zg and zu instead of computed, and h and du written over them (an
+    elementwise pass in place; x, g, u, h and du unused). h, dh, du, zg, zu: contiguous [M, N]."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -96,15 +96,17 @@ def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
                              stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
                              PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     dh = 0.0
-    if BACKWARD:  # dh loaded before any store: h may be zg, and a load after a store that may alias it waits
-        dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # for that store
+    if BACKWARD:
+        dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if SAVE:
         tl.store(zg_ptr + offs, g.to(zg_ptr.dtype.element_ty), mask=mask)
         tl.store(zu_ptr + offs, u.to(zu_ptr.dtype.element_ty), mask=mask)
     h, du, dg = _swiglu_values(g, u, dh)
-    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
+    h_dst = zg_ptr if SAVED else h_ptr
+    tl.store(h_dst + offs, h.to(h_dst.dtype.element_ty), mask=mask)
     if BACKWARD:
-        tl.store(du_ptr + offs, du.to(du_ptr.dtype.element_ty), mask=mask)
+        du_dst = zu_ptr if SAVED else du_ptr
+        tl.store(du_dst + offs, du.to(du_dst.dtype.element_ty), mask=mask)
         tl.store(dh_ptr + offs, dg.to(dh_ptr.dtype.element_ty), mask=mask)
 
 
@@ -184,13 +186,17 @@ _plans: dict = {}
 def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, save=False,
             tma: Optional[bool] = None, traced: bool = False):
     """The kernel over the [M, N] tiles; x [M, K] and the weights [N, K] with any strides. Backward when
-    dh is given; with zg and zu, forward saves g and u there (save) or backward reads them (not save).
-    The launch plan (kernel, grid, config) is made once per signature and reused."""
+    dh is given; with zg and zu, forward saves g and u there (save) or backward reads them (not save: the
+    elementwise backward in place over zg, zu and dh; x, the weights, h and du None). A tensor the kernel leaves
+    alone is None here (`absent` in its slot). The launch plan (kernel, grid, config) is made once per signature
+    and reused."""
     backward, saved = dh is not None, zg is not None and not save
-    precision = _precision(x.dtype, k=x.shape[1])
-    ptrs = tuple(h if t is None else t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu))
-    key = (backward, saved, save, precision, tma, x.device, h.shape, x.shape[1], x.stride(), gate_weight.stride(),
-           up_weight.stride(), tuple((t.dtype, aligned(t, traced)) for t in ptrs))
+    like = zg if saved else h
+    precision = _precision(like.dtype, k=0 if saved else x.shape[1])
+    ptrs = tuple(absent(like, traced) if t is None else t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu))
+    operands = () if saved else (x.shape[1], x.stride(), gate_weight.stride(), up_weight.stride())
+    key = (backward, saved, save, precision, tma, like.device, like.shape, *operands,
+           tuple((t.dtype, aligned(t, traced)) for t in ptrs))
     run = plan(_plans, key, lambda: _make_plan(ptrs, backward, saved, save, precision, tma, traced), traced=traced)
     run(*ptrs)
 
@@ -202,13 +208,14 @@ def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
     _swiglu_kernel's; the config is tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces
     the choice (tests)."""
     x, gate_weight, up_weight, h = ptrs[:4]
-    (M, N), K = h.shape, x.shape[1]
+    (M, N), K = ptrs[6 if saved else 3].shape, 0 if saved else x.shape[1]
     max_k = _max_k(precision, x.element_size())
     if saved:  # elementwise, in place: not tuned (the best of 7 tiles on the H200: 3.1 TB/s)
         configs, kinds = [dict(_cfg(32, 128, 16, 4, 1), TMA=False)], ()
     else:
         if tma is None:
-            tma_ok = (_runtime.is_hopper(x.device.index or 0) and all(_tma_ok(t, traced) for t in ptrs)
+            used = ptrs[:4] + (ptrs[4:6] if backward else ()) + (ptrs[6:] if save else ())
+            tma_ok = (_runtime.is_hopper(x.device.index or 0) and all(_tma_ok(t, traced) for t in used)
                       and not (x.dtype == torch.float32 and precision == "ieee"))
             kinds = (True, False) if tma_ok else (False,)
         else:
@@ -216,7 +223,7 @@ def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
         configs = []
         for kind in kinds:
             fitting = _fits((_TMA_CONFIGS if kind else _CONFIGS)[x.element_size()], M, N, K, max_k)
-            if M >= 64:  # the 16-row tiles are for few tokens; fewer candidates, less compiling when tuning
+            if _runtime.size_hint(M) >= 64:  # the 16-row tiles are for few tokens: fewer candidates (tunes only)
                 fitting = [cfg for cfg in fitting if cfg["BLOCK_M"] > 16] or fitting
             configs += [dict(cfg, TMA=kind) for cfg in fitting]
 
@@ -230,7 +237,8 @@ def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
             launch = Launch(_swiglu_tma_kernel, (min(tiles, programs),), dict(meta, NUM_PROGRAMS=programs, **cfg),
                             scratch=True, traced=traced)
         else:
-            scalars = (M, N, K, *x.stride(), *gate_weight.stride(), *up_weight.stride())
+            strides = (0,) * 6 if saved else (*x.stride(), *gate_weight.stride(), *up_weight.stride())
+            scalars = (M, N, K, *strides)
             launch = Launch(_swiglu_kernel, (tiles,), dict(meta, SAVED=saved, **cfg), traced=traced)
         return lambda *tensors: launch(*tensors, *scalars)
 
@@ -271,7 +279,7 @@ def _swiglu_bwd_saved_impl(g, u, dh, traced: bool = False) -> None:
     """From the saved pre-activations, in place: g becomes h = silu(g) * u, u becomes du = dh * silu(g),
     dh becomes dg = dh * u * silu'(g) (all [M, N] contiguous)."""
     if g.numel():
-        _launch(g, g, g, g, dh, u, g, u, traced=traced)
+        _launch(None, None, None, None, dh, None, g, u, traced=traced)
     if not traced:  # (the registered op's dispatcher bumps the versions of the arguments it mutates)
         for t in (g, u, dh):  # written through pointers: tell autograd, whose saved-tensor checks rely on it
             torch.autograd.graph.increment_version(t)
