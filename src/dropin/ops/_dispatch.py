@@ -3,7 +3,7 @@
 
 An op's work is one function, its impl: it allocates the outputs and launches the kernels of a plan (kernels, grids,
 constexprs) made for the call's signature. The impl takes `traced`:
-- Eager (traced=False): the public function checks its arguments once per signature (`checked_once`) and calls the
+- Eager (traced=False): the public function checks its arguments once per signature (`Checks`) and calls the
   impl directly, without torch.library's dispatch. `plan` makes a signature's plan once (tuning then) and returns it
   on later calls; its `Launch`es re-launch the compiled kernel directly after their first call.
 - Captured (torch.cuda.graph, cudagraph trees): no launch keeps memory past the call (global scratch is allocated
@@ -72,12 +72,10 @@ _KEYABLE = (type(None), int, float, bool, str)
 
 
 def signature(tensors: tuple, args: tuple = ()):
-    """A key for a call's argument checks (checked_once): each tensor's shape, dtype and device, and the other
+    """A key for a call's argument checks (`Checks`): each tensor's shape, dtype and device, and the other
     arguments with their types (as keys True == 1 == 1.0, which the checks tell apart); None where a check cannot
     be keyed: a tensor argument that is no Tensor, an argument that is not None, a bool, an int, a float, a str or a
-    tuple of ints, and while torch.compile traces (checked once per graph there; shapes may be symbolic)."""
-    if torch.compiler.is_compiling():
-        return None
+    tuple of ints."""
     key = []
     for t in tensors:
         if t is None:
@@ -94,12 +92,22 @@ def signature(tensors: tuple, args: tuple = ()):
     return tuple(key)
 
 
-def checked_once(cache: dict, tensors: tuple, args: tuple, check):
-    """check()'s result (a public function's argument checks, whose outcome depends on nothing but `tensors`'
-    shapes, dtypes and devices and `args`): run once per signature and reused from `cache` on a repeat call;
-    run on every call that has no signature."""
-    key = signature(tensors, args)
-    return check() if key is None else plan(cache, key, check)
+class Checks:
+    """A public function's argument checks, whose outcome depends on nothing but the tensors' shapes, dtypes and
+    devices and the other arguments: `once` runs them once per signature. An object, not a dict that the function
+    names: Dynamo guards on a dict that traced code passes around (its length: every new eager signature then
+    recompiled a compiled model, torch 2.11), never on this object's."""
+
+    def __init__(self):
+        self._results: dict = {}
+
+    def once(self, tensors: tuple, args: tuple, check):
+        """check()'s result, reused on a repeat call; run on every call that has no signature (`signature`) and
+        while torch.compile traces (once per graph; shapes may be symbolic)."""
+        if torch.compiler.is_compiling():
+            return check()
+        key = signature(tensors, args)
+        return check() if key is None else plan(self._results, key, check)
 
 
 # --- Plans, once per signature --------------------------------------------------------------------------

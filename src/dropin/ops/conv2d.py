@@ -35,7 +35,7 @@ from torch._prims_common import suggest_memory_format
 from .. import _runtime
 from . import _autotune
 from ._common import column_sums, sum_partials_kernel, versions
-from ._dispatch import Launch, absent, aligned, checked_once, launch, plan, switch, torch_op
+from ._dispatch import Checks, Launch, absent, aligned, launch, plan, switch, torch_op
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range
 from .matmul import _precision as _matmul_precision
@@ -1623,7 +1623,7 @@ def _check_out(out: torch.Tensor, *tensors) -> None:
             raise RuntimeError(f"conv2d: 'out' overlaps '{name}' in memory; dropin cannot write it in place")
 
 
-_checked: dict = {}
+_checked = Checks()
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
@@ -1644,8 +1644,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     out: where given, the result is written there and `out` returned (inference only: no argument may require
     grad; any strides, e.g. a slice of a larger buffer, which saves a copy into it; no overlap with an operand)."""
     input, weight, bias, residual = _autocast(input, weight, bias, residual)
-    act, stride, pads, dilation, unbatched = checked_once(
-        _checked, (input, weight, bias, residual, out), (stride, padding, dilation, groups, activation),
+    act, stride, pads, dilation, unbatched = _checked.once(
+        (input, weight, bias, residual, out), (stride, padding, dilation, groups, activation),
         lambda: _check_conv2d(input, weight, bias, residual, out, stride, padding, dilation, groups, activation))
     if out is not None:
         _check_out(out, input, weight, bias, residual)

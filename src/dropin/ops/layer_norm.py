@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, column_sums, row_config, row_view
-from ._dispatch import absent, checked_once, launch, switch, torch_op
+from ._dispatch import Checks, absent, launch, switch, torch_op
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -218,7 +218,7 @@ def _check_layer_norm(input, normalized_shape, weight, bias) -> int:
     return n_last
 
 
-_checked: dict = {}
+_checked = Checks()
 
 
 def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
@@ -229,8 +229,8 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
 
     input of any shape ending in normalized_shape, float32 / float16 / bfloat16, read through its strides;
     weight / bias any of those dtypes. The output (and the input's gradient) is contiguous, in input's dtype."""
-    n_last = checked_once(_checked, (input, weight, bias), (normalized_shape,),
-                          lambda: _check_layer_norm(input, normalized_shape, weight, bias))
+    n_last = _checked.once((input, weight, bias), (normalized_shape,),
+                           lambda: _check_layer_norm(input, normalized_shape, weight, bias))
     w, b = _flat_param(weight), _flat_param(bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
         y = _LayerNormFunction.apply(input, n_last, w, b, float(eps))

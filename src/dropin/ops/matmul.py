@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, absent, aligned, checked_once, launch, plan, switch, torch_op
+from ._dispatch import Checks, Launch, absent, aligned, launch, plan, switch, torch_op
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -705,7 +705,7 @@ def _check_linear(x, weight, bias, activation) -> str:
     return act
 
 
-_checked: dict = {}
+_checked = Checks()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -713,7 +713,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
     bias [N] or None; activation None, "relu", "gelu", "gelu_tanh" or "silu"."""
     x, weight, bias = _autocast(x, weight, bias)  # (first: autocast accepts operands of different float dtypes)
-    act = checked_once(_checked, (x, weight, bias), (activation,), lambda: _check_linear(x, weight, bias, activation))
+    act = _checked.once((x, weight, bias), (activation,), lambda: _check_linear(x, weight, bias, activation))
     w2 = weight.unsqueeze(0) if weight.dim() == 1 else weight
     N, K = w2.shape
     if bias is not None:

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import column_sums
-from ._dispatch import absent, checked_once, launch, switch, torch_op
+from ._dispatch import Checks, absent, launch, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 32768  # one row lives in registers
@@ -229,7 +229,7 @@ def _check(x, weight, eps, residual):
         raise ValueError(f"rms_norm: argument 'eps' must be a finite number >= 0, got {eps!r}")
 
 
-_checked: dict = {}
+_checked = Checks()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: Optional[torch.Tensor] = None):
@@ -239,7 +239,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     output has their promoted dtype, as in HF). With residual (x's shape and dtype), the fused
     `s = x + residual` comes first and `(rms_norm(s), s)` is returned, s being the next residual stream.
     Differentiable in x, weight and residual."""
-    checked_once(_checked, (x, weight, residual), (eps,), lambda: _check(x, weight, eps, residual))
+    _checked.once((x, weight, residual), (eps,), lambda: _check(x, weight, eps, residual))
     N = x.shape[-1]
     # Leading dims flatten into rows: a view whenever they collapse (e.g. any contiguous or row-sliced x),
     # a copy only otherwise; the kernels read rows with any row and column stride.
