@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, merge_dims
-from ._dispatch import absent, launch, switch, torch_op
+from ._dispatch import Checks, Launch, absent, plan, switch, torch_op
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
@@ -136,23 +136,47 @@ def _joint_dims(shape, strides: list) -> list:
     return out
 
 
-def _act_impl(x, dy: Optional[torch.Tensor], act: str, traced: bool = False):
-    """act(x) (dy None) or dy * act'(x), in the layout torch gives: that of x, or for the gradient of dy
-    (relu: of x), where that is dense. traced: under torch.compile (`_dispatch`)."""
-    out = torch.empty_like(x if dy is None or act == "relu" else dy)
-    if x.numel() == 0:
-        return out
+def _act_plan(x, dy: Optional[torch.Tensor], out, act: str, traced: bool):
+    """The launch of `_act_impl`'s signature: run(x, dy, out) writes out."""
     layouts = [x.stride(), (x if dy is None else dy).stride(), out.stride()]
     flat = layouts[0] == layouts[1] == layouts[2] and _dense(x)
     dims = [] if flat else _joint_dims(x.shape, layouts)
-    if len(dims) > 4:  # more than 4 dims that do not merge (rare >= 5-D views): copies in out's layout, read flat
-        x, dy = (None if t is None else torch.empty_like(out).copy_(t) for t in (x, dy))
+    copies = len(dims) > 4  # more than 4 dims that do not merge (rare >= 5-D views): copies in out's layout, flat
+    if copies:
         flat, dims = True, []
     dims = [(1, (0, 0, 0))] * (4 - len(dims)) + dims
-    strides = [st[k] for k in range(3) for _, st in dims]
     block = 2048
-    launch(_act_kernel, (_runtime.cdiv(x.numel(), block),), x, absent(x, traced) if dy is None else dy, out,
-           x.numel(), *(s for s, _ in dims[1:]), *strides, ACT=act, GRAD=dy is not None, FLAT=flat, BLOCK=block, num_warps=8, traced=traced)
+    scalars = (x.numel(), *(s for s, _ in dims[1:]), *(st[k] for k in range(3) for _, st in dims))
+    launch = Launch(_act_kernel, (_runtime.cdiv(x.numel(), block),),
+                    dict(ACT=act, GRAD=dy is not None, FLAT=flat, BLOCK=block, num_warps=8), traced=traced)
+
+    def run(x, dy, out):
+        if copies:
+            x, dy = (None if t is None else torch.empty_like(out).copy_(t) for t in (x, dy))
+        launch(x, absent(x, traced) if dy is None else dy, out, *scalars)
+    return run
+
+
+_plans: dict = {}
+
+
+def _act_impl(x, dy: Optional[torch.Tensor], act: str, traced: bool = False):
+    """act(x) (dy None) or dy * act'(x), in the layout torch gives: that of x, or for the gradient of dy
+    (relu: of x), where that is dense. The launch is planned once per signature (shapes, strides, dtypes, 16-byte
+    alignment: what Triton specializes on; out, a new tensor, is aligned and laid out by them). traced: under
+    torch.compile (`_dispatch`)."""
+    out = torch.empty_like(x if dy is None or act == "relu" else dy)
+    if x.numel() == 0:
+        return out
+    if traced:
+        run = _act_plan(x, dy, out, act, traced)
+    else:
+        key = (act, x.shape, x.stride(), x.dtype, x.data_ptr() & 15,
+               None if dy is None else (dy.stride(), dy.dtype, dy.data_ptr() & 15))
+        run = _plans.get(key)  # (plan's look-up inlined: this runs on every call of a small op)
+        if run is None:
+            run = plan(_plans, key, lambda: _act_plan(x, dy, out, act, traced))
+    run(x, dy, out)
     return out
 
 
@@ -177,15 +201,22 @@ class _ActivationFunction(torch.autograd.Function):
         return _act(x, dy, ctx.act), None
 
 
+def _check(input, activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"argument 'activation' must be one of {ACTIVATIONS}, got {activation!r}")
+    _runtime.check_kernel_device(activation, input=input)
+    check_float(activation, input=input)
+
+
+_checked = Checks()
+
+
 def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
     """`activation(input)` elementwise, for activation "relu", "gelu" (exact, erf), "gelu_tanh" or "silu",
     as torch's F.relu / F.gelu / F.gelu(approximate="tanh") / F.silu; fp32 math, backward included.
     input of any shape and strides, float32 / float16 / bfloat16, read through its strides; the output is
     `torch.empty_like(input)` (a dense input's own layout: channels_last stays channels_last), as torch's."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"argument 'activation' must be one of {ACTIVATIONS}, got {activation!r}")
-    _runtime.check_kernel_device(activation, input=input)
-    check_float(activation, input=input)
+    _checked.once((input,), (activation,), lambda: _check(input, activation))
     if torch.is_grad_enabled() and input.requires_grad:
         return _ActivationFunction.apply(input, activation)
     return _act(input, None, activation)
