@@ -4,7 +4,8 @@ clones them around the kernel and may copy them back (slow, and a source of sche
 models through the registered ops' traced bodies with Triton compiling for a pretend sm_90 (no interpreter), records
 every wrap_triton launch and runs torch's analysis on it. Flags: SHARED, a tensor passed in two slots (Inductor
 constrains each slot's layout apart: a written one then gets copied onto itself, `KeyError` in the scheduler on
-torch 2.11); SIZE-1 DIMS, a tensor with a dim of size 1, whose stride Inductor may fix differently. On a GPU machine it uses the GPU and its torch instead.
+torch 2.11); SIZE-1 DIMS, a tensor with a dim of size 1, whose stride Inductor may fix differently.
+On a GPU machine it uses the GPU and its torch instead.
 Usage: PYTHONPATH=src python3 benchmarks/probes/mutation_analysis.py [resnet18|llama|cvt|all]"""
 import inspect
 import os

@@ -551,8 +551,8 @@ def _tma_ok(*tensors: torch.Tensor, traced: bool = False) -> bool:
 
 
 def _mask_args(mask: Optional[torch.Tensor], q: torch.Tensor, traced: bool = False):
-    """(tensor, its 4 strides, kind): an expanded [B, H, Lq, Lk] mask; q stands in for a missing one (`absent`). A bool mask
-    is read as bytes, or as bool under tracing (Inductor cannot lower a bool tensor's dtype view)."""
+    """(tensor, its 4 strides, kind): an expanded [B, H, Lq, Lk] mask; an `absent` stand-in for a missing one. A bool
+    mask is read as bytes, or as bool under tracing (Inductor cannot lower a bool tensor's dtype view)."""
     if mask is None:
         return absent(q, traced), (0, 0, 0, 0), "none"
     if mask.dtype == torch.bool:

@@ -248,8 +248,8 @@ def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad
         return y, idx
     P = N * OH * OW
     block_p, block_c = _tiles(P, C, cl)
-    launch(_pool_fwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), x, y, idx if store_idx else absent(y, traced),
-           C, H, W, OH, OW, P, *x.stride(), *y.stride(),
+    launch(_pool_fwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), x, y,
+           idx if store_idx else absent(y, traced), C, H, W, OH, OW, P, *x.stride(), *y.stride(),
            **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), STORE_IDX=store_idx,
            BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
     return y, idx
