@@ -141,7 +141,7 @@ def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype]
     G = min(_runtime.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
     part = torch.empty((G, 2, N) if need_wb else (0,), device=x.device, dtype=torch.float32)
     launch(_ln_bwd_kernel, (G,), x, absent(dx, traced) if w is None else w, dy, dx, mean, rstd,
-           part if need_wb else mean, M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn, HAS_W=w is not None,
+           part if need_wb else absent(mean, traced), M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn, HAS_W=w is not None,
            PARTIALS=need_wb, **cfg, traced=traced)
     if need_wb:
         column_sums(part.view(G, 2 * N), dwb.view(2 * N), traced)

@@ -540,12 +540,10 @@ def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool, traced: bool = F
     partial = grad_bias.view(1, N) if (splits == 1 and bias_grad) else \
         torch.empty((splits, N) if bias_grad else (0,), device=grad_y.device, dtype=torch.float32)
     launch(_act_grad_kernel, (n_blocks, splits), g2, absent(g2, traced) if z is None else z, grad_z, partial, R, N,
-           *g2.stride(), rows,
-           ACT=activation, COL_SUM=bias_grad, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
+           *g2.stride(), rows, ACT=activation, COL_SUM=bias_grad, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
     if bias_grad and splits > 1:
         launch(_act_grad_kernel, (n_blocks, 1), partial, absent(partial, traced), absent(partial, traced), grad_bias,
-               splits, N, N, 1, splits,
-               ACT="none", COL_SUM=True, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
+               splits, N, N, 1, splits, ACT="none", COL_SUM=True, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
     return grad_z, grad_bias
 
 
