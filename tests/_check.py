@@ -12,8 +12,8 @@ CL = torch.channels_last
 
 
 def poison_allocations(monkeypatch) -> None:
-    """From here to the end of the test, torch.empty, torch.empty_like and Tensor.new_empty of a floating
-    dtype return NaN-filled tensors: an output element that a kernel fails to write then shows up."""
+    """From here to the end of the test, torch.empty, torch.empty_like, torch.empty_strided and Tensor.new_empty of
+    a floating dtype return NaN-filled tensors: an output element that a kernel fails to write then shows up."""
     def poisoned(allocate):
         def wrapper(*args, **kwargs):
             t = allocate(*args, **kwargs)
@@ -21,6 +21,7 @@ def poison_allocations(monkeypatch) -> None:
         return wrapper
     monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
     monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
+    monkeypatch.setattr(torch, "empty_strided", poisoned(torch.empty_strided))
     monkeypatch.setattr(torch.Tensor, "new_empty", poisoned(torch.Tensor.new_empty))
 
 

@@ -9,8 +9,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _collected(marker: str) -> list[str]:
-    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", marker,
-                          "tests"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
+                          marker, "tests"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return [line for line in run.stdout.splitlines() if "::" in line]
 

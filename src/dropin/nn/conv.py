@@ -50,10 +50,11 @@ class ConvBNAct(Conv2d):
         self.derived = Derived()
         self.refresh_()
 
-    def _sources(self):
-        bn = self.bn
-        return [t for t in (self.weight, self.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-                if t is not None]
+    def _sources(self) -> tuple:
+        # (the modules' dicts read directly: Module.__getattr__ costs host time on every call)
+        conv, bn = self._parameters, self.bn
+        return (conv["weight"], conv.get("bias"), bn._parameters.get("weight"), bn._parameters.get("bias"),
+                bn._buffers.get("running_mean"), bn._buffers.get("running_var"))
 
     def refresh_(self) -> None:
         """Folds the BatchNorm's current statistics and affine parameters into the conv's weight and bias again."""
@@ -64,11 +65,12 @@ class ConvBNAct(Conv2d):
         self.derived.set("bias", bias)
         frozen(self.derived.weight)
         # the source tensors stay referenced with their versions, so a new tensor cannot reuse their address
-        object.__setattr__(self, "_folded_from", ([t.detach() for t in sources], versions(*sources), self.bn.eps))
+        object.__setattr__(self, "_folded_from", ([t for t in sources if t is not None], versions(*sources),
+                                                  self.bn.eps))
 
     def _folded(self):
         sources = self._sources()
-        if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in sources):
             return fold_batchnorm(self.weight, self.bias, self.bn)
         if not (torch.compiler.is_compiling() or _runtime.capturing()):
             key = versions(*sources)

@@ -13,15 +13,15 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def versions(*tensors):
     """What identifies the data of these tensors, for a cache of values made from them (a weight in another layout,
-    a folded BatchNorm, a sparse weight): each one's identity, storage address (a new `.data`), version (in-place
-    writes bump it), dtype and device; None for a None. None overall where one cannot be tracked (an inference tensor
-    has no version): make the value anew. Edits through a `.data` alias are invisible here, as to autograd."""
-    key = []
-    for t in tensors:
-        if t is not None and t.is_inference():
-            return None
-        key.append(None if t is None else (id(t), t.data_ptr(), t._version, t.dtype, t.device))
-    return tuple(key)
+    a folded BatchNorm, a sparse weight): each one's identity, storage address (a new `.data`, dtype or device) and
+    version (in-place writes bump it); None for a None. The cache keeps the tensors referenced, so that another
+    tensor cannot take an identity or an address over. None overall where one cannot be tracked (an inference
+    tensor has no version): make the value anew. Edits through a `.data` alias are invisible here, as to
+    autograd."""
+    try:
+        return tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in tensors)
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return None
 
 
 def check_float(op: str, **tensors) -> None:

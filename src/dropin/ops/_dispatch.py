@@ -133,6 +133,69 @@ def plan(plans: dict, key, make, traced: bool = False):
     return found
 
 
+# --- Shortcuts: an eager call without autograd, once per signature ---------------------------------------
+
+def _typed(a):
+    """a with its type, and a tuple's elements with theirs (as keys True == 1 == 1.0, which checks tell apart)."""
+    return (tuple, *map(_typed, a)) if type(a) is tuple else (type(a), a)
+
+
+class Shortcuts:
+    """A public function's eager calls without autograd, each signature's reduced to one function of the call's
+    tensors (its shortcut) that allocates the outputs and runs the signature's plan: a repeat call skips the
+    argument checks, the argument processing and the plan's look-up, most of an op's host cost.
+
+    The public function first `find`s (key, shortcut) and returns shortcut(*tensors) where there is one; else it
+    runs its own path and `keep`s the shortcut that this call's path allows (the op's `*_shortcut` maker: None
+    where a call does more than allocate and launch, e.g. a copy of an operand or a check of values). The key:
+    each tensor's shape, strides, dtype, device and 16-byte alignment (what the plan is made for), and the other
+    arguments with their types. No key (no shortcut, none kept) while torch.compile traces, under autocast (it
+    casts operands), or where autograd records the call; none is kept during a CUDA graph capture (its plan is
+    untimed); past MAX_PLANS signatures the cache is emptied.
+
+    A plan's launches read their tensors' addresses alone (a kernel argument is a pointer; the plan fixed the
+    strides and dtypes): a shortcut may pass a tensor in place of a view of it that starts at the same address
+    (a 1x1 convolution's input as the GEMM operand [1, N*H*W, C])."""
+
+    def __init__(self):
+        self._runs: dict = {}
+
+    def find(self, tensors: tuple, args: tuple):
+        """(key, shortcut or None) for this call; key None where no shortcut may serve it."""
+        if torch.compiler.is_compiling() or torch.is_autocast_enabled(_runtime.KERNEL_DEVICE):
+            return None, None
+        try:
+            if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+                return None, None
+            key = (*[None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+                     for t in tensors], *map(_typed, args))
+            return key, self._runs.get(key)
+        except (AttributeError, TypeError, RuntimeError):  # no tensor, no key (unhashable, no strides or address):
+            return None, None  # the op's own path says
+
+    def keep(self, key, make) -> None:
+        """Keeps make()'s shortcut (None: none) under key (from `find`; None: nothing)."""
+        if key is None or _runtime.capturing():
+            return
+        if len(self._runs) > MAX_PLANS:
+            self._runs.clear()
+        run = make()
+        if run is not None:
+            self._runs[key] = run
+
+
+def writing(like: torch.Tensor, run):
+    """A shortcut that allocates an output laid out as `like` (shape, strides, dtype, device), runs
+    run(out, *tensors) and returns out."""
+    shape, strides, dtype, device = like.shape, like.stride(), like.dtype, like.device
+
+    def shortcut(*tensors):
+        out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        run(out, *tensors)
+        return out
+    return shortcut
+
+
 # --- Launches ---------------------------------------------------------------------------------------------
 
 def _fresh_scratch(size: int, alignment: int, stream):

@@ -34,8 +34,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
-from .attention_decode import decode
+from ._dispatch import Launch, Shortcuts, absent, aligned, plan, switch, torch_op
+from .attention_decode import decode, decode_shortcut
 from .matmul import _autocast, _dot, _dot_acc, _precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -592,12 +592,21 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float, traced: bool = False
     out is [B, H, Lq, E] stored as [B, Lq, H, E] (as torch's flash attention stores it). traced: under
     torch.compile (`_dispatch`)."""
     B, H, Lq, E = q.shape
-    HK, Lk = k.shape[1], k.shape[2]
     # [B, Lq, H, E] in memory, its own buffer (a written view is what Inductor's mutation copy-back can miscompile)
     out = torch.empty_strided((B, H, Lq, E), (Lq * H * E, E, H * E, 1), device=q.device, dtype=q.dtype)
     stats = torch.empty((B, H, 2, Lq), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return out, stats
+    run, mask_t, qk_scale = _fwd_plan(q, k, v, mask, out, stats, is_causal, scale, traced)
+    run(q, k, v, mask_t, out, stats, qk_scale)
+    return out, stats
+
+
+def _fwd_plan(q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: bool):
+    """(run, mask_t, qk_scale): the forward's plan for this signature, run(q, k, v, mask_t, out, stats, qk_scale),
+    the mask as the kernel reads it and the scale of the scores it takes."""
+    B, H, Lq, E = q.shape
+    HK, Lk = k.shape[1], k.shape[2]
     mask_t, mask_strides, mask_kind = _mask_args(mask, q, traced)
     precision = _attention_precision(q, Lk)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
@@ -616,8 +625,22 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float, traced: bool = False
         return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, out, stats, *fixed, qk_scale, *strides)
 
     plan_key = ("fwd", _signature(q, k, v, mask, traced=traced), q.device, is_causal, precision, qk_scale > 0)
-    plan(_plans, plan_key, make, traced=traced)(q, k, v, mask_t, out, stats, qk_scale)
-    return out, stats
+    return plan(_plans, plan_key, make, traced=traced), mask_t, qk_scale
+
+
+def _fwd_shortcut(q, k, v, out, stats, is_causal: bool, scale: float):
+    """attention's later eager calls of this signature without a mask (`Shortcuts`): (q, k, v) -> out, the
+    forward's plan on new out and stats laid out as this call's."""
+    if out.numel() == 0:
+        return None
+    run, _, qk_scale = _fwd_plan(q, k, v, None, out, stats, is_causal, scale, False)
+    shape, strides, stats_shape, dtype, device = out.shape, out.stride(), stats.shape, out.dtype, out.device
+
+    def shortcut(q, k, v, mask=None):
+        out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        run(q, k, v, q, out, torch.empty(stats_shape, dtype=torch.float32, device=device), qk_scale)
+        return out
+    return shortcut
 
 
 def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: bool = False):
@@ -751,6 +774,9 @@ def _check_mask(attn_mask, q, shape, is_causal: bool) -> torch.Tensor:
                            f"broadcast to the attention shape {tuple(shape)}") from e
 
 
+_shortcuts = Shortcuts()
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
               dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
               enable_gqa: bool = False) -> torch.Tensor:
@@ -765,6 +791,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     default 1 / sqrt(E). dropout_p must be 0. A query row that may attend to no key gives zeros (as torch).
     float32 / float16 / bfloat16 (all the same); float32 uses tf32 only where torch's matmuls would
     (`torch.backends.cuda.matmul.allow_tf32`). Returns [B, H, Lq, E] (or [N, Lq, E]) in q's dtype."""
+    key, shortcut = _shortcuts.find((q, k, v, attn_mask), (dropout_p, is_causal, scale, enable_gqa))
+    if shortcut is not None:
+        return shortcut(q, k, v, attn_mask)
     _runtime.check_kernel_device("attention", q=q, k=k, v=v, attn_mask=attn_mask)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in _DTYPES:
@@ -790,6 +819,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
         out = _AttentionFunction.apply(q, k, v, attn_mask, bool(is_causal), scale)
     elif Lq == 1 and not is_causal:
         out = decode(q, k, v, attn_mask, scale)  # a decoding step: keys split over programs
+        if not unbatched:
+            _shortcuts.keep(key, lambda: decode_shortcut(q, k, v, attn_mask, scale))
     else:
-        out = _fwd(q, k, v, attn_mask, bool(is_causal), scale)[0]
+        out, stats = _fwd(q, k, v, attn_mask, bool(is_causal), scale)
+        if attn_mask is None and not unbatched:
+            _shortcuts.keep(key, lambda: _fwd_shortcut(q, k, v, out, stats, bool(is_causal), scale))
     return out.squeeze(1) if unbatched else out

@@ -127,10 +127,20 @@ def _decode_impl(q, k, v, mask: Optional[torch.Tensor], scale: float, traced: bo
     """out [B, H, 1, E] (contiguous) for q [B, H, 1, E], k / v [B, HK, Lk, E], mask None or [B, H, 1, Lk]
     (bool or additive float; any strides, stride 0 where broadcast). traced: under torch.compile (`_dispatch`)."""
     B, H, _, E = q.shape
-    HK, Lk = k.shape[1], k.shape[2]
     out = q.new_empty((B, H, 1, E))
     if out.numel() == 0:
         return out
+    run, mask_t, (part_shape, stats_shape) = _decode_plan(q, k, v, mask, scale, traced)
+    run(q, k, v, mask_t, torch.empty(part_shape, device=q.device, dtype=torch.float32),
+        torch.empty(stats_shape, device=q.device, dtype=torch.float32), out)
+    return out
+
+
+def _decode_plan(q, k, v, mask: Optional[torch.Tensor], scale: float, traced: bool):
+    """(run, mask_t, (part shape, stats shape)): the plan for this signature, run(q, k, v, mask_t, part, stats,
+    out), the mask as the kernel reads it and the shapes of the fp32 partials."""
+    B, H, _, E = q.shape
+    HK, Lk = k.shape[1], k.shape[2]
     kind = "none" if mask is None else "bool" if mask.dtype == torch.bool else "float"
     # a bool mask read as bytes, or as bool under tracing (Inductor cannot lower a bool tensor's dtype view)
     mask_t = absent(q, traced) if mask is None else mask.view(torch.uint8) if kind == "bool" and not traced else mask
@@ -138,8 +148,6 @@ def _decode_impl(q, k, v, mask: Optional[torch.Tensor], scale: float, traced: bo
     group = H // HK
     precision = _precision(q.dtype, k=E)
     splits, keys = _splits(B, HK, Lk, q.device.index or 0)
-    part = torch.empty((B, H, splits, E), device=q.device, dtype=torch.float32)
-    stats = torch.empty((B, H, splits, 2), device=q.device, dtype=torch.float32)
 
     def make():
         block_d = max(16, _runtime.next_power_of_2(E))
@@ -158,9 +166,26 @@ def _decode_impl(q, k, v, mask: Optional[torch.Tensor], scale: float, traced: bo
         return run
 
     key = tuple(None if t is None else (t.shape, t.stride(), t.dtype, aligned(t, traced)) for t in (q, k, v, mask))
-    plan(_plans, (key, q.device, scale, precision), make, traced)(
-        q, k, v, mask_t, part, stats, out)
-    return out
+    return plan(_plans, (key, q.device, scale, precision), make, traced), mask_t, ((B, H, splits, E),
+                                                                                 (B, H, splits, 2))
+
+
+def decode_shortcut(q, k, v, mask: Optional[torch.Tensor], scale: float):
+    """For `Shortcuts`: run(q, k, v, mask) -> out, `decode`'s later eager calls of this signature (q, k, v and
+    mask as decode takes them: the shortcut's caller passes tensors at their addresses, a mask of its dtype)."""
+    if q.numel() == 0:
+        return None
+    plan_run, _, (part_shape, stats_shape) = _decode_plan(q, k, v, mask, scale, False)
+    as_bytes = mask is not None and mask.dtype == torch.bool
+    out_shape, dtype, device = q.shape, q.dtype, q.device
+
+    def run(q, k, v, mask):
+        out = torch.empty(out_shape, dtype=dtype, device=device)
+        mask_t = q if mask is None else mask.view(torch.uint8) if as_bytes else mask
+        plan_run(q, k, v, mask_t, torch.empty(part_shape, device=device, dtype=torch.float32),
+                 torch.empty(stats_shape, device=device, dtype=torch.float32), out)
+        return out
+    return run
 
 
 # --- 4. Registration as a torch op (what torch.compile traces: `_dispatch`) -------------------------------------

@@ -35,9 +35,9 @@ from torch._prims_common import suggest_memory_format
 from .. import _runtime
 from . import _autotune
 from ._common import column_sums, sum_partials_kernel, versions
-from ._dispatch import Checks, Launch, absent, aligned, launch, plan, switch, torch_op
+from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op, writing
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
-from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range
+from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range, product_shortcut
 from .matmul import _precision as _matmul_precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -1187,6 +1187,18 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
         z.copy_(y) if save_preact else None
         y.copy_(activation_ref(y, None if activation == "none" else activation))
         return y, z
+    run, tensors = _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups, activation, save_preact,
+                             traced)
+    run(*tensors)
+    return y, z
+
+
+def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int, activation: str,
+              save_preact: bool, traced: bool):
+    """(run, tensors): the forward's plan for this signature, run(*tensors), and its tensors (x, w, y, bias, z,
+    residual; absent stand-ins for unused ones)."""
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
+    fmt = _out_format(x, w)
     precision = _precision(x.dtype)
     r = y if residual is None else residual
     key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), y.stride(), r.stride(), x.dtype,
@@ -1253,8 +1265,27 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
                 *(("tma",) if tma else ()), *(("walk",) if walk else ()))
         return _pick("conv2d", tkey, configs, launcher, tensors)
 
-    plan(_plans, key, make, traced)(*tensors)
-    return y, z
+    return plan(_plans, key, make, traced), tensors
+
+
+def _fwd_shortcut(x, w, y, bias, residual, stride, padding, dilation, groups: int, activation: str, out: bool):
+    """conv2d's later eager calls of this signature (`Shortcuts`): (input, weight, bias, residual, out) -> y, the
+    forward's plan on a new output laid out as this call's y, or with `out` on the given out after its checks
+    (x, w, y, bias, residual: this call's own tensors)."""
+    if y.numel() == 0 or x.shape[1] // groups * w.shape[2] * w.shape[3] == 0:
+        return None
+    run = _fwd_plan(x, w, y, y, bias, residual, stride, padding, dilation, groups, activation, False, False)[0]
+
+    def into(y, x, w, bias, residual, *out):
+        run(x, w, y, y if bias is None else bias, y, y if residual is None else residual)
+    if not out:
+        return writing(y, into)
+
+    def shortcut(x, w, bias, residual, out):
+        _check_out(out, x, w, bias, residual)
+        into(out, x, w, bias, residual)
+        return out
+    return shortcut
 
 
 def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool = False):
@@ -1624,6 +1655,7 @@ def _check_out(out: torch.Tensor, *tensors) -> None:
 
 
 _checked = Checks()
+_shortcuts = Shortcuts()
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
@@ -1643,6 +1675,10 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
     out: where given, the result is written there and `out` returned (inference only: no argument may require
     grad; any strides, e.g. a slice of a larger buffer, which saves a copy into it; no overlap with an operand)."""
+    key, shortcut = _shortcuts.find((input, weight, bias, residual, out),
+                                    (stride, padding, dilation, groups, activation))
+    if shortcut is not None:
+        return shortcut(input, weight, bias, residual, out)
     input, weight, bias, residual = _autocast(input, weight, bias, residual)
     act, stride, pads, dilation, unbatched = _checked.once(
         (input, weight, bias, residual, out), (stride, padding, dilation, groups, activation),
@@ -1652,7 +1688,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     x = input.unsqueeze(0) if unbatched else input
     KH, KW = weight.shape[2:]
     if bias is not None and bias.stride(0) != 1:
-        bias = bias.contiguous()  # the kernel reads bias with unit stride
+        bias, key = bias.contiguous(), None  # the kernel reads bias with unit stride (a copy: no shortcut)
+    key = None if unbatched else key
     if residual is not None and unbatched:
         residual = residual.unsqueeze(0)
     if out is not None:
@@ -1661,6 +1698,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
             _fwd_out_op(x, weight, bias, residual, stride, pads, dilation, groups, act, y)
         else:
             _fwd_impl(x, weight, bias, residual, stride, pads, dilation, groups, act, False, y)
+            _shortcuts.keep(key, lambda: _fwd_shortcut(x, weight, y, bias, residual, stride, pads, dilation, groups,
+                                                       act, out=True))
         return out
     if (KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and residual is None:
         pixels = x.permute(0, 2, 3, 1)
@@ -1669,11 +1708,16 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
             # Hopper), bias and activation fused, its autograd; the output is channels_last as torch's is.
             # (matmul's product directly, not linear: the checks are done, and a call's CPU time counts here)
             (n, h, w, c), cout = pixels.shape, weight.shape[0]
-            y = _product(pixels.reshape(1, n * h * w, c), weight.reshape(cout, c).t().unsqueeze(0), bias, act)
-            y = y.view(n, h, w, cout).permute(0, 3, 1, 2)
+            operands = (pixels.reshape(1, n * h * w, c), weight.reshape(cout, c).t().unsqueeze(0), bias)
+            product = _product(*operands, act)
+            y = product.view(n, h, w, cout).permute(0, 3, 1, 2)
+            _shortcuts.keep(key, lambda: product_shortcut(operands, (x, weight, bias), product, act, y))
             return y.squeeze(0) if unbatched else y
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)):
         y = _Conv2dFunction.apply(x, weight, bias, residual, stride, pads, dilation, groups, act)
     else:
         y = _fwd(x, weight, bias, residual, stride, pads, dilation, groups, act, False)[0]
+        _shortcuts.keep(key, lambda: _fwd_shortcut(x, weight, y, bias, residual, stride, pads, dilation, groups, act,
+                                                   out=False))
     return y.squeeze(0) if unbatched else y
+

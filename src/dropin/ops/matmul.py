@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Checks, Launch, absent, aligned, launch, plan, switch, torch_op
+from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op, writing
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -337,7 +337,8 @@ _PTR_CONFIGS = {
     4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 128, 16, 8, 4), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4),
         _cfg(64, 64, 32, 4, 4), _cfg(64, 64, 64, 4, 3), _cfg(32, 128, 32, 4, 4), _cfg(256, 16, 64, 8, 3),
         _cfg(128, 16, 64, 4, 4), _cfg(128, 16, 32, 4, 4), _cfg(64, 16, 32, 4, 4), _cfg(64, 16, 128, 4, 4),
-        _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2), _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
+        _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2), _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4),
+        _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
 # The CUDA-core kernel (any dtype): M == 1 (vector-matrix), and at most 16 columns (candidates beside `ptr`).
 _FMA_CONFIGS = {
@@ -423,6 +424,15 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
     z = a.new_empty((batch, M, N)) if save_preact else c  # c stands in for an unused Z
     if c.numel() == 0:
         return c, z if save_preact else None
+    a, b, run = _mm_prepared(a, b, c, bias, z, activation, save_preact, tma, traced)
+    run(a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z)
+    return c, z if save_preact else None
+
+
+def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Optional[bool], traced: bool):
+    """(a, b, run): the operands as the kernels read them (where tf32 is used, copies rounded to it) and the
+    signature's plan, run(a, b, c, bias, z)."""
+    K = a.shape[2]
     precision = _precision(a.dtype, k=K)
     if precision == "tf32" and K > 0:
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
@@ -432,8 +442,30 @@ def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool]
            None if bias is None else aligned(bias, traced), activation, save_preact, precision, tma)
     run = plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced),
                traced=traced)
-    run(a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z)
-    return c, z if save_preact else None
+    return a, b, run
+
+
+def _mm_shortcut(a, b, c, bias, activation: str):
+    """For `Shortcuts`: run(a, b, c, bias) writes act(a @ b + bias) into c, the eager product without autograd
+    of this signature (a, b, c, bias as `_mm_impl` takes them; c, a new contiguous [B, M, N] output, gives the
+    signature); None where the call copies its operands (tf32) or has no work."""
+    if c.numel() == 0:
+        return None
+    a2, b2, run = _mm_prepared(a, b, c, bias, c, activation, False, None, False)
+    if a2 is not a or b2 is not b:
+        return None
+    return lambda a, b, c, bias: run(a, b, c, c if bias is None else bias, c)
+
+
+def product_shortcut(operands: tuple, given: tuple, c, activation: str, out):
+    """For `Shortcuts`: a product's later eager calls of this signature, given tensors (a, b[, bias[, ...]]) ->
+    a new twin of `out`, act(a @ b + bias). `operands` are what this call passed to the product (3-D views, c its
+    [B, M, N] result, out the view of c it returned): the plan runs on the given tensors, which start where the
+    operands do; None where a copy made an operand, or the product copies its operands (tf32)."""
+    if any(o is not None and o.data_ptr() != g.data_ptr() for o, g in zip(operands, given)):
+        return None
+    mm = _mm_shortcut(*operands[:2], c, operands[2] if len(operands) > 2 else None, activation)
+    return None if mm is None else writing(out, lambda y, a, b, bias=None, *unused: mm(a, b, y, bias))
 
 
 def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Tensor:
@@ -636,11 +668,17 @@ def _autocast(*tensors):
                  else t for t in tensors)
 
 
+_shortcuts = Shortcuts()  # (one for matmul, bmm and linear: their keys name the op)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`torch.matmul(a, b)`: 1-D, 2-D and batched operands with broadcast batch dims, any strides.
 
     float32 / float16 / bfloat16 (both the same), fp32 accumulation; float32 uses tf32 only where torch
     would (`torch.backends.cuda.matmul.allow_tf32`)."""
+    key, shortcut = _shortcuts.find((a, b), ("matmul",))
+    if shortcut is not None:
+        return shortcut(a, b)
     for name, t in (("a", a), ("b", b)):
         if isinstance(t, torch.Tensor) and t.dim() == 0:
             raise RuntimeError(f"matmul: both arguments need to be at least 1-D, but '{name}' is 0-D")
@@ -659,21 +697,25 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"matmul: batch dimensions of 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} "
                            f"do not broadcast") from e
     if b2.dim() == 2 and a2.dim() > 2:  # fold a's batch into M: one large product
-        c = _product(a2.reshape(1, math.prod(a2.shape[:-1]), K), b2.unsqueeze(0), None, "none")
+        operands = (a2.reshape(1, math.prod(a2.shape[:-1]), K), b2.unsqueeze(0))
     else:
-        a3 = a2.expand(*batch, M, K).reshape(math.prod(batch), M, K)
-        b3 = b2.expand(*batch, K, N).reshape(math.prod(batch), K, N)
-        c = _product(a3, b3, None, "none")
-    c = c.view(*batch, M, N)
+        operands = (a2.expand(*batch, M, K).reshape(math.prod(batch), M, K),
+                    b2.expand(*batch, K, N).reshape(math.prod(batch), K, N))
+    product = _product(*operands, None, "none")
+    c = product.view(*batch, M, N)
     if a.dim() == 1:
         c = c.squeeze(-2)
     if b.dim() == 1:
         c = c.squeeze(-1)
+    _shortcuts.keep(key, lambda: product_shortcut(operands, (a, b), product, "none", c))
     return c
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`torch.bmm(a, b)`: a [B, M, K] @ b [B, K, N] -> [B, M, N], any strides."""
+    key, shortcut = _shortcuts.find((a, b), ("bmm",))
+    if shortcut is not None:
+        return shortcut(a, b)
     for name, t in (("a", a), ("b", b)):
         if isinstance(t, torch.Tensor) and t.dim() != 3:
             raise RuntimeError(f"bmm: argument '{name}' must be a 3-D tensor, got {t.dim()}-D")
@@ -682,7 +724,9 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise RuntimeError(f"bmm: 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} have mismatched "
                            f"batch or inner dimensions")
-    return _product(a, b, None, "none")
+    c = _product(a, b, None, "none")
+    _shortcuts.keep(key, lambda: product_shortcut((a, b), (a, b), c, "none", c))
+    return c
 
 
 def _check_linear(x, weight, bias, activation) -> str:
@@ -710,11 +754,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            activation: Optional[str] = None) -> torch.Tensor:
     """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
     bias [N] or None; activation None, "relu", "gelu", "gelu_tanh" or "silu"."""
+    key, shortcut = _shortcuts.find((x, weight, bias), ("linear", activation))
+    if shortcut is not None:
+        return shortcut(x, weight, bias)
     x, weight, bias = _autocast(x, weight, bias)  # (first: autocast accepts operands of different float dtypes)
     act = _checked.once((x, weight, bias), (activation,), lambda: _check_linear(x, weight, bias, activation))
     w2 = weight.unsqueeze(0) if weight.dim() == 1 else weight
     N, K = w2.shape
-    if bias is not None:
-        bias = bias.reshape(N).contiguous()  # the kernels read bias with unit stride
-    y = _product(x.reshape(1, math.prod(x.shape[:-1]), K), w2.t().unsqueeze(0), bias, act)
-    return y.view(*x.shape[:-1], N) if weight.dim() == 2 else y.view(x.shape[:-1])
+    b = None if bias is None else bias.reshape(N).contiguous()  # the kernels read bias with unit stride
+    operands = (x.reshape(1, math.prod(x.shape[:-1]), K), w2.t().unsqueeze(0), b)
+    c = _product(*operands, act)
+    y = c.view(*x.shape[:-1], N) if weight.dim() == 2 else c.view(x.shape[:-1])
+    _shortcuts.keep(key, lambda: product_shortcut(operands, (x, weight, bias), c, act, y))
+    return y
+

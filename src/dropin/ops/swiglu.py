@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
+from ._dispatch import Launch, Shortcuts, absent, aligned, plan, switch, torch_op
 from .activations import activation_grad, apply_activation
 from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul
 
@@ -190,6 +190,12 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
     elementwise backward in place over zg, zu and dh; x, the weights, h and du None). A tensor the kernel leaves
     alone is None here (`absent` in its slot). The launch plan (kernel, grid, config) is made once per signature
     and reused."""
+    run, ptrs = _launch_plan(x, gate_weight, up_weight, h, dh, du, zg, zu, save, tma, traced)
+    run(*ptrs)
+
+
+def _launch_plan(x, gate_weight, up_weight, h, dh, du, zg, zu, save: bool, tma: Optional[bool], traced: bool):
+    """(run, ptrs): `_launch`'s plan for this signature, run(*ptrs), and its 8 tensors (`absent` for None)."""
     backward, saved = dh is not None, zg is not None and not save
     like = zg if saved else h
     precision = _precision(like.dtype, k=0 if saved else x.shape[1])
@@ -197,8 +203,8 @@ def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, sa
     operands = () if saved else (x.shape[1], x.stride(), gate_weight.stride(), up_weight.stride())
     key = (backward, saved, save, precision, tma, like.device, like.shape, *operands,
            tuple((t.dtype, aligned(t, traced)) for t in ptrs))
-    run = plan(_plans, key, lambda: _make_plan(ptrs, backward, saved, save, precision, tma, traced), traced=traced)
-    run(*ptrs)
+    return plan(_plans, key, lambda: _make_plan(ptrs, backward, saved, save, precision, tma, traced),
+                traced=traced), ptrs
 
 
 def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
@@ -351,6 +357,9 @@ class _SwiGLUFunction(torch.autograd.Function):
 
 # --- 6. Public function -------------------------------------------------------------------------------
 
+_shortcuts = Shortcuts()
+
+
 def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
                down_weight: torch.Tensor, recompute: bool = False) -> torch.Tensor:
     """HF Llama's MLP, `down_proj(silu(gate_proj(x)) * up_proj(x))` without biases.
@@ -365,6 +374,9 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     lowest memory across many layers, a backward that may run again (retain_graph), and activation
     checkpointing with use_reentrant=False (whose saved-tensor hooks do not see the kept projections, which
     stay on the autograd node); within one MLP both peak alike."""
+    key, shortcut = _shortcuts.find((x, gate_weight, up_weight, down_weight), (recompute,))
+    if shortcut is not None:
+        return shortcut(x, gate_weight, up_weight, down_weight)
     for name, t in (("x", x), ("gate_weight", gate_weight), ("up_weight", up_weight), ("down_weight", down_weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"swiglu_mlp: argument '{name}' must be a Tensor, got {type(t).__name__}")
@@ -388,5 +400,27 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     rows = math.prod(x.shape[:-1])
     # Leading dims flatten into rows: a view whenever they collapse, a copy only otherwise; the kernel
     # reads x with any row and column stride.
-    y = _SwiGLUFunction.apply(x.reshape(rows, K), gate_weight, up_weight, down_weight, bool(recompute))
+    x2 = x.reshape(rows, K)
+    if key is None:
+        y = _SwiGLUFunction.apply(x2, gate_weight, up_weight, down_weight, bool(recompute))
+    else:  # no autograd: the forward's launch and the down projection
+        h = _swiglu_fwd(x2, gate_weight, up_weight, False)[0]
+        y = linear(h, down_weight)
+        _shortcuts.keep(key, lambda: _swiglu_shortcut(x2, gate_weight, up_weight, h, x, y.view(*x.shape[:-1], K)))
     return y.view(*x.shape[:-1], K)
+
+
+def _swiglu_shortcut(x2, gate_weight, up_weight, h, x, y):
+    """swiglu_mlp's later eager calls of this signature (`Shortcuts`): (x, gate_weight, up_weight, down_weight,
+    recompute) -> y, the forward's plan on x at its address (None where x's rows are a copy) into a new h, then
+    linear (its own shortcut) into y's shape."""
+    if h.numel() == 0 or x2.data_ptr() != x.data_ptr():
+        return None
+    run = _launch_plan(x2, gate_weight, up_weight, h, None, None, None, None, False, None, False)[0]
+    h_shape, shape, dtype, device = h.shape, y.shape, h.dtype, h.device
+
+    def shortcut(x, gate_weight, up_weight, down_weight, recompute=False):
+        h = torch.empty(h_shape, dtype=dtype, device=device)
+        run(x, gate_weight, up_weight, h, h, h, h, h)
+        return linear(h, down_weight).view(shape)
+    return shortcut

@@ -1,0 +1,146 @@
+"""Eager shortcuts (`dropin.ops._dispatch.Shortcuts`): a repeat call of a public op without autograd, with the
+signature of an earlier one, takes the shortcut that the first call kept, and gives what the op's own path gives:
+every public op of `dropin bench overhead` (tiny shapes), on new inputs, with poisoned allocations, against
+torch in float64; and no shortcut where the call differs (grad wanted, autocast, other arguments or strides)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dropin
+from dropin.bench.overhead import pairs
+from dropin.ops import _dispatch
+from _check import poison_allocations
+from _tol import DEVICE, assert_close
+
+PAIRS = {p.name: p for p in pairs()}
+
+
+@pytest.fixture
+def taken(monkeypatch):
+    """A list that gets, for each `Shortcuts.find` from here on, whether it found a shortcut."""
+    found = []
+    find = _dispatch.Shortcuts.find
+
+    def spy(self, tensors, args):
+        key, run = find(self, tensors, args)
+        found.append(run is not None)
+        return key, run
+    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
+    return found
+
+
+def _tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _float64(t):
+    return t.detach().cpu().double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_repeat_call_takes_the_shortcut(name, taken, monkeypatch):
+    pair = PAIRS[name]
+    with torch.no_grad():
+        first = _tuple(pair.dropin(*pair.make()))
+        poison_allocations(monkeypatch)
+        inputs = pair.make()
+        taken.clear()
+        outs = _tuple(pair.dropin(*inputs))
+        refs = _tuple(pair.torch(*map(_float64, inputs)))
+    assert taken and all(taken), f"{name}: the repeat call took no shortcut ({taken})"
+    for out, ref, out_first in zip(outs, refs, first):
+        assert_close(out, ref.to(out.device), out.dtype, "fwd", what=f"{name} through its shortcut")
+        assert out.stride() == out_first.stride(), f"{name}: the shortcut's output is laid out otherwise"
+
+
+def test_no_shortcut_where_the_call_differs(taken):
+    x, w, b = (torch.randn(*s, device=DEVICE) for s in ((2, 8, 6, 6), (8, 8, 3, 3), (8,)))
+    with torch.no_grad():
+        dropin.conv2d(x, w, b, padding=1)
+        taken.clear()
+        y = dropin.conv2d(x, w, b, padding=1)
+        assert taken == [True]
+        for args, kwargs in (((x, w, b), dict(padding=(1, 1))), ((x, w, b), dict(padding=1.0)),
+                             ((x, w, b), dict(padding=1, activation="relu")),
+                             ((x.contiguous(memory_format=torch.channels_last), w, b), dict(padding=1)),
+                             ((x, w, None), dict(padding=1))):
+            taken.clear()
+            try:
+                dropin.conv2d(*args, **kwargs)
+            except (TypeError, RuntimeError, ValueError):
+                pass  # (padding=1.0: the op's own checks reject it)
+            assert taken == [False], f"a shortcut for {kwargs}"
+    taken.clear()
+    w.requires_grad_(True)
+    y_grad = dropin.conv2d(x, w, b, padding=1)
+    assert taken == [False] and y_grad.requires_grad, "a shortcut where autograd records the call"
+    with torch.no_grad():
+        taken.clear()
+        dropin.conv2d(x, w, b, padding=1)
+        assert taken == [True], "a parameter's requires_grad kept the shortcut out under no_grad"
+    torch.testing.assert_close(y_grad.detach(), y)
+
+
+def test_no_shortcut_under_autocast(taken):
+    x, w = torch.randn(4, 16, device=DEVICE), torch.randn(8, 16, device=DEVICE)
+    with torch.no_grad():
+        dropin.linear(x, w)
+        dropin.linear(x, w)
+        taken.clear()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float16):
+            y = dropin.linear(x, w)
+    assert taken == [False] and y.dtype != torch.float32, "autocast did not cast: a shortcut took the call"
+    assert_close(y, F.linear(x.double(), w.double()), y.dtype, "fwd", what="linear under autocast")
+
+
+def test_conv2d_out_through_its_shortcut_keeps_the_overlap_check(taken, monkeypatch):
+    """conv2d(out=) (CvT's projections write their rows after the class token): a repeat call's shortcut writes
+    the given out, and still checks out's addresses (an overlap with an operand raises, as on the first call)."""
+    x, w, b = (torch.randn(*s, device=DEVICE) for s in ((2, 8, 6, 6), (8, 8, 3, 3), (8,)))
+    rows = torch.randn(2, 1 + 36, 8, device=DEVICE)
+    out = rows[:, 1:].unflatten(1, (6, 6)).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        dropin.conv2d(x, w, b, padding=1, out=out)
+        poison_allocations(monkeypatch)
+        x.copy_(torch.randn_like(x))
+        head = rows[:, :1].clone()
+        taken.clear()
+        assert dropin.conv2d(x, w, b, padding=1, out=out) is out
+        assert taken == [True]
+        assert_close(out, F.conv2d(x.double(), w.double(), b.double(), padding=1), x.dtype, "fwd",
+                     what="conv2d out= through its shortcut")
+        assert torch.equal(rows[:, :1], head), "the shortcut wrote outside out"
+        buffer = torch.randn(rows.numel(), device=DEVICE)  # x and out of the same signatures, overlapping
+        x_overlapped = buffer[:x.numel()].view(x.shape)
+        out_overlapping = buffer.as_strided(out.shape, out.stride(), out.storage_offset())
+        taken.clear()
+        with pytest.raises(RuntimeError, match="overlaps"):
+            dropin.conv2d(x_overlapped, w, b, padding=1, out=out_overlapping)
+        assert taken == [True]
+
+
+@pytest.mark.parametrize("mask_dtype", [None, torch.bool, torch.float32])
+def test_attention_decode_step_through_its_shortcut(mask_dtype, taken, monkeypatch):
+    """A decoding step (one query over the cache, HF's [B, 1, 1, Lk] mask broadcast over the heads) on a repeat
+    call takes its shortcut; a bool mask is read as bytes there too."""
+    B, H, HK, Lk, E = 2, 4, 2, 37, 16
+    q, k, v = (torch.randn(B, h, n, E, device=DEVICE) for h, n in ((H, 1), (HK, Lk), (HK, Lk)))
+
+    def mask():
+        if mask_dtype is None:
+            return None
+        keep = torch.rand(B, 1, 1, Lk, device=DEVICE) > 0.3
+        keep[..., 0] = True
+        return keep if mask_dtype == torch.bool else torch.zeros(B, 1, 1, Lk, device=DEVICE).masked_fill(~keep, -1e4)
+    with torch.no_grad():
+        dropin.attention(q, k, v, mask(), enable_gqa=True)
+        poison_allocations(monkeypatch)
+        q.copy_(torch.randn_like(q))
+        m = mask()
+        taken.clear()
+        out = dropin.attention(q, k, v, m, enable_gqa=True)
+    assert taken == [True]
+    ref = F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)),
+                                         None if m is None else m if m.dtype == torch.bool else m.double(),
+                                         enable_gqa=True)
+    assert_close(out, ref, q.dtype, "fwd", what="a decoding step through its shortcut")
