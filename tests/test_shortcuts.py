@@ -93,7 +93,7 @@ def test_no_shortcut_under_autocast(taken):
     assert_close(y, F.linear(x.double(), w.double()), y.dtype, "fwd", what="linear under autocast")
 
 
-def test_conv2d_out_through_its_shortcut_keeps_the_overlap_check(taken, monkeypatch):
+def test_conv2d_out_through_its_shortcut_keeps_the_overlap_check(taken, monkeypatch, true_fp32):
     """conv2d(out=) (CvT's projections write their rows after the class token): a repeat call's shortcut writes
     the given out, and still checks out's addresses (an overlap with an operand raises, as on the first call)."""
     x, w, b = (torch.randn(*s, device=DEVICE) for s in ((2, 8, 6, 6), (8, 8, 3, 3), (8,)))

@@ -1,5 +1,6 @@
 """dropin.ops.activation / relu / gelu / silu (the standalone elementwise op) against torch: forward and
-backward vs float64 and the 2x rule (tests/_check.py), dense layouts kept, strided views, NaN / inf, errors."""
+backward vs float64 and the 2x rule (tests/_check.py), dense layouts kept, strided views, repeat calls through
+the eager shortcut, NaN / inf, errors."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +9,7 @@ import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, gpu
+from dropin.ops import _dispatch
 
 # sigmoid(-large) under the interpreter: numpy's exp overflows to inf (the result, 0, is right); silu(-inf)
 # multiplies -inf by 0 (NaN, as torch's)
@@ -38,6 +40,42 @@ def test_layouts(name, layout):
     check(*ACTS[name], {"x": x})
     if layout in ("channels_last", "transposed"):
         assert ACTS[name][0](x).stride() == x.stride()
+
+
+def _found_shortcuts(monkeypatch) -> list:
+    """A list that gets, for each `Shortcuts.find` from here on, whether it found a shortcut."""
+    found = []
+    find = _dispatch.Shortcuts.find
+
+    def spy(self, tensors, args):
+        key, run = find(self, tensors, args)
+        found.append(run is not None)
+        return key, run
+    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
+    return found
+
+
+def _assert_repeats(firsts, agains) -> None:
+    """Each repeat call's output equals the first call's, bit for bit, in its layout."""
+    for first, again in zip(firsts, agains, strict=True):
+        torch.testing.assert_close(again, first, rtol=0, atol=0, equal_nan=True)
+        assert again.stride() == first.stride(), "the shortcut's output is laid out otherwise"
+
+
+def test_repeat_calls_through_the_shortcut(monkeypatch):
+    """Repeat calls without autograd on views (channels_last, transposed, sliced, expanded) take the shortcut that
+    the first call of their signature kept, and give what it gave, in its layout (the repeat's new allocations
+    NaN-filled: an element left unwritten shows)."""
+    views = [torch.randn(2, 5, 4, 3).to(memory_format=torch.channels_last), torch.randn(6, 9).t(),
+             torch.randn(4, 10, 6)[:, 1::3, ::2], torch.randn(5, 1).expand(5, 7)]
+    calls = [lambda x=x.to(DEVICE), fn=fn: fn(x) for x in views for fn, _ in ACTS.values()]
+    with torch.no_grad():
+        firsts = [call() for call in calls]
+        found = _found_shortcuts(monkeypatch)
+        _check.poison_allocations(monkeypatch)
+        agains = [call() for call in calls]
+    assert found == [True] * len(calls)
+    _assert_repeats(firsts, agains)
 
 
 def test_special_values_and_generic_entry():

@@ -1,6 +1,7 @@
 """dropin.ops.batch_norm against F.batch_norm, inference and training: forward, the gradients of input, weight
 and bias vs float64 and the 2x rule (tests/_check.py), the in-place running-statistics update, 2-D / 3-D /
-4-D / 5-D inputs, NCHW / channels_last / strided views, every error path."""
+4-D / 5-D inputs, NCHW / channels_last / strided views, repeat calls through the eager shortcut, every error
+path."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,6 +10,7 @@ import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, assert_close, gpu
+from dropin.ops import _dispatch
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -71,6 +73,16 @@ def test_other_ranks(shape, training):
     stats = _stats(shape[1])
     check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training),
           {"x": _x(shape), **_params(shape[1])})
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_views_whose_spatial_dims_merge_otherwise(training):
+    """Crops: a 4-D one, whose spatial dims stay two while the output's and the upstream gradient's merge into
+    one, read through the spatial dims merged alike in every tensor; a 5-D one, whose three do not merge, read
+    from a contiguous copy."""
+    for x in (_x((2, 3, 7, 8))[..., 1:-1, 1:-1], _x((2, 3, 4, 5, 6))[..., 1:-1, 1:-1, 1:-1]):
+        stats = _stats(3)
+        check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training), {"x": x, **_params(3)})
 
 
 @pytest.mark.parametrize("affine", ["none", "weight", "bias"])
@@ -158,6 +170,53 @@ def test_running_statistics_updated_once_per_call():
             F.batch_norm(x, *stats_t, weight, b, True, 0.3)
         for got, want in zip(stats, stats_t):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _found_shortcuts(monkeypatch) -> list:
+    """A list that gets, for each `Shortcuts.find` from here on, whether it found a shortcut."""
+    found = []
+    find = _dispatch.Shortcuts.find
+
+    def spy(self, tensors, args):
+        key, run = find(self, tensors, args)
+        found.append(run is not None)
+        return key, run
+    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
+    return found
+
+
+def _assert_repeats(firsts, agains) -> None:
+    """Each repeat call's output equals the first call's, bit for bit, in its layout."""
+    for first, again in zip(firsts, agains, strict=True):
+        torch.testing.assert_close(again, first, rtol=0, atol=0, equal_nan=True)
+        assert again.stride() == first.stride(), "the shortcut's output is laid out otherwise"
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_repeat_calls_through_the_shortcut(training, monkeypatch):
+    """Repeat calls without autograd (NCHW, channels_last, a strided fp16 view) take the shortcut that the first
+    call of their signature kept, and give what it gave, in its layout (the repeats' new allocations NaN-filled:
+    an element left unwritten shows); in training each call updates the running statistics once, as torch's
+    three calls do."""
+    cases = [_x((3, 5, 4, 6)), _x((3, 5, 4, 6), layout="channels_last"), _x((3, 5, 4, 6), torch.float16, "strided")]
+    stats = [_stats(5) for _ in cases]
+    stats_t = [tuple(s.clone() for s in pair) for pair in stats]
+    params = _params(5).values()
+    with torch.no_grad():
+        firsts = [ops.batch_norm(x, *pair, *params, training, 0.3) for x, pair in zip(cases, stats)]
+        found = _found_shortcuts(monkeypatch)
+        _check.poison_allocations(monkeypatch)
+        agains = [ops.batch_norm(x, *pair, *params, training, 0.3) for x, pair in zip(cases, stats)]
+        thirds = [ops.batch_norm(x, *pair, *params, training, 0.3) for x, pair in zip(cases, stats)]
+        for x, pair in zip(cases, stats_t):
+            for _ in range(3):
+                F.batch_norm(x, *pair, *params, training, 0.3)
+    assert found == [True] * 2 * len(cases)
+    _assert_repeats(firsts, agains)
+    _assert_repeats(firsts, thirds)
+    for pair, pair_t in zip(stats, stats_t):
+        for got, want in zip(pair, pair_t):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 REGISTERED = {  # id -> (x, running statistics, affine, training, dtype of the weight / bias gradients)

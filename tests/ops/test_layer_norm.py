@@ -1,5 +1,6 @@
 """dropin.ops.layer_norm against F.layer_norm: forward and the gradients of input, weight and bias vs float64
-and the 2x rule (tests/_check.py); odd row lengths, several normalized dims, strided views, every error path."""
+and the 2x rule (tests/_check.py); odd row lengths, several normalized dims, strided views, repeat calls through
+the eager shortcut, every error path."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +9,7 @@ import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, assert_close, gpu
+from dropin.ops import _dispatch
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -58,6 +60,44 @@ def test_strided_inputs(view):
     }[view]
     check(_ln(ops.layer_norm, norm), _ln(F.layer_norm, norm),
           {"x": x, "w": torch.randn(norm, device=DEVICE), "b": torch.randn(norm, device=DEVICE)})
+
+
+def _found_shortcuts(monkeypatch) -> list:
+    """A list that gets, for each `Shortcuts.find` from here on, whether it found a shortcut."""
+    found = []
+    find = _dispatch.Shortcuts.find
+
+    def spy(self, tensors, args):
+        key, run = find(self, tensors, args)
+        found.append(run is not None)
+        return key, run
+    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
+    return found
+
+
+def _assert_repeats(firsts, agains) -> None:
+    """Each repeat call's output equals the first call's, bit for bit, in its layout."""
+    for first, again in zip(firsts, agains, strict=True):
+        torch.testing.assert_close(again, first, rtol=0, atol=0, equal_nan=True)
+        assert again.stride() == first.stride(), "the shortcut's output is laid out otherwise"
+
+
+def test_repeat_calls_through_the_shortcut(monkeypatch):
+    """Repeat calls without autograd on views (rows of a slice, transposed batch dims, a strided row; a 2-D
+    weight) take the shortcut that the first call of their signature kept, and give what it gave, in its layout
+    (the repeat's new allocations NaN-filled: an element left unwritten shows)."""
+    base = torch.randn(4, 6, 10, 18, device=DEVICE)
+    cases = [(base[:, ::2, 3], (18,)), (base[:, :, 0].transpose(0, 1), (18,)), (base[..., ::3], (6,)),
+             (base[0], (10, 18))]
+    params = [(torch.randn(norm, device=DEVICE), torch.randn(norm, device=DEVICE)) for _, norm in cases]
+    calls = [lambda x=x, norm=norm, wb=wb: ops.layer_norm(x, norm, *wb, 1e-3) for (x, norm), wb in zip(cases, params)]
+    with torch.no_grad():
+        firsts = [call() for call in calls]
+        found = _found_shortcuts(monkeypatch)
+        _check.poison_allocations(monkeypatch)
+        agains = [call() for call in calls]
+    assert found == [True] * len(calls)
+    _assert_repeats(firsts, agains)
 
 
 def test_mixed_precision_params():

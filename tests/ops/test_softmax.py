@@ -1,5 +1,6 @@
 """dropin.ops.softmax / log_softmax against torch: forward and backward vs float64 and the 2x rule
-(tests/_check.py), rows of 1 to 65536 elements, every dim, strided views and layouts, -inf, errors."""
+(tests/_check.py), rows of 1 to 65536 elements, every dim, strided views and layouts, repeat calls through the
+eager shortcut, -inf, errors."""
 import pytest
 import torch
 
@@ -7,6 +8,7 @@ import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, gpu, slow
+from dropin.ops import _dispatch
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -37,6 +39,43 @@ def test_dims_and_layouts(layout, dim, fns):
     x = {"contiguous": base, "channels_last": base.to(memory_format=torch.channels_last),
          "strided": base[:, 1:, ::2, ::3], "transposed": base.transpose(1, 3)}[layout]
     check(_along(fns[0], dim), _along(fns[1], dim), {"x": x})
+
+
+def _found_shortcuts(monkeypatch) -> list:
+    """A list that gets, for each `Shortcuts.find` from here on, whether it found a shortcut."""
+    found = []
+    find = _dispatch.Shortcuts.find
+
+    def spy(self, tensors, args):
+        key, run = find(self, tensors, args)
+        found.append(run is not None)
+        return key, run
+    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
+    return found
+
+
+def _assert_repeats(firsts, agains) -> None:
+    """Each repeat call's output equals the first call's, bit for bit, in its layout."""
+    for first, again in zip(firsts, agains, strict=True):
+        torch.testing.assert_close(again, first, rtol=0, atol=0, equal_nan=True)
+        assert again.stride() == first.stride(), "the shortcut's output is laid out otherwise"
+
+
+def test_repeat_calls_through_the_shortcut(monkeypatch):
+    """Repeat calls without autograd on views and along other dims (channels_last, a slice, transposed batch
+    dims; a scalar) take the shortcut that the first call of their signature kept, and give what it gave, in its layout
+    (the repeat's new allocations NaN-filled: an element left unwritten shows)."""
+    base = torch.randn(3, 5, 6, 14, device=DEVICE)
+    cases = [(base.to(memory_format=torch.channels_last), 1), (base[:, 1:, ::2, ::3], 3), (base.transpose(0, 1), 0),
+             (torch.randn((), device=DEVICE), 0)]
+    calls = [lambda x=x, dim=dim, fn=fn: fn(x, dim) for x, dim in cases for fn in (ops.softmax, ops.log_softmax)]
+    with torch.no_grad():
+        firsts = [call() for call in calls]
+        found = _found_shortcuts(monkeypatch)
+        _check.poison_allocations(monkeypatch)
+        agains = [call() for call in calls]
+    assert found == [True] * len(calls)
+    _assert_repeats(firsts, agains)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the all -inf row: NaN, as in torch

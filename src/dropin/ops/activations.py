@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, merge_dims
-from ._dispatch import Checks, Launch, absent, plan, switch, torch_op
+from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op, writing
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
@@ -122,8 +122,9 @@ def _dense(t: torch.Tensor) -> bool:
     return not merged or len(merged) == 1 and merged[0][1] == 1
 
 
-def _joint_dims(shape, strides: list) -> list:
-    """The dims of several same-shaped views merged where every view allows it: [(size, (strides...))]."""
+def joint_dims(shape, strides: list) -> list:
+    """The dims of several same-shaped views merged where every view allows it: [(size, (strides...))], size-1 dims
+    dropped (shared with batch_norm)."""
     out = []
     for d, size in enumerate(shape):
         if size == 1:
@@ -137,10 +138,11 @@ def _joint_dims(shape, strides: list) -> list:
 
 
 def _act_plan(x, dy: Optional[torch.Tensor], out, act: str, traced: bool):
-    """The launch of `_act_impl`'s signature: run(x, dy, out) writes out."""
+    """The launch of `_act_impl`'s signature: (run, copies), run(x, dy, out) writes out; copies: whether run
+    copies x and dy first."""
     layouts = [x.stride(), (x if dy is None else dy).stride(), out.stride()]
     flat = layouts[0] == layouts[1] == layouts[2] and _dense(x)
-    dims = [] if flat else _joint_dims(x.shape, layouts)
+    dims = [] if flat else joint_dims(x.shape, layouts)
     copies = len(dims) > 4  # more than 4 dims that do not merge (rare >= 5-D views): copies in out's layout, flat
     if copies:
         flat, dims = True, []
@@ -154,29 +156,32 @@ def _act_plan(x, dy: Optional[torch.Tensor], out, act: str, traced: bool):
         if copies:
             x, dy = (None if t is None else torch.empty_like(out).copy_(t) for t in (x, dy))
         launch(x, absent(x, traced) if dy is None else dy, out, *scalars)
-    return run
+    return run, copies
 
 
 _plans: dict = {}
 
 
+def _act_planned(x, dy: Optional[torch.Tensor], out, act: str, traced: bool):
+    """`_act_plan`'s (run, copies) for this signature (shapes, strides, dtypes, 16-byte alignment: what Triton
+    specializes on; out, a new tensor, is aligned and laid out by them; the device), made once. traced: made
+    anew."""
+    if traced:
+        return _act_plan(x, dy, out, act, traced)
+    key = (act, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15,
+           None if dy is None else (dy.stride(), dy.dtype, dy.data_ptr() & 15))
+    found = _plans.get(key)  # (plan's look-up inlined: this runs on every call of a small op)
+    if found is None:
+        found = plan(_plans, key, lambda: _act_plan(x, dy, out, act, traced))
+    return found
+
+
 def _act_impl(x, dy: Optional[torch.Tensor], act: str, traced: bool = False):
     """act(x) (dy None) or dy * act'(x), in the layout torch gives: that of x, or for the gradient of dy
-    (relu: of x), where that is dense. The launch is planned once per signature (shapes, strides, dtypes, 16-byte
-    alignment: what Triton specializes on; out, a new tensor, is aligned and laid out by them). traced: under
-    torch.compile (`_dispatch`)."""
+    (relu: of x), where that is dense. traced: under torch.compile (`_dispatch`)."""
     out = torch.empty_like(x if dy is None or act == "relu" else dy)
-    if x.numel() == 0:
-        return out
-    if traced:
-        run = _act_plan(x, dy, out, act, traced)
-    else:
-        key = (act, x.shape, x.stride(), x.dtype, x.data_ptr() & 15,
-               None if dy is None else (dy.stride(), dy.dtype, dy.data_ptr() & 15))
-        run = _plans.get(key)  # (plan's look-up inlined: this runs on every call of a small op)
-        if run is None:
-            run = plan(_plans, key, lambda: _act_plan(x, dy, out, act, traced))
-    run(x, dy, out)
+    if x.numel() > 0:
+        _act_planned(x, dy, out, act, traced)[0](x, dy, out)
     return out
 
 
@@ -208,7 +213,17 @@ def _check(input, activation: str) -> None:
     check_float(activation, input=input)
 
 
+def _act_shortcut(x, out, act: str):
+    """activation's later eager calls of this signature (`Shortcuts`): input -> act(input), the plan on a new
+    output laid out as this call's out; None where there is no work or the plan copies x."""
+    if x.numel() == 0:
+        return None
+    run, copies = _act_planned(x, None, out, act, False)
+    return None if copies else writing(out, lambda out, x: run(x, None, out))
+
+
 _checked = Checks()
+_shortcuts = Shortcuts()
 
 
 def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
@@ -216,10 +231,15 @@ def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
     as torch's F.relu / F.gelu / F.gelu(approximate="tanh") / F.silu; fp32 math, backward included.
     input of any shape and strides, float32 / float16 / bfloat16, read through its strides; the output is
     `torch.empty_like(input)` (a dense input's own layout: channels_last stays channels_last), as torch's."""
+    key, shortcut = _shortcuts.find((input,), (activation,))
+    if shortcut is not None:
+        return shortcut(input)
     _checked.once((input,), (activation,), lambda: _check(input, activation))
     if torch.is_grad_enabled() and input.requires_grad:
         return _ActivationFunction.apply(input, activation)
-    return _act(input, None, activation)
+    out = _act(input, None, activation)
+    _shortcuts.keep(key, lambda: _act_shortcut(input, out, activation))
+    return out
 
 
 def relu(input: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Batch normalization (torch.nn.functional.batch_norm semantics), inference and training; fwd and bwd.
 
 input [N, C, *spatial] is read through its strides as (N, C, H, W) pixels x channels (NCHW, channels_last
-or any view whose spatial dims merge into two; others are copied once), in tiles of BLOCK_P pixels x
-BLOCK_C channels. Three kernels, each used forward and backward:
+or any view whose spatial dims merge into two alike with the other tensors of a launch: `_layout`; others are
+copied once), in tiles of BLOCK_P pixels x BLOCK_C channels. Three kernels, each used forward and backward:
 - `_bn_reduce_kernel`: per channel, over a split of the N*H*W pixels: training statistics (the sums of x - K
   and of its square), or for the backward the sums of dy and dy * (x - mean). Grid (channel tiles, splits),
   fp64 sums and partials (fp32 inputs: x - K exact in fp64; 16-bit: fp32 entries and tile sums; no fp32 error
@@ -25,7 +25,8 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, merge_dims
-from ._dispatch import absent, launch, switch, torch_op
+from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
+from .activations import joint_dims
 from .conv2d import _channels_last, _pixel
 from .pooling import _tiles
 
@@ -195,15 +196,23 @@ def _bn_apply_kernel(u_ptr, v_ptr, out_ptr, coef_ptr,
 
 # --- 3. Launchers ----------------------------------------------------------------------------------------
 
-def _as4d(t: torch.Tensor):
-    """(t, (N, C, H, W), strides): t's spatial dims as two (H, W), through its strides; a contiguous copy
-    only where they do not merge into two strided dims (e.g. some slices of 5-D inputs)."""
-    spatial = merge_dims(t.shape[2:], t.stride()[2:])
+def _layout(inputs: tuple, out: torch.Tensor):
+    """(copies, (N, C, H, W), strides): the tensors of one launch, inputs and out (one shape [N, C, *spatial]), as
+    N x C x H x W, the spatial dims merged into two (H, W) alike in all of them, and each one's strides
+    (sn, sc, sh, sw), out's last. Where their dims do not merge into two alike, the inputs whose own spatial dims
+    do not merge into one are read from contiguous copies (copies[i] for inputs[i]): then all merge into one."""
+    def merged(views):
+        return joint_dims(out.shape[2:], [t.stride()[2:] for t in views])
+
+    views = (*inputs, out)
+    spatial = merged(views)
+    copies = (False,) * len(inputs)
     if len(spatial) > 2:
-        t = t.contiguous()
-        spatial = merge_dims(t.shape[2:], t.stride()[2:])
-    (H, sh), (W, sw) = [(1, 0)] * (2 - len(spatial)) + spatial
-    return t, (t.shape[0], t.shape[1], H, W), (t.stride(0), t.stride(1), sh, sw)
+        copies = tuple(len(merge_dims(t.shape[2:], t.stride()[2:])) > 1 for t in inputs)
+        views = (*(t.new_empty(t.shape) if c else t for t, c in zip(inputs, copies)), out)  # (a copy's layout)
+        spatial = merged(views)
+    (H, sh), (W, sw) = [(1, (0,) * len(views))] * (2 - len(spatial)) + spatial
+    return copies, (*out.shape[:2], H, W), [(t.stride(0), t.stride(1), sh[i], sw[i]) for i, t in enumerate(views)]
 
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
@@ -211,45 +220,93 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=fmt)
 
 
-def _apply(u, v, coef, out, traced: bool = False):
-    u, (N, C, H, W), su = _as4d(u)
-    o, _, so = _as4d(out)
-    assert o is out, "outputs are contiguous or channels_last: their spatial dims merge without a copy"
-    has_v = v is not None
-    v, _, sv = _as4d(v) if has_v else (u, None, su)
-    P = N * H * W
-    block_p, block_c = _tiles(P, C, su[1] == 1 and C > 1)
-    launch(_bn_apply_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), u, v, out, coef, C, H, W, P,
-           *su, *sv, *so, HAS_V=has_v, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
-
-
-def _reduce(x, dy, center, traced: bool = False):
-    """The per-split partials [2, S, C] of the training statistics (dy None) or of the backward sums."""
-    x, (N, C, H, W), sx = _as4d(x)
-    grad = dy is not None
-    dy, _, sd = _as4d(dy) if grad else (absent(x, traced), None, sx)
+def _reduce_plan(dims, sx, sd, x, traced: bool):
+    """(run, splits): part = run(x, dy, center), the per-split partials [2, splits, C] (fp64) of the training
+    statistics (sd None: no dy) or of the backward sums; x and dy of dims (N, C, H, W), strides sx and sd."""
+    N, C, H, W = dims
     P = N * H * W
     block_p, block_c = _tiles(P, C, sx[1] == 1 and C > 1)
     c_tiles = _runtime.cdiv(C, block_c)
     splits = max(1, min(_runtime.cdiv(4 * _runtime.num_sms(x.device.index or 0), c_tiles), _runtime.cdiv(P, block_p)))
     per_split = _runtime.cdiv(_runtime.cdiv(P, splits), block_p) * block_p
     splits = _runtime.cdiv(P, per_split)
-    part = torch.empty((2, splits, C), device=x.device, dtype=torch.float64)
-    launch(_bn_reduce_kernel, (c_tiles, splits), x, dy, center, part, C, H, W, P, per_split, *sx, *sd,
-           GRAD=grad, EXACT=x.dtype == torch.float32, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
-    return part
+    launch = Launch(_bn_reduce_kernel, (c_tiles, splits), dict(GRAD=sd is not None, EXACT=x.dtype == torch.float32,
+                                                              BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8),
+                    traced=traced)
+    scalars = (C, H, W, P, per_split, *sx, *(sx if sd is None else sd))
+    device = x.device
+
+    def run(x, dy, center):
+        part = torch.empty((2, splits, C), device=device, dtype=torch.float64)
+        launch(x, absent(x, traced) if dy is None else dy, center, part, *scalars)
+        return part
+    return run, splits
 
 
-def _finalize(part, P, C, w, b, rm, rv, center, invstd, dwb, eps, momentum, grad, training, traced: bool = False):
-    """The coefficients [7, C] for _bn_apply_kernel; part None: no partials to merge (inference)."""
-    coef = torch.empty((7, C), device=invstd.device, dtype=torch.float32)
+def _finalize_plan(C: int, P: int, splits: int, w, b, rm, eps: float, momentum: float, grad: bool, training: bool,
+                   device, traced: bool):
+    """coef = run(part, w, b, rm, rv, center, invstd, dwb), the coefficients [7, C] for _bn_apply_kernel; part
+    None: no partials to merge (inference); None for any other tensor that the flags leave unread."""
     block_c = min(_runtime.next_power_of_2(C), 256)
-    dummy = lambda t: absent(coef, traced) if t is None else t  # noqa: E731  (never read: its flag is off)
-    launch(_bn_finalize_kernel, (_runtime.cdiv(C, block_c),), dummy(part), dummy(w), dummy(b), dummy(rm), dummy(rv),
-           center, invstd, coef, dummy(dwb), C, P, 0 if part is None else part.shape[1], eps, momentum,
-           GRAD=grad, TRAINING=training, HAS_W=w is not None, HAS_B=b is not None,
-           UPDATE=training and rm is not None, BLOCK_C=block_c, num_warps=4, traced=traced)
-    return coef
+    launch = Launch(_bn_finalize_kernel, (_runtime.cdiv(C, block_c),),
+                    dict(GRAD=grad, TRAINING=training, HAS_W=w is not None, HAS_B=b is not None,
+                         UPDATE=training and rm is not None, BLOCK_C=block_c, num_warps=4), traced=traced)
+    scalars = (C, P, splits, eps, momentum)
+
+    def run(part, w, b, rm, rv, center, invstd, dwb):
+        coef = torch.empty((7, C), device=device, dtype=torch.float32)
+        launch(*[absent(coef, traced) if t is None else t for t in (part, w, b, rm, rv)], center, invstd, coef,
+               absent(coef, traced) if dwb is None else dwb, *scalars)
+        return coef
+    return run
+
+
+def _apply_plan(dims, su, sv, so, traced: bool):
+    """run(u, v, coef, out): _bn_apply_kernel from u (and v; sv None: none) into out, all of dims (N, C, H, W),
+    strides su, sv and so."""
+    N, C, H, W = dims
+    P = N * H * W
+    block_p, block_c = _tiles(P, C, su[1] == 1 and C > 1)
+    launch = Launch(_bn_apply_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)),
+                    dict(HAS_V=sv is not None, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8), traced=traced)
+    scalars = (C, H, W, P, *su, *(su if sv is None else sv), *so)
+    return lambda u, v, coef, out: launch(u, u if v is None else v, out, coef, *scalars)
+
+
+def _saved(C: int, device):
+    """New center [2, C] (the mean as hi + lo) and invstd [C], fp32: what the backward reads."""
+    return torch.empty((2, C), device=device, dtype=torch.float32), torch.empty(C, device=device, dtype=torch.float32)
+
+
+def _fwd_plan(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, traced: bool):
+    """(run, copies): the forward's launches for this signature, (center, invstd) = run(x, w, b, rm, rv, y): the
+    training statistics (training), the coefficients (updating rm and rv in training), y; copies: whether run
+    reads x from a contiguous copy (`_layout`)."""
+    (copies,), dims, (sx, sy) = _layout((x,), y)
+    C = dims[1]
+    reduce, splits = _reduce_plan(dims, sx, None, x, traced) if training else (None, 0)
+    finalize = _finalize_plan(C, x.numel() // C, splits, w, b, rm, eps, momentum, False, training, x.device, traced)
+    apply = _apply_plan(dims, sx, None, sy, traced)
+    device = x.device
+
+    def run(x, w, b, rm, rv, y):
+        x = x.contiguous() if copies else x
+        center, invstd = _saved(C, device)
+        coef = finalize(reduce(x, None, center) if training else None, w, b, rm, rv, center, invstd, None)
+        apply(x, None, coef, y)
+        return center, invstd
+    return run, copies
+
+
+_plans: dict = {}
+
+
+def _fwd_planned(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, traced: bool):
+    """`_fwd_plan`'s (run, copies) for this signature (x's shape, strides, dtype, device and 16-byte alignment,
+    the parameters' dtypes and alignment; y, new, is laid out by x), made once."""
+    key = ("fwd", training, momentum, eps, x.shape, x.stride(), x.dtype, x.device, aligned(x, traced),
+           *[None if t is None else (t.dtype, aligned(t, traced)) for t in (w, b, rm, rv)])
+    return plan(_plans, key, lambda: _fwd_plan(x, w, b, rm, rv, y, training, momentum, eps, traced), traced)
 
 
 def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: float, eps: float,
@@ -257,32 +314,44 @@ def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: floa
     """x [N, C, ...] (any strides), w, b [C] or None -> (y in x's memory format, and in fp32 center [2, C], the
     mean as hi + lo, and invstd [C]). Training with running statistics updates them in place, once (the finalize
     kernel). traced: under torch.compile (`_dispatch`)."""
-    C = x.shape[1]
     y = _empty_like(x)
-    center = torch.empty((2, C), device=x.device, dtype=torch.float32)
-    invstd = torch.empty(C, device=x.device, dtype=torch.float32)
     if x.numel() == 0:
-        return y, center, invstd
-    part = _reduce(x, None, center, traced) if training else None
-    coef = _finalize(part, x.numel() // C, C, w, b, running_mean, running_var, center, invstd, None, eps,
-                     momentum, False, training, traced)
-    _apply(x, None, coef, y, traced)
-    return y, center, invstd
+        return y, *_saved(x.shape[1], x.device)
+    run = _fwd_planned(x, w, b, running_mean, running_var, y, training, momentum, eps, traced)[0]
+    return y, *run(x, w, b, running_mean, running_var, y)
+
+
+def _bwd_plan(dy, x, w, dx, training: bool, wb_dtype: Optional[torch.dtype], traced: bool):
+    """The backward's launches for this signature: run(dy, x, w, center, invstd, dx, dwb) writes dx and dwb (the
+    weight and bias gradients, where wb_dtype is not None); dy and x read from contiguous copies where `_layout`
+    says. Inference without weight / bias gradients reads no x: dx = dy * w * invstd, no reduction."""
+    reads_x = training or wb_dtype is not None
+    copies, dims, strides = _layout((dy, x) if reads_x else (dy,), dx)
+    sd, sx, so = strides[0], strides[1] if reads_x else None, strides[-1]
+    C = dims[1]
+    reduce, splits = _reduce_plan(dims, sx, sd, x, traced) if reads_x else (None, 0)
+    finalize = _finalize_plan(C, x.numel() // C, splits, w, None, None, 0.0, 0.0, True, training, x.device, traced)
+    apply = _apply_plan(dims, sd, sx if training else None, so, traced)
+
+    def run(dy, x, w, center, invstd, dx, dwb):
+        dy = dy.contiguous() if copies[0] else dy
+        x = x.contiguous() if reads_x and copies[1] else x
+        coef = finalize(reduce(x, dy, center) if reads_x else None, w, None, None, None, center, invstd, dwb)
+        apply(dy, x if training else None, coef, dx)
+    return run
 
 
 def _bwd_impl(dy, x, w, center, invstd, training: bool, wb_dtype: Optional[torch.dtype], traced: bool = False):
     """dy, x [N, C, ...] (any strides), the forward's center and invstd -> (dx in x's memory format, dwb [2, C]:
     the weight and bias gradients in wb_dtype; fp32 and unused when wb_dtype is None)."""
-    C = x.shape[1]
     dx = _empty_like(x)
-    dwb = torch.empty((2, C), device=x.device, dtype=wb_dtype or torch.float32)
+    dwb = torch.empty((2, x.shape[1]), device=x.device, dtype=wb_dtype or torch.float32)
     if x.numel() == 0:
         return dx, dwb.zero_()
-    # inference without weight / bias gradients: dx = dy * w * invstd, no reduction
-    part = _reduce(x, dy, center, traced) if training or wb_dtype is not None else None
-    coef = _finalize(part, x.numel() // C, C, w, None, None, None, center, invstd, dwb, 0.0, 0.0, True,
-                     training, traced)
-    _apply(dy, x if training else None, coef, dx, traced)
+    key = ("bwd", training, wb_dtype, dy.shape, dy.stride(), dy.dtype, aligned(dy, traced), x.stride(), x.dtype,
+           x.device, aligned(x, traced), None if w is None else (w.dtype, aligned(w, traced)))
+    plan(_plans, key, lambda: _bwd_plan(dy, x, w, dx, training, wb_dtype, traced), traced)(dy, x, w, center, invstd,
+                                                                                            dx, dwb)
     return dx, dwb
 
 
@@ -327,17 +396,8 @@ class _BatchNormFunction(torch.autograd.Function):
 
 # --- 6. Public function ----------------------------------------------------------------------------------
 
-def batch_norm(input: torch.Tensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
-               weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, training: bool = False,
-               momentum: float = 0.1, eps: float = 1e-5) -> torch.Tensor:
-    """`F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)`.
-
-    input [N, C, *spatial] (2-D, 3-D, 4-D, ...; NCHW, channels_last or any strides; the output keeps
-    channels_last), float32 / float16 / bfloat16; running_mean / running_var / weight / bias [C] (any of those
-    dtypes; the running statistics contiguous: they are updated in place). Inference (training=False)
-    normalizes with the running statistics. Training normalizes with the batch's mean and biased variance
-    (one pass, fp64 sums of x - K, K near the mean) and, where running statistics are given, updates them as
-    torch does: running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance."""
+def _check_batch_norm(input, running_mean, running_var, weight, bias, training, momentum) -> None:
+    """batch_norm's argument checks that the tensors' shapes, dtypes and devices decide (`Checks`)."""
     op = "batch_norm"
     params = dict(running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
     _runtime.check_kernel_device(op, input=input, **params)
@@ -351,8 +411,6 @@ def batch_norm(input: torch.Tensor, running_mean: Optional[torch.Tensor], runnin
             raise RuntimeError(f"{op}: '{name}' should contain {C} elements (input's channels), not {t.numel()}")
     if (running_mean is None) != (running_var is None):
         raise RuntimeError(f"{op}: pass both 'running_mean' and 'running_var' or neither")
-    if running_mean is not None and not (running_mean.is_contiguous() and running_var.is_contiguous()):
-        raise RuntimeError(f"{op}: 'running_mean' and 'running_var' must be contiguous (they are updated in place)")
     if not training and running_mean is None:
         raise RuntimeError(f"{op}: 'running_mean' and 'running_var' must be defined in evaluation mode")
     if not isinstance(momentum, (int, float)) or isinstance(momentum, bool):
@@ -360,8 +418,45 @@ def batch_norm(input: torch.Tensor, running_mean: Optional[torch.Tensor], runnin
     if training and input.numel() // max(C, 1) == 1:
         raise ValueError(f"{op}: expected more than 1 value per channel when training, got 'input' of size "
                          f"{list(input.shape)}")
+
+
+def _fwd_shortcut(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, weight, bias):
+    """batch_norm's later eager calls of this signature (`Shortcuts`): (input, running_mean, running_var, weight,
+    bias) -> y, the forward's plan on a new y (training: updating running_mean and running_var; w, b: weight and
+    bias as the launches take them); None where there is no work or a copy made x, w or b."""
+    if x.numel() == 0 or any(t is not None and u.data_ptr() != t.data_ptr() for u, t in ((w, weight), (b, bias))):
+        return None
+    run, copies = _fwd_planned(x, w, b, rm, rv, y, training, momentum, eps, False)
+    return None if copies else writing(y, lambda y, x, rm, rv, w, b: run(x, w, b, rm, rv, y))
+
+
+_checked = Checks()
+_shortcuts = Shortcuts()
+
+
+def batch_norm(input: torch.Tensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
+               weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> torch.Tensor:
+    """`F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)`.
+
+    input [N, C, *spatial] (2-D, 3-D, 4-D, ...; NCHW, channels_last or any strides; the output keeps
+    channels_last), float32 / float16 / bfloat16; running_mean / running_var / weight / bias [C] (any of those
+    dtypes; the running statistics contiguous: they are updated in place). Inference (training=False)
+    normalizes with the running statistics. Training normalizes with the batch's mean and biased variance
+    (one pass, fp64 sums of x - K, K near the mean) and, where running statistics are given, updates them as
+    torch does: running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance."""
+    key, shortcut = _shortcuts.find((input, running_mean, running_var, weight, bias), (training, momentum, eps))
+    if shortcut is not None:
+        return shortcut(input, running_mean, running_var, weight, bias)
+    _checked.once((input, running_mean, running_var, weight, bias), (training, momentum),
+                  lambda: _check_batch_norm(input, running_mean, running_var, weight, bias, training, momentum))
+    if running_mean is not None and not (running_mean.is_contiguous() and running_var.is_contiguous()):
+        raise RuntimeError("batch_norm: 'running_mean' and 'running_var' must be contiguous (they are updated in "
+                           "place)")
     w, b = (None if t is None else t.reshape(-1).contiguous() for t in (weight, bias))  # [C]: a copy only if strided
     args = (bool(training), float(momentum), float(eps))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
         return _BatchNormFunction.apply(input, w, b, running_mean, running_var, *args)
-    return _fwd(input, w, b, running_mean, running_var, *args)[0]
+    y = _fwd(input, w, b, running_mean, running_var, *args)[0]
+    _shortcuts.keep(key, lambda: _fwd_shortcut(input, w, b, running_mean, running_var, y, *args, weight, bias))
+    return y

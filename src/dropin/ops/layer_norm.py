@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, column_sums, row_config, row_view
-from ._dispatch import Checks, absent, launch, switch, torch_op
+from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -109,42 +109,81 @@ def _rows(x: torch.Tensor, n_last: int):
     return x, view
 
 
+def _fwd_plan(x, n_last: int, w, b, eps: float, traced: bool):
+    """(run, copies): the forward's launch for this signature, (mean, rstd) = run(x, w, b, y) (mean and rstd
+    new, [rows] fp32); copies: whether run reads x from a contiguous copy (`_rows`)."""
+    rows, ((_, s0), (M1, s1), (N, sn)) = _rows(x, n_last)
+    copies = rows is not x
+    M = x.numel() // max(N, 1)
+    cfg = row_config(N)
+    launch = Launch(_ln_fwd_kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),),
+                    dict(HAS_W=w is not None, HAS_B=b is not None, **cfg), traced=traced)
+    scalars = (M, M1, N, s0, s1, sn, eps)
+    device = x.device
+
+    def run(x, w, b, y):
+        mean = torch.empty(M, device=device, dtype=torch.float32)
+        rstd = torch.empty_like(mean)
+        launch(x.contiguous() if copies else x, absent(y, traced) if w is None else w,
+               absent(y, traced) if b is None else b, y, mean, rstd, *scalars)
+        return mean, rstd
+    return run, copies
+
+
+_plans: dict = {}
+
+
+def _fwd_planned(x, n_last: int, w, b, eps: float, traced: bool):
+    """`_fwd_plan`'s (run, copies) for this signature (x's shape, strides, dtype, device and 16-byte alignment,
+    weight's and bias's dtype and alignment; y, a new contiguous tensor, is aligned and laid out by them), made
+    once."""
+    key = ("fwd", n_last, eps, x.shape, x.stride(), x.dtype, x.device, aligned(x, traced),
+           None if w is None else (w.dtype, aligned(w, traced)), None if b is None else (b.dtype, aligned(b, traced)))
+    return plan(_plans, key, lambda: _fwd_plan(x, n_last, w, b, eps, traced), traced)
+
+
 def _fwd_impl(x, n_last: int, w, b, eps: float, traced: bool = False):
     """(y, mean, rstd): y contiguous in x's shape and dtype, mean and rstd [rows] fp32. traced: under
     torch.compile (`_dispatch`)."""
-    x, ((_, s0), (M1, s1), (N, sn)) = _rows(x, n_last)
-    M = x.numel() // max(N, 1)
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    mean = torch.empty(M, device=x.device, dtype=torch.float32)
-    rstd = torch.empty_like(mean)
     if x.numel() == 0:
-        return y, mean, rstd
+        mean = torch.empty(0, device=x.device, dtype=torch.float32)
+        return y, mean, torch.empty_like(mean)
+    return y, *_fwd_planned(x, n_last, w, b, eps, traced)[0](x, w, b, y)
+
+
+def _bwd_plan(dy, x, n_last: int, w, wb_dtype: Optional[torch.dtype], traced: bool):
+    """The backward's launches for this signature: run(dy, x, w, mean, rstd, dx, dwb) writes dx and (wb_dtype not
+    None) dwb; dy and x read from contiguous copies where their rows do not view (`_rows`)."""
+    need_wb = wb_dtype is not None
+    x_rows, ((_, sx0), (M1x, sx1), (N, sxn)) = _rows(x, n_last)
+    dy_rows, ((_, sd0), (M1d, sd1), (_, sdn)) = _rows(dy, n_last)
+    copies_x, copies_dy = x_rows is not x, dy_rows is not dy
+    M = x.numel() // max(N, 1)
     cfg = row_config(N)
-    launch(_ln_fwd_kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), x, absent(y, traced) if w is None else w,
-           absent(y, traced) if b is None else b,
-           y, mean, rstd, M, M1, N, s0, s1, sn, eps, HAS_W=w is not None, HAS_B=b is not None, **cfg,
-           traced=traced)
-    return y, mean, rstd
+    G = min(_runtime.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
+    launch = Launch(_ln_bwd_kernel, (G,), dict(HAS_W=w is not None, PARTIALS=need_wb, **cfg), traced=traced)
+    scalars = (M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn)
+    device = x.device
+
+    def run(dy, x, w, mean, rstd, dx, dwb):
+        part = torch.empty((G, 2, N), device=device, dtype=torch.float32) if need_wb else absent(mean, traced)
+        launch(x.contiguous() if copies_x else x, absent(dx, traced) if w is None else w,
+               dy.contiguous() if copies_dy else dy, dx, mean, rstd, part, *scalars)
+        if need_wb:
+            column_sums(part.view(G, 2 * N), dwb.view(2 * N), traced)
+    return run
 
 
 def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype], traced: bool = False):
-    """(dx, [dweight; dbias]): the second [2, N] in wb_dtype, or empty where wb_dtype is None."""
-    need_wb = wb_dtype is not None
-    x, ((_, sx0), (M1x, sx1), (N, sxn)) = _rows(x, n_last)
-    dy, ((_, sd0), (M1d, sd1), (_, sdn)) = _rows(dy, n_last)
-    M = mean.numel()
+    """(dx, [dweight; dbias]): dx contiguous; the second [2, N] in wb_dtype, or empty where wb_dtype is None."""
     dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    dwb = torch.zeros((2, N), device=x.device, dtype=wb_dtype) if need_wb else dx.new_empty(0)
-    if x.numel() == 0:
-        return dx, dwb
-    cfg = row_config(N)
-    G = min(_runtime.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
-    part = torch.empty((G, 2, N) if need_wb else (0,), device=x.device, dtype=torch.float32)
-    launch(_ln_bwd_kernel, (G,), x, absent(dx, traced) if w is None else w, dy, dx, mean, rstd,
-           part if need_wb else absent(mean, traced), M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn, HAS_W=w is not None,
-           PARTIALS=need_wb, **cfg, traced=traced)
-    if need_wb:
-        column_sums(part.view(G, 2 * N), dwb.view(2 * N), traced)
+    N = math.prod(x.shape[x.dim() - n_last:])
+    dwb = torch.zeros((2, N), device=x.device, dtype=wb_dtype) if wb_dtype is not None else dx.new_empty(0)
+    if x.numel() > 0:
+        key = ("bwd", n_last, wb_dtype, dy.shape, dy.stride(), dy.dtype, aligned(dy, traced), x.stride(), x.dtype,
+               x.device, aligned(x, traced), None if w is None else (w.dtype, aligned(w, traced)))
+        plan(_plans, key, lambda: _bwd_plan(dy, x, n_last, w, wb_dtype, traced), traced)(dy, x, w, mean, rstd, dx, dwb)
     return dx, dwb
 
 
@@ -218,7 +257,18 @@ def _check_layer_norm(input, normalized_shape, weight, bias) -> int:
     return n_last
 
 
+def _fwd_shortcut(x, n_last: int, w, b, eps: float, y, weight, bias):
+    """layer_norm's later eager calls of this signature (`Shortcuts`): (input, weight, bias) -> y, the forward's
+    plan on a new y (w, b: weight and bias as the launch takes them); None where there is no work or a copy made
+    x, w or b."""
+    if x.numel() == 0 or any(t is not None and u.data_ptr() != t.data_ptr() for u, t in ((w, weight), (b, bias))):
+        return None
+    run, copies = _fwd_planned(x, n_last, w, b, eps, False)
+    return None if copies else writing(y, lambda y, x, w, b: run(x, w, b, y))
+
+
 _checked = Checks()
+_shortcuts = Shortcuts()
 
 
 def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
@@ -229,11 +279,14 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
 
     input of any shape ending in normalized_shape, float32 / float16 / bfloat16, read through its strides;
     weight / bias any of those dtypes. The output (and the input's gradient) is contiguous, in input's dtype."""
+    key, shortcut = _shortcuts.find((input, weight, bias), (normalized_shape, eps))
+    if shortcut is not None:
+        return shortcut(input, weight, bias)
     n_last = _checked.once((input, weight, bias), (normalized_shape,),
                            lambda: _check_layer_norm(input, normalized_shape, weight, bias))
     w, b = _flat_param(weight), _flat_param(bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
-        y = _LayerNormFunction.apply(input, n_last, w, b, float(eps))
-    else:
-        y = _fwd(input, n_last, w, b, float(eps))[0]
+        return _LayerNormFunction.apply(input, n_last, w, b, float(eps))
+    y = _fwd(input, n_last, w, b, float(eps))[0]
+    _shortcuts.keep(key, lambda: _fwd_shortcut(input, n_last, w, b, float(eps), y, weight, bias))
     return y

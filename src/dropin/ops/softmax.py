@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, row_config, row_view
-from ._dispatch import launch, switch, torch_op
+from ._dispatch import Checks, Launch, Shortcuts, aligned, plan, switch, torch_op, writing
 from .layer_norm import _rows, _tile
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
@@ -71,15 +71,36 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr,
 
 # --- 3. Launchers ----------------------------------------------------------------------------------------
 
-def _launch(kernel, a, y, out, dim: int, log: bool, traced: bool):
-    """kernel over rows along dim: reads a and y (y None: reads only a; else y has out's strides), writes out."""
-    a, ((_, sa0), (M1a, sa1), (N, san)) = _rows(a.movedim(dim, -1), 1)
+def _rows_plan(kernel, a, out, dim: int, log: bool, traced: bool):
+    """(run, copies): kernel's launch over the rows along dim of this signature, run(rows, *tensors) with rows
+    a.movedim(dim, -1) (a contiguous copy where copies: its other dims do not merge into two) and tensors (out,)
+    or (y, out), y with out's strides."""
+    moved = a.movedim(dim, -1)
+    rows, ((_, sa0), (M1a, sa1), (N, san)) = _rows(moved, 1)
     (_, so0), (M1o, so1), (_, son) = row_view(out.movedim(dim, -1), 1)
     M = a.numel() // max(N, 1)
     cfg = row_config(N)
-    tensors = (a, out) if y is None else (a, y, out)
-    launch(kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), *tensors, M, N, M1a, sa0, sa1, san, M1o, so0, so1, son,
-           LOG=log, **cfg, traced=traced)
+    launch = Launch(kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), dict(LOG=log, **cfg), traced=traced)
+    scalars = (M, N, M1a, sa0, sa1, san, M1o, so0, so1, son)
+    return (lambda rows, *tensors: launch(rows, *tensors, *scalars)), rows is not moved
+
+
+_plans: dict = {}
+
+
+def _rows_planned(kernel, a, y, out, dim: int, log: bool, traced: bool):
+    """`_rows_plan`'s (run, copies) for this signature (a's shape, strides, dtype, device and 16-byte alignment,
+    y's dtype and alignment; out, a new contiguous tensor, is aligned and laid out by them), made once."""
+    key = (kernel, dim, log, a.shape, a.stride(), a.dtype, a.device, aligned(a, traced),
+           None if y is None else (y.dtype, aligned(y, traced)))
+    return plan(_plans, key, lambda: _rows_plan(kernel, a, out, dim, log, traced), traced)
+
+
+def _launch(kernel, a, y, out, dim: int, log: bool, traced: bool):
+    """kernel over rows along dim: reads a and y (y None: reads only a; else y has out's strides), writes out."""
+    run, copies = _rows_planned(kernel, a, y, out, dim, log, traced)
+    rows = a.movedim(dim, -1)
+    run(rows.contiguous() if copies else rows, *((out,) if y is None else (y, out)))
 
 
 def _fwd_impl(x, dim: int, log: bool, traced: bool = False):
@@ -131,7 +152,8 @@ class _SoftmaxFunction(torch.autograd.Function):
 
 # --- 6. Public functions ---------------------------------------------------------------------------------
 
-def _softmax(op: str, input: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+def _check_softmax(op: str, input, dim) -> int:
+    """softmax's and log_softmax's argument checks; dim in [0, input.dim()) (a scalar: its one-element view)."""
     _runtime.check_kernel_device(op, input=input)
     check_float(op, input=input)
     if not isinstance(dim, int) or isinstance(dim, bool):
@@ -140,15 +162,38 @@ def _softmax(op: str, input: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     if not -ndim <= dim < ndim:
         raise IndexError(f"{op}: 'dim' out of range (expected to be in range of [{-ndim}, {ndim - 1}], "
                          f"but got {dim})")
-    x = input.reshape(1) if input.dim() == 0 else input
     dim %= ndim
-    if x.shape[dim] > MAX_ROW:
+    if input.dim() > 0 and input.shape[dim] > MAX_ROW:
         raise RuntimeError(f"{op}: dropin takes rows of at most {MAX_ROW} elements, but 'dim' {dim} of input "
-                           f"{list(input.shape)} has {x.shape[dim]}")
+                           f"{list(input.shape)} has {input.shape[dim]}")
+    return dim
+
+
+def _fwd_shortcut(input, x, y, dim: int, log: bool):
+    """softmax's and log_softmax's later eager calls of this signature (`Shortcuts`): input -> output, the
+    forward's plan for x (input, or a scalar's one-element view) and its output y, run on input and a new output
+    laid out as this call's; None where there is no work or the plan copies x."""
+    if x.numel() == 0:
+        return None
+    run, copies = _rows_planned(_softmax_fwd_kernel, x, None, y, dim, log, False)
+    return None if copies else writing(y.view(input.shape), lambda out, input: run(input, out))
+
+
+_checked = Checks()
+_shortcuts = Shortcuts()
+
+
+def _softmax(op: str, input: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    key, shortcut = _shortcuts.find((input,), (dim, log))
+    if shortcut is not None:
+        return shortcut(input)
+    dim = _checked.once((input,), (op, dim), lambda: _check_softmax(op, input, dim))
+    x = input.reshape(1) if input.dim() == 0 else input
     if torch.is_grad_enabled() and input.requires_grad:
         y = _SoftmaxFunction.apply(x, dim, log)
     else:
         y = _fwd(x, dim, log)
+        _shortcuts.keep(key, lambda: _fwd_shortcut(input, x, y, dim, log))
     return y.reshape(()) if input.dim() == 0 else y
 
 
