@@ -25,6 +25,29 @@ def poison_allocations(monkeypatch) -> None:
     monkeypatch.setattr(torch.Tensor, "new_empty", poisoned(torch.Tensor.new_empty))
 
 
+def found_shortcuts(monkeypatch) -> list:
+    """A list that gets, for each `Shortcuts.find` (dropin.ops._dispatch) from here to the end of the test, whether
+    it found a shortcut."""
+    from dropin.ops import _dispatch
+    found = []
+    find = _dispatch.Shortcuts.find
+
+    def spy(self, tensors, args):
+        key, run = find(self, tensors, args)
+        found.append(run is not None)
+        return key, run
+    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
+    return found
+
+
+def assert_repeats(firsts, agains) -> None:
+    """Each repeat call's output equals the first call's, bit for bit, in its layout (a shortcut against the op's
+    own path)."""
+    for first, again in zip(firsts, agains, strict=True):
+        torch.testing.assert_close(again, first, rtol=0, atol=0, equal_nan=True)
+        assert again.stride() == first.stride(), "the shortcut's output is laid out otherwise"
+
+
 def _as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 

@@ -8,8 +8,7 @@ import torch.nn.functional as F
 
 import dropin
 from dropin.bench.overhead import pairs
-from dropin.ops import _dispatch
-from _check import poison_allocations
+from _check import found_shortcuts, poison_allocations
 from _tol import DEVICE, assert_close
 
 PAIRS = {p.name: p for p in pairs()}
@@ -18,15 +17,7 @@ PAIRS = {p.name: p for p in pairs()}
 @pytest.fixture
 def taken(monkeypatch):
     """A list that gets, for each `Shortcuts.find` from here on, whether it found a shortcut."""
-    found = []
-    find = _dispatch.Shortcuts.find
-
-    def spy(self, tensors, args):
-        key, run = find(self, tensors, args)
-        found.append(run is not None)
-        return key, run
-    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
-    return found
+    return found_shortcuts(monkeypatch)
 
 
 def _tuple(out):

@@ -9,7 +9,6 @@ import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, gpu
-from dropin.ops import _dispatch
 
 # sigmoid(-large) under the interpreter: numpy's exp overflows to inf (the result, 0, is right); silu(-inf)
 # multiplies -inf by 0 (NaN, as torch's)
@@ -42,26 +41,6 @@ def test_layouts(name, layout):
         assert ACTS[name][0](x).stride() == x.stride()
 
 
-def _found_shortcuts(monkeypatch) -> list:
-    """A list that gets, for each `Shortcuts.find` from here on, whether it found a shortcut."""
-    found = []
-    find = _dispatch.Shortcuts.find
-
-    def spy(self, tensors, args):
-        key, run = find(self, tensors, args)
-        found.append(run is not None)
-        return key, run
-    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
-    return found
-
-
-def _assert_repeats(firsts, agains) -> None:
-    """Each repeat call's output equals the first call's, bit for bit, in its layout."""
-    for first, again in zip(firsts, agains, strict=True):
-        torch.testing.assert_close(again, first, rtol=0, atol=0, equal_nan=True)
-        assert again.stride() == first.stride(), "the shortcut's output is laid out otherwise"
-
-
 def test_repeat_calls_through_the_shortcut(monkeypatch):
     """Repeat calls without autograd on views (channels_last, transposed, sliced, expanded) take the shortcut that
     the first call of their signature kept, and give what it gave, in its layout (the repeat's new allocations
@@ -71,11 +50,11 @@ def test_repeat_calls_through_the_shortcut(monkeypatch):
     calls = [lambda x=x.to(DEVICE), fn=fn: fn(x) for x in views for fn, _ in ACTS.values()]
     with torch.no_grad():
         firsts = [call() for call in calls]
-        found = _found_shortcuts(monkeypatch)
+        found = _check.found_shortcuts(monkeypatch)
         _check.poison_allocations(monkeypatch)
         agains = [call() for call in calls]
     assert found == [True] * len(calls)
-    _assert_repeats(firsts, agains)
+    _check.assert_repeats(firsts, agains)
 
 
 def test_special_values_and_generic_entry():

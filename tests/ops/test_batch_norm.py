@@ -10,7 +10,6 @@ import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, assert_close, gpu
-from dropin.ops import _dispatch
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -172,26 +171,6 @@ def test_running_statistics_updated_once_per_call():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def _found_shortcuts(monkeypatch) -> list:
-    """A list that gets, for each `Shortcuts.find` from here on, whether it found a shortcut."""
-    found = []
-    find = _dispatch.Shortcuts.find
-
-    def spy(self, tensors, args):
-        key, run = find(self, tensors, args)
-        found.append(run is not None)
-        return key, run
-    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
-    return found
-
-
-def _assert_repeats(firsts, agains) -> None:
-    """Each repeat call's output equals the first call's, bit for bit, in its layout."""
-    for first, again in zip(firsts, agains, strict=True):
-        torch.testing.assert_close(again, first, rtol=0, atol=0, equal_nan=True)
-        assert again.stride() == first.stride(), "the shortcut's output is laid out otherwise"
-
-
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 def test_repeat_calls_through_the_shortcut(training, monkeypatch):
     """Repeat calls without autograd (NCHW, channels_last, a strided fp16 view) take the shortcut that the first
@@ -204,7 +183,7 @@ def test_repeat_calls_through_the_shortcut(training, monkeypatch):
     params = _params(5).values()
     with torch.no_grad():
         firsts = [ops.batch_norm(x, *pair, *params, training, 0.3) for x, pair in zip(cases, stats)]
-        found = _found_shortcuts(monkeypatch)
+        found = _check.found_shortcuts(monkeypatch)
         _check.poison_allocations(monkeypatch)
         agains = [ops.batch_norm(x, *pair, *params, training, 0.3) for x, pair in zip(cases, stats)]
         thirds = [ops.batch_norm(x, *pair, *params, training, 0.3) for x, pair in zip(cases, stats)]
@@ -212,8 +191,8 @@ def test_repeat_calls_through_the_shortcut(training, monkeypatch):
             for _ in range(3):
                 F.batch_norm(x, *pair, *params, training, 0.3)
     assert found == [True] * 2 * len(cases)
-    _assert_repeats(firsts, agains)
-    _assert_repeats(firsts, thirds)
+    _check.assert_repeats(firsts, agains)
+    _check.assert_repeats(firsts, thirds)
     for pair, pair_t in zip(stats, stats_t):
         for got, want in zip(pair, pair_t):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

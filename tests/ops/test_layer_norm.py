@@ -9,7 +9,6 @@ import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, assert_close, gpu
-from dropin.ops import _dispatch
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -62,26 +61,6 @@ def test_strided_inputs(view):
           {"x": x, "w": torch.randn(norm, device=DEVICE), "b": torch.randn(norm, device=DEVICE)})
 
 
-def _found_shortcuts(monkeypatch) -> list:
-    """A list that gets, for each `Shortcuts.find` from here on, whether it found a shortcut."""
-    found = []
-    find = _dispatch.Shortcuts.find
-
-    def spy(self, tensors, args):
-        key, run = find(self, tensors, args)
-        found.append(run is not None)
-        return key, run
-    monkeypatch.setattr(_dispatch.Shortcuts, "find", spy)
-    return found
-
-
-def _assert_repeats(firsts, agains) -> None:
-    """Each repeat call's output equals the first call's, bit for bit, in its layout."""
-    for first, again in zip(firsts, agains, strict=True):
-        torch.testing.assert_close(again, first, rtol=0, atol=0, equal_nan=True)
-        assert again.stride() == first.stride(), "the shortcut's output is laid out otherwise"
-
-
 def test_repeat_calls_through_the_shortcut(monkeypatch):
     """Repeat calls without autograd on views (rows of a slice, transposed batch dims, a strided row; a 2-D
     weight) take the shortcut that the first call of their signature kept, and give what it gave, in its layout
@@ -93,11 +72,11 @@ def test_repeat_calls_through_the_shortcut(monkeypatch):
     calls = [lambda x=x, norm=norm, wb=wb: ops.layer_norm(x, norm, *wb, 1e-3) for (x, norm), wb in zip(cases, params)]
     with torch.no_grad():
         firsts = [call() for call in calls]
-        found = _found_shortcuts(monkeypatch)
+        found = _check.found_shortcuts(monkeypatch)
         _check.poison_allocations(monkeypatch)
         agains = [call() for call in calls]
     assert found == [True] * len(calls)
-    _assert_repeats(firsts, agains)
+    _check.assert_repeats(firsts, agains)
 
 
 def test_mixed_precision_params():

@@ -1,6 +1,8 @@
 """dropin.ops max_pool2d / avg_pool2d / adaptive_avg_pool2d against torch.nn.functional: forward and backward
 vs float64 and the 2x rule (tests/_check.py), NCHW / channels_last / strided views, odd sizes, every option,
 ties, NaN and -inf for max pooling, every error path; larger shapes on the GPU."""
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,8 @@ import _check
 import dropin.ops as ops
 from _check import check
 from _tol import DEVICE, gpu
+
+pool_module = importlib.import_module("dropin.ops.pooling")
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -150,6 +154,43 @@ def test_no_grad_path():
         y = ops.max_pool2d(x, 2)
     assert not y.requires_grad
     torch.testing.assert_close(y, F.max_pool2d(x.detach(), 2), rtol=0, atol=0)
+
+
+def _served(monkeypatch) -> list:
+    """A list that gets, for each pooling call from here on, whether a shortcut served it (`Shortcuts`)."""
+    served, find = [], pool_module._shortcuts.find
+
+    def spy(tensors, args):
+        key, shortcut = find(tensors, args)
+        served.append(shortcut is not None)
+        return key, shortcut
+    monkeypatch.setattr(pool_module._shortcuts, "find", spy)
+    return served
+
+
+@pytest.mark.parametrize("layout", LAYOUTS + ["unbatched"])
+def test_repeat_call_through_the_shortcut(layout, monkeypatch):
+    """A repeat eager call without autograd takes its signature's shortcut (`Shortcuts`): on new inputs (every
+    output element written) torch's values in the first call's layout, for each op and the global pool; channels_last,
+    a strided view, an unbatched input (a misaligned view of a batch)."""
+    calls = ((ops.max_pool2d, F.max_pool2d, dict(kernel_size=3, stride=2, padding=1)),
+             (ops.avg_pool2d, F.avg_pool2d, dict(kernel_size=2, ceil_mode=True, count_include_pad=False)),
+             (ops.adaptive_avg_pool2d, F.adaptive_avg_pool2d, dict(output_size=(3, 2))),
+             (ops.adaptive_avg_pool2d, F.adaptive_avg_pool2d, dict(output_size=1)))
+
+    def make():
+        x = _x((2, 3, 7, 6), layout="nchw" if layout == "unbatched" else layout)
+        return x[1] if layout == "unbatched" else x
+    served = _served(monkeypatch)
+    _check.poison_allocations(monkeypatch)
+    with torch.no_grad():
+        for fn, ref, kw in calls:
+            first = fn(make(), **kw)
+            x = make()
+            y = fn(x, **kw)
+            torch.testing.assert_close(y, ref(x, **kw))
+            assert y.stride() == first.stride(), f"{fn.__name__}: not the first call's layout"
+    assert all(served[1::2]), "a repeat call took no shortcut"
 
 
 def test_torch_compile_fullgraph():

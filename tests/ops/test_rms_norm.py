@@ -105,6 +105,42 @@ def test_non_contiguous(case, residual):
     check(ours, ref, t, build=build)
 
 
+def _served(monkeypatch) -> list:
+    """A list that gets, for each rms_norm call from here on, whether a shortcut served it (`Shortcuts`)."""
+    served, find = [], rms_norm_module._shortcuts.find
+
+    def spy(tensors, args):
+        key, shortcut = find(tensors, args)
+        served.append(shortcut is not None)
+        return key, shortcut
+    monkeypatch.setattr(rms_norm_module._shortcuts, "find", spy)
+    return served
+
+
+@pytest.mark.parametrize("case", ["contiguous", *VIEWS])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_repeat_call_through_the_shortcut(case, residual, monkeypatch):
+    """A repeat eager call without autograd takes its signature's shortcut (`Shortcuts`) where x's and residual's
+    rows are views (a misaligned one included); where flattening copies them it takes the op's path. Either way
+    HF's values (every element written) in the first call's layout."""
+    storage, view = VIEWS.get(case, ((4, 6, 40), lambda t: t))
+    weight = 1 + 0.1 * torch.randn(40, device=DEVICE)
+
+    def call():  # (ours, HF's) on new inputs
+        x, r = (view(torch.randn(storage, device=DEVICE)) for _ in range(2))
+        r = r if residual else None
+        return dropin.ops.rms_norm(x, weight, residual=r), rms_norm_ref(x, weight, 1e-6, r)
+    served = _served(monkeypatch)
+    poison_allocations(monkeypatch)
+    with torch.no_grad():
+        first, _ = call()
+        out, want = call()
+    for o, w, o_first in zip(*(t if residual else (t,) for t in (out, want, first))):
+        torch.testing.assert_close(o, w)
+        assert o.stride() == o_first.stride()
+    assert served[1] == (case in ("contiguous", "column-slice", "offset"))
+
+
 def test_weight_view_and_empty_rows():
     ours, ref = ops()
     check(ours, ref, {"x": torch.randn(3, 10, device=DEVICE), "weight": torch.randn(20, device=DEVICE)},

@@ -12,7 +12,8 @@ import dropin
 from _check import check, poison_allocations
 from _tol import DEVICE, ON_GPU, gpu
 
-rope_ref = importlib.import_module("dropin.ops.rope").rope_ref
+rope_module = importlib.import_module("dropin.ops.rope")
+rope_ref = rope_module.rope_ref
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -160,6 +161,47 @@ def test_empty():
     cos, sin = cos_sin(0, 8, torch.float32)
     q_out, k_out = dropin.ops.rope(q, k, cos, sin)
     assert q_out.shape == q.shape and k_out.shape == k.shape
+
+
+def _served(monkeypatch) -> list:
+    """A list that gets, for each rope call from here on, whether a shortcut served it (`Shortcuts`)."""
+    served, find = [], rope_module._shortcuts.find
+
+    def spy(tensors, args):
+        key, shortcut = find(tensors, args)
+        served.append(shortcut is not None)
+        return key, shortcut
+    monkeypatch.setattr(rope_module._shortcuts, "find", spy)
+    return served
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+def test_repeat_call_through_the_shortcut(inplace, monkeypatch):
+    """A repeat eager call without autograd takes its signature's shortcut (`Shortcuts`), on HF's transposed views
+    with position_ids: HF's values (every element written) in the first call's layout, or in place in q and k with
+    their versions bumped; the bounds of position_ids still checked on every call."""
+    cos, sin = cos_sin(9, 8, torch.float32)
+
+    def call(shift=0):  # (ours, HF's) on new inputs
+        q, k = (torch.randn(2, 5, h, 8, device=DEVICE).transpose(1, 2) for h in (4, 2))
+        ids = torch.randint(0, 9, (2, 5), device=DEVICE) + shift
+        want = rope_ref(q, k, cos, sin, ids) if not shift else None
+        versions = q._version, k._version
+        out = dropin.ops.rope(q, k, cos, sin, ids, inplace=inplace)
+        if inplace:
+            assert out[0] is q and out[1] is k and q._version > versions[0] and k._version > versions[1]
+        return out, want
+    served = _served(monkeypatch)
+    poison_allocations(monkeypatch)
+    with torch.no_grad():
+        first, _ = call()
+        out, want = call()
+        with pytest.raises(RuntimeError, match="'position_ids' range"):
+            call(shift=9)
+    for o, w, o_first in zip(out, want, first):
+        torch.testing.assert_close(o, w)
+        assert o.stride() == o_first.stride()
+    assert served[1:] == [True, True]
 
 
 def test_torch_compile_fullgraph():

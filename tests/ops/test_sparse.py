@@ -131,6 +131,28 @@ def test_non_contiguous_x(case):
     check(ours, F.linear, t, build=lambda x, weight, bias: (view(x), weight, bias), constant=("weight",))
 
 
+def test_shortcuts_give_each_weight_its_own_product():
+    """Repeat eager calls without autograd take shortcuts (`Shortcuts`) keyed by the weight's tensors and format:
+    two weights of one format called alternately each give their own product, and so does a weight of another
+    format with tensors of the same sizes (8 x 256 in chunks of 256, 4 x 256 in chunks of 128: 9 run pointers and
+    32 entries each); a weight made inconsistent after its calls is still refused."""
+    def spread(n, per_row):  # [n, 256], per_row non-zeros in each row
+        w = torch.zeros(n, 256, device=DEVICE)
+        w[:, ::256 // per_row] = torch.randn(n, per_row, device=DEVICE)
+        return w
+    dense = [spread(8, 4), spread(8, 4), spread(4, 8)]
+    weights = [sparsify(dense[0]), sparsify(dense[1]), sparsify(dense[2], block_k=128)]
+    assert weights[0].chunk_ptr.shape == weights[2].chunk_ptr.shape and weights[0].nnz == weights[2].nnz
+    with torch.no_grad():
+        for _ in range(2):
+            for w, sw in zip(dense, weights):
+                x = torch.randn(3, 256, device=DEVICE)
+                torch.testing.assert_close(sparse_linear(x, sw), F.linear(x, w))
+        weights[0].transposed = weights[1]  # W^T of the wrong shape
+        with pytest.raises(ValueError, match="'weight'"):
+            sparse_linear(torch.randn(3, 256, device=DEVICE), weights[0])
+
+
 @pytest.mark.parametrize("method", ["l1_unstructured", "random_unstructured"])
 def test_prune_masked_linear(method):
     linear = torch.nn.Linear(200, 48, device=DEVICE)

@@ -131,6 +131,19 @@ def test_registered_op(case):
                    *geometry, hw, transposed)
 
 
+def test_shortcuts_give_each_weight_its_own_conv():
+    """Repeat eager calls without autograd take shortcuts (`Shortcuts`) keyed by the weight's tensors and format:
+    two weights of one format (the same non-zeros, other values) called alternately each give their own conv."""
+    w = pruned((6, 4, 3, 3), 0.5, torch.float32)
+    dense = [w, -2 * w]
+    weights = [sparsify(d) for d in dense]
+    with torch.no_grad():
+        for _ in range(2):
+            for d, sw in zip(dense, weights):
+                x, b = torch.randn(2, 4, 7, 5, device=DEVICE), torch.randn(6, device=DEVICE)
+                torch.testing.assert_close(sparse_conv2d(x, sw, b, padding=1), F.conv2d(x, d, b, padding=1))
+
+
 @gpu
 @pytest.mark.parametrize("batch", [1, 8])
 def test_resnet_shapes_gpu(batch):
