@@ -1,7 +1,6 @@
 """dropin.ops max_pool2d / avg_pool2d / adaptive_avg_pool2d against torch.nn.functional: forward and backward
 vs float64 and the 2x rule (tests/_check.py), NCHW / channels_last / strided views, odd sizes, every option,
 ties, NaN and -inf for max pooling, every error path; larger shapes on the GPU."""
-import importlib
 
 import pytest
 import torch
@@ -11,10 +10,9 @@ from hypothesis import strategies as st
 
 import _check
 import dropin.ops as ops
-from _check import check
+from _check import check, found_shortcuts
 from _tol import DEVICE, gpu
 
-pool_module = importlib.import_module("dropin.ops.pooling")
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -156,18 +154,6 @@ def test_no_grad_path():
     torch.testing.assert_close(y, F.max_pool2d(x.detach(), 2), rtol=0, atol=0)
 
 
-def _served(monkeypatch) -> list:
-    """A list that gets, for each pooling call from here on, whether a shortcut served it (`Shortcuts`)."""
-    served, find = [], pool_module._shortcuts.find
-
-    def spy(tensors, args):
-        key, shortcut = find(tensors, args)
-        served.append(shortcut is not None)
-        return key, shortcut
-    monkeypatch.setattr(pool_module._shortcuts, "find", spy)
-    return served
-
-
 @pytest.mark.parametrize("layout", LAYOUTS + ["unbatched"])
 def test_repeat_call_through_the_shortcut(layout, monkeypatch):
     """A repeat eager call without autograd takes its signature's shortcut (`Shortcuts`): on new inputs (every
@@ -181,7 +167,7 @@ def test_repeat_call_through_the_shortcut(layout, monkeypatch):
     def make():
         x = _x((2, 3, 7, 6), layout="nchw" if layout == "unbatched" else layout)
         return x[1] if layout == "unbatched" else x
-    served = _served(monkeypatch)
+    served = found_shortcuts(monkeypatch)
     _check.poison_allocations(monkeypatch)
     with torch.no_grad():
         for fn, ref, kw in calls:

@@ -10,7 +10,7 @@ import torch
 
 import dropin
 import _check
-from _check import check, poison_allocations
+from _check import check, found_shortcuts, poison_allocations
 from _tol import DEVICE, ON_GPU, gpu
 
 rms_norm_module = importlib.import_module("dropin.ops.rms_norm")
@@ -105,18 +105,6 @@ def test_non_contiguous(case, residual):
     check(ours, ref, t, build=build)
 
 
-def _served(monkeypatch) -> list:
-    """A list that gets, for each rms_norm call from here on, whether a shortcut served it (`Shortcuts`)."""
-    served, find = [], rms_norm_module._shortcuts.find
-
-    def spy(tensors, args):
-        key, shortcut = find(tensors, args)
-        served.append(shortcut is not None)
-        return key, shortcut
-    monkeypatch.setattr(rms_norm_module._shortcuts, "find", spy)
-    return served
-
-
 @pytest.mark.parametrize("case", ["contiguous", *VIEWS])
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_repeat_call_through_the_shortcut(case, residual, monkeypatch):
@@ -130,7 +118,7 @@ def test_repeat_call_through_the_shortcut(case, residual, monkeypatch):
         x, r = (view(torch.randn(storage, device=DEVICE)) for _ in range(2))
         r = r if residual else None
         return dropin.ops.rms_norm(x, weight, residual=r), rms_norm_ref(x, weight, 1e-6, r)
-    served = _served(monkeypatch)
+    served = found_shortcuts(monkeypatch)
     poison_allocations(monkeypatch)
     with torch.no_grad():
         first, _ = call()

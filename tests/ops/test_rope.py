@@ -9,7 +9,7 @@ import torch
 
 import _check
 import dropin
-from _check import check, poison_allocations
+from _check import check, found_shortcuts, poison_allocations
 from _tol import DEVICE, ON_GPU, gpu
 
 rope_module = importlib.import_module("dropin.ops.rope")
@@ -163,18 +163,6 @@ def test_empty():
     assert q_out.shape == q.shape and k_out.shape == k.shape
 
 
-def _served(monkeypatch) -> list:
-    """A list that gets, for each rope call from here on, whether a shortcut served it (`Shortcuts`)."""
-    served, find = [], rope_module._shortcuts.find
-
-    def spy(tensors, args):
-        key, shortcut = find(tensors, args)
-        served.append(shortcut is not None)
-        return key, shortcut
-    monkeypatch.setattr(rope_module._shortcuts, "find", spy)
-    return served
-
-
 @pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
 def test_repeat_call_through_the_shortcut(inplace, monkeypatch):
     """A repeat eager call without autograd takes its signature's shortcut (`Shortcuts`), on HF's transposed views
@@ -191,7 +179,7 @@ def test_repeat_call_through_the_shortcut(inplace, monkeypatch):
         if inplace:
             assert out[0] is q and out[1] is k and q._version > versions[0] and k._version > versions[1]
         return out, want
-    served = _served(monkeypatch)
+    served = found_shortcuts(monkeypatch)
     poison_allocations(monkeypatch)
     with torch.no_grad():
         first, _ = call()

@@ -102,12 +102,14 @@ class Checks:
         self._results: dict = {}
 
     def once(self, tensors: tuple, args: tuple, check):
-        """check()'s result, reused on a repeat call; run on every call that has no signature (`signature`) and
-        while torch.compile traces (once per graph; shapes may be symbolic)."""
+        """check()'s result (None too), reused on a repeat call; run on every call that has no signature
+        (`signature`) and while torch.compile traces (once per graph; shapes may be symbolic)."""
         if torch.compiler.is_compiling():
             return check()
         key = signature(tensors, args)
-        return check() if key is None else plan(self._results, key, check)
+        if key is None:
+            return check()
+        return plan(self._results, key, lambda: (check(),))[0]
 
 
 # --- Plans, once per signature --------------------------------------------------------------------------

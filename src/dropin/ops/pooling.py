@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float
-from ._dispatch import absent, launch, switch, torch_op
+from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op, writing
 from .conv2d import _channels_last, _pixel
 
 # --- 1. References ---------------------------------------------------------------------------------------
@@ -221,63 +221,114 @@ def _meta(mode, kernel, stride, padding, dilation, count_pad, divisor):
                 DH=dilation[0], DW=dilation[1], MODE=mode, COUNT_PAD=count_pad, DIVISOR=divisor)
 
 
+def _global(x, mode: str, out_hw) -> bool:
+    """Whether the pooling is a global average (output size 1, N * C > 0): `_global_avg_kernel` on y [N, C]."""
+    OH, OW = out_hw
+    return mode == "adaptive" and (OH, OW) == (1, 1) and x.shape[0] * x.shape[1] > 0
+
+
+_plans: dict = {}
+
+
+def _fwd_plan(x, y, mode: str, kernel, stride, padding, dilation, out_hw, count_pad: bool, divisor: int,
+              store_idx: bool, traced: bool = False):
+    """run(x, y, idx): the forward's launch for this signature, made once (x's shape, strides, dtype, device and
+    16-byte alignment and the pooling arguments: what the launch and y's layout follow); y as `_fwd_impl` allocates
+    it, idx the argmax with store_idx, else an absent stand-in."""
+    key = None if traced else ("fwd", x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, mode, *kernel,
+                               *stride, *padding, *dilation, *out_hw, count_pad, divisor, store_idx)
+    return plan(_plans, key, lambda: _make_fwd_plan(x, y, mode, kernel, stride, padding, dilation, out_hw,
+                                                     count_pad, divisor, store_idx, traced), traced)
+
+
+def _make_fwd_plan(x, y, mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor, store_idx, traced):
+    N, C, H, W = x.shape
+    OH, OW = out_hw
+    if _global(x, mode, out_hw):
+        # merge H and W into one strided axis where the layout allows (NCHW: the plane is one unit-stride run)
+        sxh, sxw = (0, x.stride(3)) if x.stride(2) == W * x.stride(3) else x.stride()[2:]
+        ww = H * W if sxh == 0 else W
+        block_c = min(_runtime.next_power_of_2(C), 64) if _channels_last(x) else min(_runtime.next_power_of_2(C), 4)
+        block_hw = max(2, min(_runtime.next_power_of_2(H * W), 2048 // block_c))
+        launch = Launch(_global_avg_kernel, (N, _runtime.cdiv(C, block_c)),
+                        dict(BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=4), traced=traced)
+        scalars = (C, H * W, ww, x.stride(0), x.stride(1), sxh, sxw, C, 1)
+        return lambda x, y, idx: launch(x, y, *scalars)
+    P = N * OH * OW
+    block_p, block_c = _tiles(P, C, _channels_last(x))
+    launch = Launch(_pool_fwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)),
+                    dict(_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), STORE_IDX=store_idx,
+                         BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8), traced=traced)
+    scalars = (C, H, W, OH, OW, P, *x.stride(), *y.stride())
+    return lambda x, y, idx: launch(x, y, idx, *scalars)
+
+
 def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad: bool, divisor: int,
               store_idx: bool, traced: bool = False):
     """x [N, C, H, W] (any strides) -> (y [N, C, OH, OW] in x's memory format, idx (int32 argmax in y's layout
     with store_idx, else empty)). traced: under torch.compile (`_dispatch`)."""
     N, C, H, W = x.shape
     OH, OW = out_hw
-    cl = _channels_last(x)
-    if mode == "adaptive" and (OH, OW) == (1, 1) and N * C > 0:
+    if _global(x, mode, out_hw):
         # written as [N, C], returned as its [N, C, 1, 1] view (contiguous in both formats): a written tensor with
         # dims of size 1 is one whose strides Inductor may re-state, copying it onto itself (`_dispatch.absent`)
         y = x.new_empty((N, C))
-        # merge H and W into one strided axis where the layout allows (NCHW: the plane is one unit-stride run)
-        sxh, sxw = (0, x.stride(3)) if x.stride(2) == W * x.stride(3) else x.stride()[2:]
-        ww = H * W if sxh == 0 else W
-        block_c = min(_runtime.next_power_of_2(C), 64) if cl else min(_runtime.next_power_of_2(C), 4)
-        block_hw = max(2, min(_runtime.next_power_of_2(H * W), 2048 // block_c))
-        launch(_global_avg_kernel, (N, _runtime.cdiv(C, block_c)), x, y, C, H * W, ww, x.stride(0), x.stride(1),
-               sxh, sxw, C, 1, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=4, traced=traced)
-        return y.view(N, C, 1, 1), y.new_empty(0, dtype=torch.int32)
-    fmt = torch.channels_last if cl else torch.contiguous_format
-    y = torch.empty((N, C, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt)
-    idx = torch.empty(y.shape, device=x.device, dtype=torch.int32, memory_format=fmt) if store_idx else \
-        y.new_empty(0, dtype=torch.int32)
-    if y.numel() == 0:
-        return y, idx
-    P = N * OH * OW
-    block_p, block_c = _tiles(P, C, cl)
-    launch(_pool_fwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), x, y,
-           idx if store_idx else absent(y, traced), C, H, W, OH, OW, P, *x.stride(), *y.stride(),
-           **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), STORE_IDX=store_idx,
-           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
-    return y, idx
+        out = y.view(N, C, 1, 1)
+        idx = y.new_empty(0, dtype=torch.int32)
+    else:
+        fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+        y = out = torch.empty((N, C, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt)
+        idx = torch.empty(y.shape, device=x.device, dtype=torch.int32, memory_format=fmt) if store_idx else \
+            y.new_empty(0, dtype=torch.int32)
+        if y.numel() == 0:
+            return y, idx
+    run = _fwd_plan(x, y, mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor, store_idx, traced)
+    run(x, y, idx if store_idx else absent(y, traced))
+    return out, idx
 
 
-def _bwd_impl(dy, idx, x_shape, channels_last: bool, mode: str, kernel, stride, padding, dilation,
-              count_pad: bool, divisor: int, traced: bool = False):
-    """dy [N, C, OH, OW] (any strides), idx the forward's argmax (max pooling) -> dx of shape x_shape, channels_last
-    or contiguous."""
-    N, C, H, W = x_shape
+def _bwd_plan(dy, idx, dx, channels_last: bool, mode: str, kernel, stride, padding, dilation, count_pad: bool,
+              divisor: int, traced: bool = False):
+    """run(dy, idx, dx): the backward's launch for this signature, made once (dy's shape, strides, dtype, device and
+    alignment, idx's strides and alignment, dx's shape and format and the pooling arguments); idx is read for max
+    pooling alone."""
+    key = None if traced else ("bwd", dy.shape, dy.stride(), dy.dtype, dy.device, dy.data_ptr() & 15, idx.stride(),
+                               idx.data_ptr() & 15, dx.shape, channels_last, mode, *kernel, *stride, *padding,
+                               *dilation, count_pad, divisor)
+    return plan(_plans, key, lambda: _make_bwd_plan(dy, idx, dx, channels_last, mode, kernel, stride, padding,
+                                                     dilation, count_pad, divisor, traced), traced)
+
+
+def _make_bwd_plan(dy, idx, dx, channels_last, mode, kernel, stride, padding, dilation, count_pad, divisor, traced):
+    N, C, H, W = dx.shape
     OH, OW = dy.shape[2:]
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    dx = torch.empty(x_shape, device=dy.device, dtype=dy.dtype, memory_format=fmt)
-    if dx.numel() == 0:
-        return dx
-    if dy.numel() == 0:
-        return dx.zero_()
     if mode == "adaptive":
         th, tw = _adaptive_span(H, OH)[1], _adaptive_span(W, OW)[1]
     else:
         th, tw = kernel
     P = N * H * W
     block_p, block_c = _tiles(P, C, channels_last)
-    i = idx if mode == "max" else absent(dy, traced)
-    launch(_pool_bwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)), dy, i, dx,
-           C, H, W, OH, OW, P, *dy.stride(), *(idx if mode == "max" else dy).stride(), *dx.stride(),
-           **_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), TH=th, TW=tw,
-           BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8, traced=traced)
+    launch = Launch(_pool_bwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)),
+                    dict(_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), TH=th, TW=tw,
+                         BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8), traced=traced)
+    scalars = (C, H, W, OH, OW, P, *dy.stride(), *(idx if mode == "max" else dy).stride(), *dx.stride())
+    if mode == "max":
+        return lambda dy, idx, dx: launch(dy, idx, dx, *scalars)
+    return lambda dy, idx, dx: launch(dy, absent(dy, traced), dx, *scalars)
+
+
+def _bwd_impl(dy, idx, x_shape, channels_last: bool, mode: str, kernel, stride, padding, dilation,
+              count_pad: bool, divisor: int, traced: bool = False):
+    """dy [N, C, OH, OW] (any strides), idx the forward's argmax (max pooling) -> dx of shape x_shape, channels_last
+    or contiguous."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    dx = torch.empty(x_shape, device=dy.device, dtype=dy.dtype, memory_format=fmt)
+    if dx.numel() == 0:
+        return dx
+    if dy.numel() == 0:
+        return dx.zero_()
+    _bwd_plan(dy, idx, dx, channels_last, mode, kernel, stride, padding, dilation, count_pad, divisor, traced)(
+        dy, idx, dx)
     return dx
 
 
@@ -346,7 +397,8 @@ def _check_input(op: str, input) -> None:
                            f"input of size {list(input.shape)}")
 
 
-def _pool(op, mode, input, kernel_size, stride, padding, dilation, ceil_mode, count_pad=True, divisor=0):
+def _window_args(op: str, input, kernel_size, stride, padding, dilation, ceil_mode) -> tuple:
+    """(kernel, stride, padding, dilation, out_hw) of max or average pooling, the arguments checked."""
     _check_input(op, input)
     kernel = _pair(op, kernel_size, "kernel_size")
     stride = kernel if stride is None or (isinstance(stride, (list, tuple)) and not stride) else \
@@ -358,21 +410,52 @@ def _pool(op, mode, input, kernel_size, stride, padding, dilation, ceil_mode, co
     if min(padding) < 0 or any(p > k // 2 for p, k in zip(padding, kernel)):  # torch's rule (its CPU path)
         raise RuntimeError(f"{op}: 'padding' should be non-negative and at most half of the kernel size, but got "
                            f"padding={padding} and kernel_size={kernel}")
-    x = input.unsqueeze(0) if input.dim() == 3 else input
-    out_hw = [_out_size(i, k, s, p, d, ceil_mode) for i, k, s, p, d in zip(x.shape[2:], kernel, stride, padding,
+    out_hw = [_out_size(i, k, s, p, d, ceil_mode) for i, k, s, p, d in zip(input.shape[-2:], kernel, stride, padding,
                                                                            dilation)]
     if min(out_hw) <= 0:
         raise RuntimeError(f"{op}: given 'input' of size {list(input.shape)}, the calculated output size "
                            f"{out_hw} is too small")
-    return _apply(input, x, mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor)
+    return kernel, stride, padding, dilation, out_hw
 
 
-def _apply(input, x, *args):
+def _adaptive_args(op: str, input, output_size) -> tuple:
+    """(kernel, out_hw) of adaptive average pooling (kernel: the largest window), the arguments checked."""
+    _check_input(op, input)
+    size = [output_size, output_size] if output_size is None or isinstance(output_size, int) else output_size
+    if not (isinstance(size, (list, tuple)) and len(size) == 2 and all(
+            s is None or isinstance(s, int) and not isinstance(s, bool) for s in size)):
+        raise RuntimeError(f"{op}: 'output_size' must be an int or a pair of ints (or None), got {output_size!r}")
+    out_hw = [i if s is None else s for s, i in zip(size, input.shape[-2:])]
+    if min(out_hw) < 0:
+        raise RuntimeError(f"{op}: elements of 'output_size' must be greater than or equal to 0, got {out_hw}")
+    return [_adaptive_span(i, o)[0] if o > 0 else 1 for i, o in zip(input.shape[-2:], out_hw)], out_hw
+
+
+_checked = Checks()
+_shortcuts = Shortcuts()
+
+
+def _apply(key, input, *args):
+    """The pooling of input by args (`_fwd_impl`'s mode ... divisor); without autograd the call's shortcut kept
+    under key (`Shortcuts`)."""
+    x = input.unsqueeze(0) if input.dim() == 3 else input
     if torch.is_grad_enabled() and input.requires_grad:
         y = _Pool2dFunction.apply(x, *args)
     else:
         y = _fwd(x, *args, False)[0]
-    return y.squeeze(0) if input.dim() == 3 else y
+    out = y.squeeze(0) if input.dim() == 3 else y
+    _shortcuts.keep(key, lambda: _fwd_shortcut(x, y, out, *args))  # (no key under autograd)
+    return out
+
+
+def _fwd_shortcut(x, y, out, *args):
+    """A pooling's later eager calls of this signature (`Shortcuts`): input -> out, the forward's plan run on the
+    input (x, or its unbatched self at the same address) and a new output laid out as this call's out (y, or its
+    unbatched view)."""
+    if y.numel() == 0:
+        return None
+    run = _fwd_plan(x, y, *args, False)
+    return writing(out, lambda out, input: run(input, out, out))
 
 
 def max_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, dilation=1,
@@ -385,7 +468,13 @@ def max_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, dilatio
     and NaN propagates, as in torch; the gradient flows to the argmax (return_indices is not offered). A window
     wholly in the padding (only possible with dilation) gives -inf and no gradient (torch's CPU kernel routes
     that gradient to an element outside the window)."""
-    return _pool("max_pool2d", "max", input, kernel_size, stride, padding, dilation, ceil_mode)
+    args = ("max_pool2d", kernel_size, stride, padding, dilation, ceil_mode)
+    key, shortcut = _shortcuts.find((input,), args)
+    if shortcut is not None:
+        return shortcut(input)
+    window = _checked.once((input,), args, lambda: _window_args("max_pool2d", input, kernel_size, stride, padding,
+                                                                dilation, ceil_mode))
+    return _apply(key, input, "max", *window, True, 0)
 
 
 def avg_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
@@ -395,25 +484,24 @@ def avg_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, ceil_mo
     input [N, C, H, W] or [C, H, W], float32 / float16 / bfloat16, any strides (channels_last stays
     channels_last); fp32 sums. Divisor as torch's: divisor_override, else the window clipped to the padded
     input (count_include_pad) or to the input."""
+    key, shortcut = _shortcuts.find((input,), ("avg_pool2d", kernel_size, stride, padding, ceil_mode,
+                                               count_include_pad, divisor_override))
+    if shortcut is not None:
+        return shortcut(input)
     if divisor_override is not None and (not isinstance(divisor_override, int) or divisor_override == 0):
         raise RuntimeError(f"avg_pool2d: 'divisor_override' must be a non-zero int, got {divisor_override!r}")
-    return _pool("avg_pool2d", "avg", input, kernel_size, stride, padding, 1, ceil_mode, bool(count_include_pad),
-                 divisor_override or 0)
+    window = _checked.once((input,), ("avg_pool2d", kernel_size, stride, padding, ceil_mode),
+                           lambda: _window_args("avg_pool2d", input, kernel_size, stride, padding, 1, ceil_mode))
+    return _apply(key, input, "avg", *window, bool(count_include_pad), divisor_override or 0)
 
 
 def adaptive_avg_pool2d(input: torch.Tensor, output_size) -> torch.Tensor:
     """`F.adaptive_avg_pool2d(input, output_size)`: output_size an int or a pair (None keeps that input size);
     windows [floor(o * I / O), ceil((o + 1) * I / O)). Output size 1 (a global pool) is one reduction per
     (n, channels). input [N, C, H, W] or [C, H, W], float32 / float16 / bfloat16, any strides."""
-    op = "adaptive_avg_pool2d"
-    _check_input(op, input)
-    size = [output_size, output_size] if output_size is None or isinstance(output_size, int) else output_size
-    if not (isinstance(size, (list, tuple)) and len(size) == 2 and all(
-            s is None or isinstance(s, int) and not isinstance(s, bool) for s in size)):
-        raise RuntimeError(f"{op}: 'output_size' must be an int or a pair of ints (or None), got {output_size!r}")
-    out_hw = [i if s is None else s for s, i in zip(size, input.shape[-2:])]
-    if min(out_hw) < 0:
-        raise RuntimeError(f"{op}: elements of 'output_size' must be greater than or equal to 0, got {out_hw}")
-    x = input.unsqueeze(0) if input.dim() == 3 else input
-    kernel = [_adaptive_span(i, o)[0] if o > 0 else 1 for i, o in zip(x.shape[2:], out_hw)]
-    return _apply(input, x, "adaptive", kernel, [1, 1], [0, 0], [1, 1], out_hw, True, 0)
+    args = ("adaptive_avg_pool2d", output_size)
+    key, shortcut = _shortcuts.find((input,), args)
+    if shortcut is not None:
+        return shortcut(input)
+    kernel, out_hw = _checked.once((input,), args, lambda: _adaptive_args("adaptive_avg_pool2d", input, output_size))
+    return _apply(key, input, "adaptive", kernel, [1, 1], [0, 0], [1, 1], out_hw, True, 0)

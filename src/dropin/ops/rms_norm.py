@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import column_sums
-from ._dispatch import Checks, absent, launch, switch, torch_op
+from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 32768  # one row lives in registers
@@ -124,6 +124,33 @@ def _launch_settings(N: int):
     return block_n, block_r, 4 if tile <= 2048 else 8 if tile <= 8192 else 16
 
 
+_plans: dict = {}
+
+
+def _fwd_plan(x, weight, residual: Optional[torch.Tensor], traced: bool = False):
+    """run(x, weight, residual, y, s, rstd, eps): the forward's launch for this signature, made once (x's, weight's
+    and residual's shapes, strides, dtypes and 16-byte alignment, the device); y, s and rstd as
+    `_rms_norm_fwd_impl` allocates them (s is not read without residual)."""
+    key = None if traced else (
+        "fwd", x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, weight.stride(0), weight.dtype,
+        weight.data_ptr() & 15, None if residual is None else (residual.stride(), residual.dtype,
+                                                                residual.data_ptr() & 15))
+    return plan(_plans, key, lambda: _make_fwd_plan(x, weight, residual, traced), traced)
+
+
+def _make_fwd_plan(x, weight, residual, traced):
+    R, N = x.shape
+    block_n, block_r, warps = _launch_settings(N)
+    launch = Launch(_rms_norm_fwd_kernel, (_runtime.cdiv(R, block_r),),
+                    dict(HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps),
+                    traced=traced)
+    scalars = (R, N, *x.stride(), *(x if residual is None else residual).stride(), weight.stride(0))
+    if residual is None:
+        return lambda x, weight, residual, y, s, rstd, eps: launch(x, absent(x, traced), weight, y, absent(x, traced),
+                                                                   rstd, *scalars, eps)
+    return lambda x, weight, residual, y, s, rstd, eps: launch(x, residual, weight, y, s, rstd, *scalars, eps)
+
+
 def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float, traced: bool = False):
     """x, residual [R, N] (any strides), weight [N] -> (y [R, N], s [R, N] (empty without residual),
     rstd [R] fp32), all contiguous. traced: under torch.compile (`_dispatch`)."""
@@ -133,13 +160,39 @@ def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float, 
     rstd = x.new_empty((R,), dtype=torch.float32)
     if R * N == 0:
         return y, s, rstd
-    block_n, block_r, warps = _launch_settings(N)
-    res = absent(x, traced) if residual is None else residual
-    res_strides = x.stride() if residual is None else residual.stride()
-    launch(_rms_norm_fwd_kernel, (_runtime.cdiv(R, block_r),),
-        x, res, weight, y, s, rstd, R, N, *x.stride(), *res_strides, weight.stride(0), eps,
-        HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps, traced=traced)
+    _fwd_plan(x, weight, residual, traced)(x, weight, residual, y, s, rstd, eps)
     return y, s, rstd
+
+
+def _bwd_plan(dy, ds: Optional[torch.Tensor], x, weight, rstd, traced: bool = False):
+    """run(dy, ds, x, weight, rstd, dx) -> the fp32 partial sums of dw [programs, N]: the backward's launch for this
+    signature, made once (the tensors' shapes, strides, dtypes and 16-byte alignment, the device); dx as
+    `_rms_norm_bwd_impl` allocates it."""
+    key = None if traced else (
+        "bwd", x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, dy.stride(), dy.dtype, dy.data_ptr() & 15,
+        None if ds is None else (ds.stride(), ds.dtype, ds.data_ptr() & 15), weight.stride(0), weight.dtype,
+        weight.data_ptr() & 15, rstd.data_ptr() & 15)
+    return plan(_plans, key, lambda: _make_bwd_plan(dy, ds, x, weight, traced), traced)
+
+
+def _make_bwd_plan(dy, ds, x, weight, traced):
+    R, N = x.shape
+    block_n, block_r, warps = _launch_settings(N)
+    # 2 programs per SM: with the next rows loaded ahead, fwd+bwd of Llama-3-8B's 8192 x 4096 bf16 takes 94 us
+    # in the bench (H200, CUDA graph) against 101 with 4; under the profiler 4 looked faster (54 us against 68
+    # for this kernel). Fewer programs also leave fewer fp32 partial sums of dw to add up.
+    programs = min(_runtime.cdiv(R, block_r), 2 * _runtime.num_sms(x.device.index or 0))
+    rows = _runtime.cdiv(_runtime.cdiv(R, programs), block_r) * block_r
+    programs = _runtime.cdiv(R, rows)
+    launch = Launch(_rms_norm_bwd_kernel, (programs,),
+                    dict(HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps), traced=traced)
+    scalars = (R, N, *dy.stride(), *(dy if ds is None else ds).stride(), *x.stride(), weight.stride(0), rows)
+
+    def run(dy, ds, x, weight, rstd, dx):
+        partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
+        launch(dy, absent(dy, traced) if ds is None else ds, x, weight, rstd, dx, partial, *scalars)
+        return partial
+    return run
 
 
 def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd, traced: bool = False):
@@ -149,18 +202,7 @@ def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd, traced: 
     dx = x.new_empty((R, N))
     if R * N == 0:
         return dx, torch.zeros_like(weight)
-    block_n, block_r, warps = _launch_settings(N)
-    # 2 programs per SM: with the next rows loaded ahead, fwd+bwd of Llama-3-8B's 8192 x 4096 bf16 takes 94 us
-    # in the bench (H200, CUDA graph) against 101 with 4; under the profiler 4 looked faster (54 us against 68
-    # for this kernel). Fewer programs also leave fewer fp32 partial sums of dw to add up.
-    programs = min(_runtime.cdiv(R, block_r), 2 * _runtime.num_sms(x.device.index or 0))
-    rows = _runtime.cdiv(_runtime.cdiv(R, programs), block_r) * block_r
-    programs = _runtime.cdiv(R, rows)
-    partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
-    dsv = absent(dy, traced) if ds is None else ds
-    launch(_rms_norm_bwd_kernel, (programs,),
-        dy, dsv, x, weight, rstd, dx, partial, R, N, *dy.stride(), *(dy if ds is None else ds).stride(), *x.stride(),
-        weight.stride(0), rows, HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps, traced=traced)
+    partial = _bwd_plan(dy, ds, x, weight, rstd, traced)(dy, ds, x, weight, rstd, dx)
     return dx, column_sums(partial, torch.empty(N, device=x.device, dtype=weight.dtype), traced)
 
 
@@ -230,6 +272,7 @@ def _check(x, weight, eps, residual):
 
 
 _checked = Checks()
+_shortcuts = Shortcuts()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: Optional[torch.Tensor] = None):
@@ -239,6 +282,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     output has their promoted dtype, as in HF). With residual (x's shape and dtype), the fused
     `s = x + residual` comes first and `(rms_norm(s), s)` is returned, s being the next residual stream.
     Differentiable in x, weight and residual."""
+    key, shortcut = _shortcuts.find((x, weight, residual), (eps,))
+    if shortcut is not None:
+        return shortcut(x, weight, residual)
     _checked.once((x, weight, residual), (eps,), lambda: _check(x, weight, eps, residual))
     N = x.shape[-1]
     # Leading dims flatten into rows: a view whenever they collapse (e.g. any contiguous or row-sliced x),
@@ -249,9 +295,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or residual is not None and residual.requires_grad):
         out = _RMSNormFunction.apply(x2, weight, res2, float(eps))
+        y, s = (out, None) if residual is None else out
     else:  # no autograd node (its cost is a small op's whole launch)
         y, s, _ = _rms_norm_fwd(x2, weight, res2, float(eps))
-        out = y if residual is None else (y, s)
-    if residual is None:
-        return out.view(x.shape)
-    return out[0].view(x.shape), out[1].view(x.shape)
+    out = y.view(x.shape) if residual is None else (y.view(x.shape), s.view(x.shape))
+    # (no key under autograd)
+    _shortcuts.keep(key, lambda: _rms_norm_shortcut(x, x2, weight, residual, res2, float(eps), out))
+    return out
+
+
+def _rms_norm_shortcut(x, x2, weight, residual, res2, eps: float, out):
+    """rms_norm's later eager calls of this signature (`Shortcuts`): (x, weight, residual) -> y, or (y, s) with
+    residual, new outputs laid out as this call's out, the forward's plan run on x and residual themselves; None
+    where flattening copied one (leading dims that do not collapse) or there are no rows."""
+    if x2.numel() == 0 or x2.data_ptr() != x.data_ptr() \
+            or residual is not None and res2.data_ptr() != residual.data_ptr():
+        return None
+    run = _fwd_plan(x2, weight, res2)
+    layouts = [(t.shape, t.stride(), t.dtype) for t in (out if residual is not None else (out,))]
+    rows, device = x2.shape[0], x.device
+
+    def shortcut(x, weight, residual):
+        outs = [torch.empty_strided(shape, strides, dtype=dtype, device=device) for shape, strides, dtype in layouts]
+        # (outs[-1]: s, or without residual y as its unread stand-in)
+        run(x, weight, residual, outs[0], outs[-1], torch.empty(rows, dtype=torch.float32, device=device), eps)
+        return outs[0] if residual is None else tuple(outs)
+    return shortcut

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._dispatch import absent, launch, switch, torch_op
+from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -102,29 +102,59 @@ def _table_strides(t: torch.Tensor, batch: int):
     return (t.stride(0) if t.shape[0] == batch and batch > 1 else 0, t.stride(1), t.stride(2))
 
 
-def _rope_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_out, backward: bool,
+_plans: dict = {}
+
+
+def _rope_plan(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_out, backward: bool,
                traced: bool = False):
-    """Writes the rotation (its transpose when `backward`) of q and k into q_out and k_out (q and k
-    themselves for in place); every tensor may have any strides. traced: under torch.compile (`_dispatch`)."""
+    """run(q, k, cos, sin, position_ids, q_out, k_out): the rotation's launch for this signature, made once (every
+    tensor's shape, strides and 16-byte alignment, q's and position_ids' dtypes, the device, whether it is in
+    place)."""
+    key = None if traced else (
+        backward, q_out is q and k_out is k, q.shape, q.stride(), k.shape, k.stride(), q_out.stride(), k_out.stride(),
+        cos.shape, cos.stride(), sin.shape, sin.stride(), q.dtype, q.device,
+        *(t.data_ptr() & 15 for t in (q, k, q_out, k_out, cos, sin)),
+        None if position_ids is None else (position_ids.shape, position_ids.stride(), position_ids.dtype,
+                                           position_ids.data_ptr() & 15))
+    return plan(_plans, key, lambda: _make_plan(q, k, cos, sin, position_ids, q_out, k_out, backward, traced), traced)
+
+
+def _make_plan(q, k, cos, sin, position_ids, q_out, k_out, backward, traced):
     B, HQ, S, D = q.shape
     HK = k.shape[1]
     half = D // 2
-    if B * S * half == 0 or HQ + HK == 0:
-        return
     in_place = q_out is q and k_out is k
-    pos = absent(q, traced) if position_ids is None else position_ids
     # position_ids [S] or [B or 1, S] read as a table of one column: (batch stride, seq stride)
     pos_strides = (0, 0) if position_ids is None else _table_strides(position_ids[..., None], B)[:2]
     block_half = _runtime.next_power_of_2(half)
     block_t = max(1, 2048 // block_half)  # rows per program: tiles of 2 x 2048 elements
     q_tiles = _runtime.cdiv(B * HQ * S, block_t)
-    launch(_rope_kernel, (q_tiles + _runtime.cdiv(B * HK * S, block_t),),
-        *((absent(q, traced), absent(k, traced)) if in_place else (q, k)), q_out, k_out, cos, sin, pos,
-        B, S, HQ, HK, half, q_tiles,
-        *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
-        *_table_strides(cos, B), *_table_strides(sin, B), *pos_strides,
-        HAS_POS=position_ids is not None, BACKWARD=backward, IN_PLACE=in_place, BLOCK_T=block_t,
-        BLOCK_HALF=block_half, num_warps=4, traced=traced)
+    launch = Launch(_rope_kernel, (q_tiles + _runtime.cdiv(B * HK * S, block_t),),
+                    dict(HAS_POS=position_ids is not None, BACKWARD=backward, IN_PLACE=in_place, BLOCK_T=block_t,
+                         BLOCK_HALF=block_half, num_warps=4), traced=traced)
+    scalars = (B, S, HQ, HK, half, q_tiles, *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
+               *_table_strides(cos, B), *_table_strides(sin, B), *pos_strides)
+
+    def run(q, k, cos, sin, position_ids, q_out, k_out):
+        launch(*((absent(q, traced), absent(k, traced)) if in_place else (q, k)), q_out, k_out, cos, sin,
+               absent(q, traced) if position_ids is None else position_ids, *scalars)
+    return run
+
+
+def _no_work(q, k) -> bool:
+    """Whether the rotation of q and k writes nothing."""
+    B, HQ, S, D = q.shape
+    return B * S * (D // 2) == 0 or HQ + k.shape[1] == 0
+
+
+def _rope_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_out, backward: bool,
+               traced: bool = False):
+    """Writes the rotation (its transpose when `backward`) of q and k into q_out and k_out (q and k
+    themselves for in place); every tensor may have any strides. traced: under torch.compile (`_dispatch`)."""
+    if _no_work(q, k):
+        return
+    _rope_plan(q, k, cos, sin, position_ids, q_out, k_out, backward, traced)(q, k, cos, sin, position_ids, q_out,
+                                                                             k_out)
 
 
 def _rope_out_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], backward: bool, traced: bool = False):
@@ -135,11 +165,13 @@ def _rope_out_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], backwar
 
 def _rope_inplace_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], traced: bool = False) -> None:
     _rope_impl(q, k, cos, sin, position_ids, q, k, False, traced=traced)
-    # Written through pointers: autograd's saved-tensor checks need q's and k's versions bumped, which the
-    # registered op's dispatch does itself (mutates_args), and an eager call of the impl here.
-    if not traced:
-        for t in (q, k):
-            torch.autograd.graph.increment_version(t)
+    if not traced:  # (the registered op's dispatch bumps the versions itself: mutates_args)
+        _written(q, k)
+
+
+def _written(q, k) -> None:
+    """Bumps q's and k's versions after an eager write through pointers, as autograd's saved-tensor checks need."""
+    torch.autograd.graph.increment_version((q, k))
 
 
 # --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
@@ -182,6 +214,7 @@ class _RopeFunction(torch.autograd.Function):
 # --- 6. Public function -------------------------------------------------------------------------------
 
 def _check(q, k, cos, sin, position_ids):
+    """The checks of shapes, dtypes and devices (once per signature: `Checks`)."""
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"rope: argument '{name}' must be a Tensor, got {type(t).__name__}")
@@ -203,9 +236,6 @@ def _check(q, k, cos, sin, position_ids):
     if D % 2:
         raise RuntimeError(f"rope: head_dim of 'q' must be even, got {D}")
     for name, t in (("cos", cos), ("sin", sin)):
-        if t.requires_grad and torch.is_grad_enabled():
-            raise RuntimeError(f"rope: argument '{name}' requires grad; dropin's rope differentiates q and k "
-                               f"only (HF computes cos and sin without grad)")
         if position_ids is not None:
             if t.dim() != 2 or t.shape[1] != D:
                 raise RuntimeError(f"rope: with position_ids, argument '{name}' must be a 2-D [positions, "
@@ -224,13 +254,20 @@ def _check(q, k, cos, sin, position_ids):
                 or position_ids.dim() == 2 and position_ids.shape[0] in (1, B) and position_ids.shape[1] == S):
             raise RuntimeError(f"rope: argument 'position_ids' must have shape ({S},) or (1 or {B}, {S}), "
                                f"got {tuple(position_ids.shape)}")
-        # A bounds check costs a device sync; it is skipped while torch.compile traces or a CUDA graph is
-        # captured (where a sync is not allowed).
-        if position_ids.numel() and not torch.compiler.is_compiling() and not _runtime.capturing():
-            lo, hi = position_ids.min().item(), position_ids.max().item()
-            if lo < 0 or hi >= cos.shape[0]:
-                raise RuntimeError(f"rope: 'position_ids' range [{lo}, {hi}] is outside the {cos.shape[0]} "
-                                   f"rows of 'cos'")
+
+
+def _check_positions(position_ids, cos):
+    """position_ids' values index cos's rows, checked on every call. A bounds check costs a device sync; it is
+    skipped while torch.compile traces or a CUDA graph is captured (where a sync is not allowed)."""
+    if position_ids.numel() and not torch.compiler.is_compiling() and not _runtime.capturing():
+        lo, hi = position_ids.min().item(), position_ids.max().item()
+        if lo < 0 or hi >= cos.shape[0]:
+            raise RuntimeError(f"rope: 'position_ids' range [{lo}, {hi}] is outside the {cos.shape[0]} "
+                               f"rows of 'cos'")
+
+
+_checked = Checks()
+_shortcuts = Shortcuts()
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -242,5 +279,51 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     position_ids ([batch or 1, seq] or [seq], int) a [positions, head_dim] table indexed by them. All four
     float tensors share one dtype (float32 / float16 / bfloat16); head_dim is even. inplace=True writes
     into q and k and returns them. Differentiable in q and k (cos and sin must not require grad)."""
-    _check(q, k, cos, sin, position_ids)
-    return _RopeFunction.apply(q, k, cos, sin, position_ids, bool(inplace))
+    key, shortcut = _shortcuts.find((q, k, cos, sin, position_ids), (inplace,))
+    if shortcut is not None:
+        return shortcut(q, k, cos, sin, position_ids)
+    _checked.once((q, k, cos, sin, position_ids), (), lambda: _check(q, k, cos, sin, position_ids))
+    grad = torch.is_grad_enabled()
+    for name, t in (("cos", cos), ("sin", sin)):
+        if grad and t.requires_grad:
+            raise RuntimeError(f"rope: argument '{name}' requires grad; dropin's rope differentiates q and k "
+                               f"only (HF computes cos and sin without grad)")
+    if position_ids is not None:
+        _check_positions(position_ids, cos)
+    if grad and (q.requires_grad or k.requires_grad):
+        return _RopeFunction.apply(q, k, cos, sin, position_ids, bool(inplace))
+    # no autograd node (its cost is a small op's whole launch)
+    if inplace:
+        _rope_inplace(q, k, cos, sin, position_ids)
+        out = q, k
+    else:
+        out = _rope_out(q, k, cos, sin, position_ids, False)
+    _shortcuts.keep(key, lambda: _rope_shortcut(q, k, cos, sin, position_ids, *out))
+    return out
+
+
+def _rope_shortcut(q, k, cos, sin, position_ids, q_out, k_out):
+    """rope's later eager calls of this signature (`Shortcuts`): (q, k, cos, sin, position_ids) -> (q_out, k_out),
+    new outputs laid out as this call's, or q and k themselves in place (their versions bumped); position_ids'
+    bounds checked as on every call. None where there is no work."""
+    if _no_work(q, k):
+        return None
+    run = _rope_plan(q, k, cos, sin, position_ids, q_out, k_out, False)
+    if q_out is q and k_out is k:
+        def inplace(q, k, cos, sin, position_ids):
+            if position_ids is not None:
+                _check_positions(position_ids, cos)
+            run(q, k, cos, sin, position_ids, q, k)
+            _written(q, k)
+            return q, k
+        return inplace
+    layouts = [(t.shape, t.stride(), t.dtype, t.device) for t in (q_out, k_out)]
+
+    def rotated(q, k, cos, sin, position_ids):
+        if position_ids is not None:
+            _check_positions(position_ids, cos)
+        q_out, k_out = (torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                        for shape, strides, dtype, device in layouts)
+        run(q, k, cos, sin, position_ids, q_out, k_out)
+        return q_out, k_out
+    return rotated

@@ -21,6 +21,7 @@ Backward (weights frozen): dx = dy @ W is the same product with W^T [K, N], comp
 second copy of the (small) compressed weight. The bias gradient is dy summed over the tokens.
 """
 import math
+import operator
 from typing import Optional
 
 import torch
@@ -31,7 +32,7 @@ import triton.language as tl
 from .. import _runtime
 from . import _autotune
 from ._common import FLOAT_DTYPES
-from ._dispatch import Launch, absent, aligned, launch, plan, switch, torch_op
+from ._dispatch import Launch, Shortcuts, absent, launch, plan, switch, torch_op
 from .conv2d import _tap
 from .matmul import _mm_impl, _split_sum_kernel
 
@@ -126,7 +127,8 @@ class SparseWeight:
         one length, chunk_ptr with N * C + 1 integers, all on one device; and the same for `transposed`.
         Remembered for the fields it was checked with (a call costs ~7 us of CPU time otherwise)."""
         fields = (self.values, self.offsets, self.chunk_ptr, self.shape, self.block_k, self.transposed, self.kernel)
-        if getattr(self, "_checked", None) is None or any(a is not b for a, b in zip(self._checked, fields)):
+        checked = getattr(self, "_checked", None)
+        if checked is None or not all(map(operator.is_, checked, fields)):
             self._checked = fields if self._check_fields() else None
         return self._checked is not None
 
@@ -336,17 +338,23 @@ _plans: dict = {}
 def _sparse_linear_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], N: int, block_k: int,
                         traced: bool = False):
     """x [M, K] (any strides), the weight's chunked CSR (values, offsets, chunk_ptr of N rows), bias [N]
-    (contiguous) or None -> y [M, N] contiguous in x's dtype. The launch plan is made once per signature and
-    reused: a one-token product takes a few us of GPU time, as much as a call's CPU time. traced: under
-    torch.compile (`_dispatch`)."""
+    (contiguous) or None -> y [M, N] contiguous in x's dtype. traced: under torch.compile (`_dispatch`)."""
     M, K = x.shape
     if M * N == 0:
         return x.new_empty((M, N))
-    key = (x.shape, x.stride(), x.dtype, x.device, values.numel(), chunk_ptr.dtype, N, block_k, bias is None,
-           *(aligned(t, traced) for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
-    run = plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, N, block_k, traced),
-               traced=traced)
-    return run(x, values, offsets, chunk_ptr, bias)
+    return _sparse_linear_plan(x, values, offsets, chunk_ptr, bias, N, block_k, traced)(x, values, offsets, chunk_ptr,
+                                                                                        bias)
+
+
+def _sparse_linear_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int, traced: bool = False):
+    """run(x, values, offsets, chunk_ptr, bias) -> y: the product's plan for this signature, made once and reused (a
+    one-token product takes a few us of GPU time, as much as a call's CPU time)."""
+    key = None if traced else (
+        x.shape, x.stride(), x.dtype, x.device, values.numel(), chunk_ptr.dtype, N, block_k, x.data_ptr() & 15,
+        values.data_ptr() & 15, offsets.data_ptr() & 15, chunk_ptr.data_ptr() & 15,
+        None if bias is None else bias.data_ptr() & 15)
+    return plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, N, block_k, traced),
+                traced=traced)
 
 
 def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int, traced: bool = False):
@@ -465,6 +473,20 @@ def check_operands(op: str, x, weight, bias, x_name: str, conv: bool) -> None:
                                f"but got {x.dtype} and {t.dtype}")
 
 
+def find_shortcut(shortcuts: Shortcuts, x, weight, bias, args: tuple = ()):
+    """`shortcuts.find` for a call of sparse_linear or sparse_conv2d: (key, shortcut of (x, values, offsets,
+    chunk_ptr, bias)). The key holds the weight's tensors and its format (shape, block_k, kernel): another weight of
+    that format is read the same way, through its own tensors. Not for a weight that is no SparseWeight, or one
+    inconsistent now (the op's checks say why)."""
+    if not isinstance(weight, SparseWeight):
+        return None, None
+    key, shortcut = shortcuts.find((x, weight.values, weight.offsets, weight.chunk_ptr, bias),
+                                   (weight.shape, weight.block_k, weight.kernel, *args))
+    if shortcut is not None and not weight.consistent():
+        return None, None
+    return key, shortcut
+
+
 def _check(x, weight, bias) -> None:
     check_operands("sparse_linear", x, weight, bias, "x", conv=False)
     if x.dim() == 0:
@@ -478,6 +500,9 @@ def _check(x, weight, bias) -> None:
                            f"got {tuple(bias.shape)}")
 
 
+_shortcuts = Shortcuts()
+
+
 def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`F.linear(x, weight.to_dense(), bias)` reading only the weight's non-zeros.
 
@@ -488,14 +513,16 @@ def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Te
     Non-finite x: the sparse kernels skip the zeros, so an inf or NaN in x reaches only the outputs whose rows
     have a non-zero in its column; the dense path for many tokens multiplies them, as F.linear does (0 * inf =
     NaN in every output). Finite x gives the same results either way."""
+    key, shortcut = find_shortcut(_shortcuts, x, weight, bias)
+    if shortcut is not None:
+        return shortcut(x, weight.values, weight.offsets, weight.chunk_ptr, bias)
     _check(x, weight, bias)
     if torch.is_autocast_enabled(x.device.type):  # as torch.autocast casts F.linear's operands
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
     N, K = weight.shape
     x2 = x.reshape(math.prod(x.shape[:-1]), K)
-    if bias is not None:
-        bias = bias.contiguous()  # the kernels read bias with unit stride
+    b = None if bias is None else bias.contiguous()  # the kernels read bias with unit stride
     t = weight.transposed
     if torch.is_grad_enabled() and (x.requires_grad or bias is not None and bias.requires_grad):
         if t is None and x.requires_grad:
@@ -503,7 +530,22 @@ def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Te
                                "sparsify(weight, transpose=True)")
         t = t or weight  # (only the bias gradient is wanted: W^T is never read)
         y = _SparseLinearFunction.apply(x2, weight.values, weight.offsets, weight.chunk_ptr, t.values, t.offsets,
-                                        t.chunk_ptr, bias, N, weight.block_k)
+                                        t.chunk_ptr, b, N, weight.block_k)
     else:
-        y = _sparse_linear(x2, weight.values, weight.offsets, weight.chunk_ptr, bias, N, weight.block_k)
-    return y.view(*x.shape[:-1], N)
+        y = _sparse_linear(x2, weight.values, weight.offsets, weight.chunk_ptr, b, N, weight.block_k)
+    out = y.view(*x.shape[:-1], N)
+    _shortcuts.keep(key, lambda: _sparse_linear_shortcut(x, x2, weight, bias, b, out))  # (no key under autograd)
+    return out
+
+
+def _sparse_linear_shortcut(x, x2, weight, bias, b, out):
+    """sparse_linear's later eager calls of this signature (`Shortcuts`): (x, values, offsets, chunk_ptr, bias) ->
+    out, the product's plan run on x as [M, K] and the call's own weight tensors and bias; None where a copy made an
+    operand (x's leading dims do not collapse, a strided bias) or there is no work."""
+    if out.numel() == 0 or x2.data_ptr() != x.data_ptr() or bias is not None and b.data_ptr() != bias.data_ptr():
+        return None
+    run = _sparse_linear_plan(x2, weight.values, weight.offsets, weight.chunk_ptr, b, weight.shape[0], weight.block_k)
+    if x.dim() == 2:
+        return run
+    rows, shape = x2.shape, out.shape
+    return lambda x, values, offsets, chunk_ptr, bias: run(x.view(rows), values, offsets, chunk_ptr, bias).view(shape)

@@ -16,9 +16,9 @@ import torch
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
+from ._dispatch import Launch, Shortcuts, absent, plan, switch, torch_op, writing
 from .conv2d import _channels_last, _out_hw, conv_args
-from .sparse import SparseWeight, _sparse_kernel, check_operands
+from .sparse import SparseWeight, _sparse_kernel, check_operands, find_shortcut
 
 # Candidates (BLOCK_N output channels, BLOCK_M pixels, products a step, warps); BLOCK_C covers the chunks (up to
 # 64: beyond, K is split over programs and the fp32 partials summed), BLOCK_P = products / (BLOCK_N * BLOCK_C *
@@ -49,13 +49,21 @@ def _conv_impl(x, values, offsets, chunk_ptr, bias: Optional[torch.Tensor], rows
     y = x.new_empty((B, rows, OH, OW))
     if y.numel() == 0:
         return y
-    key = (x.shape, x.dtype, x.device, values.numel(), chunk_ptr.dtype, rows, block_k, *kernel, *stride, *pads,
-           *dilation, *out_hw, transposed, bias is None,
-           *(aligned(t, traced) for t in (x, values, offsets, chunk_ptr, x if bias is None else bias)))
-    run = plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, stride,
-                                               pads, dilation, transposed, traced), traced)
-    run(x, values, offsets, chunk_ptr, bias, y)
+    _conv_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, stride, pads, dilation, transposed,
+               traced)(x, values, offsets, chunk_ptr, bias, y)
     return y
+
+
+def _conv_plan(x, values, offsets, chunk_ptr, bias, y, rows: int, block_k: int, kernel, stride, pads, dilation,
+               transposed: bool, traced: bool = False):
+    """run(x, values, offsets, chunk_ptr, bias, y): the conv's plan for this signature, made once (x NCHW
+    contiguous; y as `_conv_impl` allocates it)."""
+    key = None if traced else (
+        x.shape, x.dtype, x.device, values.numel(), chunk_ptr.dtype, rows, block_k, *kernel, *stride, *pads,
+        *dilation, *y.shape[2:], transposed, x.data_ptr() & 15, values.data_ptr() & 15, offsets.data_ptr() & 15,
+        chunk_ptr.data_ptr() & 15, None if bias is None else bias.data_ptr() & 15)
+    return plan(_plans, key, lambda: _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, stride,
+                                                pads, dilation, transposed, traced), traced)
 
 
 def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, stride, pads, dilation, transposed,
@@ -138,6 +146,9 @@ class _SparseConv2dFunction(torch.autograd.Function):
         return dx, None, None, None, None, None, None, dbias, *(None,) * 8
 
 
+_shortcuts = Shortcuts()
+
+
 def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Tensor] = None, stride=1,
                   padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
     """`F.conv2d(input, weight.to_dense(), bias, stride, padding, dilation, groups)` reading only the weight's
@@ -150,6 +161,9 @@ def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torc
     channels_last where the input is (as torch's). Differentiable in input (needs `transpose=True` at
     sparsify time, the default) and bias; the weight is frozen. Non-finite inputs reach only the outputs
     whose weights have a non-zero where they are read (the zeros are skipped, not multiplied)."""
+    key, shortcut = find_shortcut(_shortcuts, input, weight, bias, (stride, padding, dilation, groups))
+    if shortcut is not None:
+        return shortcut(input, weight.values, weight.offsets, weight.chunk_ptr, bias)
     check_operands("sparse_conv2d", input, weight, bias, "input", conv=True)
     if groups != weight.kernel[2]:
         raise ValueError(f"sparse_conv2d: argument 'groups' ({groups}) differs from the groups the weight was "
@@ -161,8 +175,7 @@ def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torc
                                                      padding, dilation, groups)
     channels_last = _channels_last(x)
     x = x.contiguous()
-    if bias is not None:
-        bias = bias.contiguous()  # the kernel reads bias with unit stride
+    b = None if bias is None else bias.contiguous()  # the kernel reads bias with unit stride
     KH, KW = weight.kernel[:2]
     out_hw = list(_out_hw(x.shape[2], x.shape[3], KH, KW, stride, pads, dilation))
     geometry = (weight.shape[0], weight.block_k, list(weight.kernel), list(stride), list(pads), list(dilation),
@@ -174,9 +187,23 @@ def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torc
                                "sparsify(weight, transpose=True)")
         t = t or weight  # (only the bias gradient is wanted: the transposed weight is never read)
         y = _SparseConv2dFunction.apply(x, weight.values, weight.offsets, weight.chunk_ptr, t.values, t.offsets,
-                                        t.chunk_ptr, bias, channels_last, *geometry)
+                                        t.chunk_ptr, b, channels_last, *geometry)
     else:
-        y = _conv(x, weight.values, weight.offsets, weight.chunk_ptr, bias, *geometry, False)
+        y = _conv(x, weight.values, weight.offsets, weight.chunk_ptr, b, *geometry, False)
+        if not (channels_last or unbatched):
+            _shortcuts.keep(key, lambda: _sparse_conv2d_shortcut(input, x, weight, bias, b, y, geometry))
     if channels_last:
         y = y.contiguous(memory_format=torch.channels_last)
     return y.squeeze(0) if unbatched else y
+
+
+def _sparse_conv2d_shortcut(input, x, weight, bias, b, y, geometry):
+    """sparse_conv2d's later eager calls of this signature (`Shortcuts`): (input, values, offsets, chunk_ptr, bias)
+    -> y, the conv's plan run on the call's own tensors and a new output laid out as this call's y (batched NCHW);
+    None where a copy made an operand (an input not NCHW-contiguous, a strided bias) or there is no work."""
+    if y.numel() == 0 or x.data_ptr() != input.data_ptr() or bias is not None and b.data_ptr() != bias.data_ptr():
+        return None
+    rows, block_k, kernel, stride, pads, dilation, _ = geometry
+    run = _conv_plan(x, weight.values, weight.offsets, weight.chunk_ptr, b, y, rows, block_k, kernel, stride, pads,
+                     dilation, False)
+    return writing(y, lambda y, x, values, offsets, chunk_ptr, bias: run(x, values, offsets, chunk_ptr, bias, y))
