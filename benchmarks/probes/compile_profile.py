@@ -1,0 +1,65 @@
+"""Probe: where an injected model's time goes under torch.compile against eager. For one model (arguments as for
+`dropin inject`), each of original compiled, injected eager and injected compiled (default mode) runs a few
+forwards under the torch profiler; per variant it prints the wall ms a forward and the GPU kernels by total time
+(count, ms a forward), so a kernel that compile makes slower, or one it adds, shows.
+Usage: PYTHONPATH=src python3 <this file> llama --layers 4 --hidden 4096 --heads 32 --intermediate 11008 --seq 1024
+--batch 4 --dtype bfloat16 (or resnet50 --channels-last --batch 64 --dtype bfloat16, cvt-13 ...)."""
+import copy
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import dropin
+from dropin import cli
+
+
+def _forward(model, inputs):
+    def run():
+        with torch.no_grad():
+            return model(*inputs)
+    return run
+
+
+def _profile(label: str, run, iters: int = 5) -> None:
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        run()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / iters * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            run()
+        torch.cuda.synchronize()
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            count, total = kernels.get(e.name, (0, 0.0))
+            kernels[e.name] = (count + 1, total + e.device_time / 1e3)
+    gpu = sum(total for _, total in kernels.values()) / iters
+    print(f"\n{label}: wall {wall:.2f} ms a forward, GPU kernels {gpu:.2f} ms")
+    for name, (count, total) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:18]:
+        print(f"  {total / iters:8.3f} ms  x{count // iters:<4d} {name[:110]}")
+
+
+def main():
+    args = cli.build_parser().parse_args(["inject", *sys.argv[1:]])
+    args.argv = sys.argv[1:]
+    assert cli._check_inject_args(args) is None
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    original = cli.MODELS[args.model](args).eval().to("cuda", getattr(torch, args.dtype), memory_format=fmt)
+    inputs = cli._inputs(args, original)
+    injected = copy.deepcopy(original)
+    dropin.inject_(injected, example_inputs=inputs)
+    _profile("original compiled", _forward(torch.compile(original, dynamic=False), inputs))
+    _profile("injected eager", _forward(injected, inputs))
+    torch._dynamo.reset()
+    _profile("injected compiled", _forward(torch.compile(injected, dynamic=False), inputs))
+
+
+if __name__ == "__main__":
+    main()
