@@ -1,9 +1,10 @@
-"""Helpers shared by the ops: the versions of tensors that cached values are made from, and for the memory-bound
-ops (pooling, norms, softmax, activations) dtype checks, strided views, the launch heuristic for row-wise kernels;
-the column sums of per-program fp32 partials (the norms' weight gradients)."""
+"""Helpers shared by the ops: the versions of tensors that cached values are made from, outputs in a memory format,
+and for the memory-bound ops (pooling, norms, softmax, activations) dtype checks, strided views, the launch
+heuristic for row-wise kernels; the column sums of per-program fp32 partials (the norms' weight gradients)."""
 import torch
 import triton
 import triton.language as tl
+from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
 
 from .. import _runtime
 from ._dispatch import launch
@@ -22,6 +23,15 @@ def versions(*tensors):
         return tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in tensors)
     except RuntimeError:  # "Inference tensors do not track version counter"
         return None
+
+
+def empty_in(shape, memory_format, dtype: torch.dtype, device) -> torch.Tensor:
+    """`torch.empty(shape, memory_format=...)` (contiguous or channels_last) as `torch.empty_strided` with its
+    strides: under torch.compile the memory_format form lowers to a kernel that fills the whole tensor (with NaN)
+    before the kernel that writes it; empty_strided lowers to an allocation alone."""
+    strides = (make_channels_last_strides_for(shape) if memory_format == torch.channels_last
+               else make_contiguous_strides_for(shape))
+    return torch.empty_strided(shape, strides, dtype=dtype, device=device)
 
 
 def check_float(op: str, **tensors) -> None:

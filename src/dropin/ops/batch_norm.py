@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, merge_dims
+from ._common import check_float, empty_in, merge_dims
 from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
 from .activations import joint_dims
 from .conv2d import _channels_last, _pixel
@@ -217,7 +217,7 @@ def _layout(inputs: tuple, out: torch.Tensor):
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
     fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
-    return torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+    return empty_in(x.shape, fmt, x.dtype, x.device)
 
 
 def _reduce_plan(dims, sx, sd, x, traced: bool):

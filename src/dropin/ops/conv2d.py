@@ -34,7 +34,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import _runtime
 from . import _autotune
-from ._common import column_sums, sum_partials_kernel, versions
+from ._common import column_sums, empty_in, sum_partials_kernel, versions
 from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op, writing
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range, product_shortcut
@@ -1176,8 +1176,7 @@ def _fwd_impl(x, w, bias, residual, stride, padding, dilation, groups: int, acti
     (`_dispatch`)."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = _geom(x, w, stride, padding, dilation, groups)
     fmt = _out_format(x, w)
-    y = out if out is not None else torch.empty((N, COUT_G * groups, OH, OW), device=x.device, dtype=x.dtype,
-                                                memory_format=fmt)
+    y = out if out is not None else empty_in((N, COUT_G * groups, OH, OW), fmt, x.dtype, x.device)
     z = torch.empty_like(y) if save_preact else y.new_empty(0)
     if y.numel() == 0:
         return y, z

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float
+from ._common import check_float, empty_in
 from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op, writing
 from .conv2d import _channels_last, _pixel
 
@@ -277,8 +277,8 @@ def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad
         idx = y.new_empty(0, dtype=torch.int32)
     else:
         fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
-        y = out = torch.empty((N, C, OH, OW), device=x.device, dtype=x.dtype, memory_format=fmt)
-        idx = torch.empty(y.shape, device=x.device, dtype=torch.int32, memory_format=fmt) if store_idx else \
+        y = out = empty_in((N, C, OH, OW), fmt, x.dtype, x.device)
+        idx = empty_in(y.shape, fmt, torch.int32, x.device) if store_idx else \
             y.new_empty(0, dtype=torch.int32)
         if y.numel() == 0:
             return y, idx
@@ -322,7 +322,7 @@ def _bwd_impl(dy, idx, x_shape, channels_last: bool, mode: str, kernel, stride, 
     """dy [N, C, OH, OW] (any strides), idx the forward's argmax (max pooling) -> dx of shape x_shape, channels_last
     or contiguous."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    dx = torch.empty(x_shape, device=dy.device, dtype=dy.dtype, memory_format=fmt)
+    dx = empty_in(x_shape, fmt, dy.dtype, dy.device)
     if dx.numel() == 0:
         return dx
     if dy.numel() == 0:
