@@ -1,7 +1,7 @@
 """Where does a dropin call's time go? For a few benchmark cases: do_bench's median/min/max (L2 flushed, as
 the harness times), the CPU cost of one call (a loop of calls, no sync inside), and the GPU time alone (the
 call replayed from a CUDA graph). A median far above the graph time with a CPU cost near it means the launch
-path, not the kernel, sets the figure. Usage: PYTHONPATH=src python3 scripts/probe_timing.py"""
+path, not the kernel, sets the figure. Usage: PYTHONPATH=src python3 benchmarks/probes/timing.py"""
 import statistics
 import time
 
