@@ -55,6 +55,21 @@ def merge_dims(sizes, strides) -> list:
     return out
 
 
+def joint_dims(shape, strides: list) -> list:
+    """The dims of several same-shaped views merged where every view allows it: [(size, (strides...))], size-1 dims
+    dropped."""
+    out = []
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        st = tuple(s[d] for s in strides)
+        if out and all(prev == size * cur for prev, cur in zip(out[-1][1], st)):
+            out[-1] = (out[-1][0] * size, st)
+        else:
+            out.append((size, st))
+    return out
+
+
 def row_view(t: torch.Tensor, n_last: int):
     """t as M0 x M1 rows of N elements, [(M0, s0), (M1, s1), (N, sn)], read through t's strides; None when
     the last n_last dims do not merge into one strided dim or the leading ones into two."""

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, merge_dims
+from ._common import check_float, joint_dims, merge_dims
 from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op, writing
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
@@ -120,21 +120,6 @@ def _dense(t: torch.Tensor) -> bool:
     dims = sorted(zip(t.stride(), t.shape), reverse=True)
     merged = merge_dims([s for _, s in dims], [st for st, _ in dims])
     return not merged or len(merged) == 1 and merged[0][1] == 1
-
-
-def joint_dims(shape, strides: list) -> list:
-    """The dims of several same-shaped views merged where every view allows it: [(size, (strides...))], size-1 dims
-    dropped (shared with batch_norm)."""
-    out = []
-    for d, size in enumerate(shape):
-        if size == 1:
-            continue
-        st = tuple(s[d] for s in strides)
-        if out and all(prev == size * cur for prev, cur in zip(out[-1][1], st)):
-            out[-1] = (out[-1][0] * size, st)
-        else:
-            out.append((size, st))
-    return out
 
 
 def _act_plan(x, dy: Optional[torch.Tensor], out, act: str, traced: bool):

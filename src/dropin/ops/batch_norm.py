@@ -24,9 +24,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, empty_in, merge_dims
+from ._common import check_float, empty_in, joint_dims, merge_dims
 from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
-from .activations import joint_dims
 from .conv2d import _channels_last, _pixel
 from .pooling import _tiles
 
