@@ -128,8 +128,9 @@ def test_registered_ops(case):
     parameters too."""
     make_x, n_last, make_w, make_b, wb_dtype = REGISTERED[case]
     x, w, b = make_x(), make_w(), make_b()
-    _check.opcheck(torch.ops.dropin.layer_norm.default, x, n_last, w, b, 1e-5)
-    _, mean, rstd = torch.ops.dropin.layer_norm(x, n_last, w, b, 1e-5)
+    _check.opcheck(torch.ops.dropin.layer_norm.default, x, n_last, w, b, 1e-5, True)
+    _check.opcheck(torch.ops.dropin.layer_norm.default, x, n_last, w, b, 1e-5, False)
+    _, mean, rstd = torch.ops.dropin.layer_norm(x, n_last, w, b, 1e-5, True)
     dy = torch.randn_like(x).transpose(0, -1).contiguous().transpose(0, -1)  # strided as torch may give it
     _check.opcheck(torch.ops.dropin.layer_norm_backward.default, dy, x, n_last, w, mean, rstd, wb_dtype)
 

@@ -36,8 +36,10 @@ def _tile(rows, cols, M1, s0, s1, sn):
 @triton.jit
 def _ln_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                    M, M1, N, sx0, sx1, sxn, eps,
-                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y[r, :] = (x[r, :] - mean) * rstd * w + b for BLOCK_M rows; y contiguous; grid (row blocks,)."""
+                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """y[r, :] = (x[r, :] - mean) * rstd * w + b for BLOCK_M rows; y contiguous; with STATS, mean and rstd too (for
+    the backward); grid (row blocks,)."""
     eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -55,8 +57,9 @@ def _ln_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     if HAS_B:
         y = y + tl.load(b_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * N + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=r_ok)
-    tl.store(rstd_ptr + rows, rstd, mask=r_ok)
+    if STATS:
+        tl.store(mean_ptr + rows, mean, mask=r_ok)
+        tl.store(rstd_ptr + rows, rstd, mask=r_ok)
 
 
 @triton.jit
@@ -109,21 +112,25 @@ def _rows(x: torch.Tensor, n_last: int):
     return x, view
 
 
-def _fwd_plan(x, n_last: int, w, b, eps: float, traced: bool):
-    """(run, copies): the forward's launch for this signature, (mean, rstd) = run(x, w, b, y) (mean and rstd
-    new, [rows] fp32); copies: whether run reads x from a contiguous copy (`_rows`)."""
+def _fwd_plan(x, n_last: int, w, b, eps: float, stats: bool, traced: bool):
+    """(run, copies): the forward's launch for this signature, (mean, rstd) = run(x, w, b, y) (with stats mean and
+    rstd new, [rows] fp32; else `absent` stand-ins, not written); copies: whether run reads x from a contiguous copy
+    (`_rows`)."""
     rows, ((_, s0), (M1, s1), (N, sn)) = _rows(x, n_last)
     copies = rows is not x
     M = x.numel() // max(N, 1)
     cfg = row_config(N)
     launch = Launch(_ln_fwd_kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),),
-                    dict(HAS_W=w is not None, HAS_B=b is not None, **cfg), traced=traced)
+                    dict(HAS_W=w is not None, HAS_B=b is not None, STATS=stats, **cfg), traced=traced)
     scalars = (M, M1, N, s0, s1, sn, eps)
     device = x.device
 
     def run(x, w, b, y):
-        mean = torch.empty(M, device=device, dtype=torch.float32)
-        rstd = torch.empty_like(mean)
+        if stats:
+            mean = torch.empty(M, device=device, dtype=torch.float32)
+            rstd = torch.empty_like(mean)
+        else:  # (nothing allocated: eager passes y, unwritten, in both slots)
+            mean, rstd = absent(y, traced), absent(y, traced)
         launch(x.contiguous() if copies else x, absent(y, traced) if w is None else w,
                absent(y, traced) if b is None else b, y, mean, rstd, *scalars)
         return mean, rstd
@@ -133,23 +140,23 @@ def _fwd_plan(x, n_last: int, w, b, eps: float, traced: bool):
 _plans: dict = {}
 
 
-def _fwd_planned(x, n_last: int, w, b, eps: float, traced: bool):
+def _fwd_planned(x, n_last: int, w, b, eps: float, stats: bool, traced: bool):
     """`_fwd_plan`'s (run, copies) for this signature (x's shape, strides, dtype, device and 16-byte alignment,
     weight's and bias's dtype and alignment; y, a new contiguous tensor, is aligned and laid out by them), made
     once."""
-    key = ("fwd", n_last, eps, x.shape, x.stride(), x.dtype, x.device, aligned(x, traced),
+    key = ("fwd", n_last, eps, stats, x.shape, x.stride(), x.dtype, x.device, aligned(x, traced),
            None if w is None else (w.dtype, aligned(w, traced)), None if b is None else (b.dtype, aligned(b, traced)))
-    return plan(_plans, key, lambda: _fwd_plan(x, n_last, w, b, eps, traced), traced)
+    return plan(_plans, key, lambda: _fwd_plan(x, n_last, w, b, eps, stats, traced), traced)
 
 
-def _fwd_impl(x, n_last: int, w, b, eps: float, traced: bool = False):
-    """(y, mean, rstd): y contiguous in x's shape and dtype, mean and rstd [rows] fp32. traced: under
-    torch.compile (`_dispatch`)."""
+def _fwd_impl(x, n_last: int, w, b, eps: float, stats: bool = True, traced: bool = False):
+    """(y, mean, rstd): y contiguous in x's shape and dtype, mean and rstd [rows] fp32 with stats (else stand-ins
+    to ignore). traced: under torch.compile (`_dispatch`)."""
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     if x.numel() == 0:
         mean = torch.empty(0, device=x.device, dtype=torch.float32)
         return y, mean, torch.empty_like(mean)
-    return y, *_fwd_planned(x, n_last, w, b, eps, traced)[0](x, w, b, y)
+    return y, *_fwd_planned(x, n_last, w, b, eps, stats, traced)[0](x, w, b, y)
 
 
 def _bwd_plan(dy, x, n_last: int, w, wb_dtype: Optional[torch.dtype], traced: bool):
@@ -191,8 +198,8 @@ def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype]
 
 @torch_op("dropin::layer_norm", mutates_args=())
 def _fwd_op(x: torch.Tensor, n_last: int, w: Optional[torch.Tensor], b: Optional[torch.Tensor],
-            eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd_impl(x, n_last, w, b, eps, traced=True)
+            eps: float, stats: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fwd_impl(x, n_last, w, b, eps, stats, traced=True)
 
 
 @torch_op("dropin::layer_norm_backward", mutates_args=())
@@ -210,7 +217,7 @@ _bwd = switch(_bwd_op, _bwd_impl)
 class _LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, n_last, w, b, eps):
-        y, mean, rstd = _fwd(x, n_last, w, b, eps)
+        y, mean, rstd = _fwd(x, n_last, w, b, eps, True)
         ctx.save_for_backward(x, w, mean, rstd)
         ctx.n_last = n_last
         ctx.b_dtype = None if b is None else b.dtype
@@ -263,7 +270,7 @@ def _fwd_shortcut(x, n_last: int, w, b, eps: float, y, weight, bias):
     x, w or b."""
     if x.numel() == 0 or any(t is not None and u.data_ptr() != t.data_ptr() for u, t in ((w, weight), (b, bias))):
         return None
-    run, copies = _fwd_planned(x, n_last, w, b, eps, False)
+    run, copies = _fwd_planned(x, n_last, w, b, eps, False, False)
     return None if copies else writing(y, lambda y, x, w, b: run(x, w, b, y))
 
 
@@ -287,6 +294,6 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
     w, b = _flat_param(weight), _flat_param(bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
         return _LayerNormFunction.apply(input, n_last, w, b, float(eps))
-    y = _fwd(input, n_last, w, b, float(eps))[0]
+    y = _fwd(input, n_last, w, b, float(eps), False)[0]  # (no autograd: no mean and rstd)
     _shortcuts.keep(key, lambda: _fwd_shortcut(input, n_last, w, b, float(eps), y, weight, bias))
     return y
