@@ -3,7 +3,7 @@ and CvT's (CvtSelfAttention: its score product, softmax and context product as o
 import torch
 
 from ..ops import attention, rope
-from ..ops.conv2d import _out_hw
+from ..ops.conv2d import conv_out_hw
 from .conv import Conv2d
 from .linear import Linear
 from .module import DropinModule, Folded
@@ -91,7 +91,7 @@ class CvtSelfAttention(DropinModule):
         c = conv.original
         batch, channels, height, width = hidden_state.shape
         (ph, pw), (kh, kw) = c.padding, c.kernel_size
-        oh, ow = _out_hw(height, width, kh, kw, c.stride, (ph, ph, pw, pw), c.dilation)
+        oh, ow = conv_out_hw(height, width, kh, kw, c.stride, (ph, ph, pw, pw), c.dilation)
         rows = hidden_state.new_empty(batch, 1 + oh * ow, c.out_channels)
         rows.narrow(1, 0, 1).copy_(cls_token)
         conv(hidden_state, out=rows[:, 1:].unflatten(1, (oh, ow)).permute(0, 3, 1, 2))

@@ -1,10 +1,11 @@
-"""Helpers shared by the ops: the versions of tensors that cached values are made from, outputs in a memory format,
-and for the memory-bound ops (pooling, norms, softmax, activations) dtype checks, strided views, the launch
-heuristic for row-wise kernels; the column sums of per-program fp32 partials (the norms' weight gradients)."""
+"""Helpers shared by the ops: the versions of tensors that cached values are made from, memory formats (outputs in
+one, the format torch picks), and for the memory-bound ops (pooling, norms, softmax, activations, batch_norm) dtype
+checks, strided views and their merged dims, row and pixel tiles, the launch heuristic for row-wise kernels; the
+column sums of per-program fp32 partials (the norms' weight gradients)."""
 import torch
 import triton
 import triton.language as tl
-from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
+from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for, suggest_memory_format
 
 from .. import _runtime
 from ._dispatch import launch
@@ -32,6 +33,34 @@ def empty_in(shape, memory_format, dtype: torch.dtype, device) -> torch.Tensor:
     strides = (make_channels_last_strides_for(shape) if memory_format == torch.channels_last
                else make_contiguous_strides_for(shape))
     return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+
+
+def is_channels_last(t: torch.Tensor) -> bool:
+    """torch's suggest_memory_format for a 4-D tensor (the rule its convolutions pick the output layout by);
+    dense tensors of one unambiguous layout are answered by two cheap contiguity checks first."""
+    if t.dim() != 4:
+        return False
+    nchw, nhwc = t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last)
+    if nchw != nhwc:
+        return nhwc
+    return suggest_memory_format(t) == torch.channels_last
+
+
+@triton.jit
+def pixel(offs, H, W):
+    """(n, h, w) of flat pixel indices offs = (n * H + h) * W + w."""
+    t = offs // W
+    return t // H, t % H, offs % W
+
+
+def pixel_tiles(P: int, C: int, channels_last: bool) -> tuple:
+    """(BLOCK_P, BLOCK_C) of a pixels x channels tile (pooling, batch_norm): about 1024 elements, the unit-stride
+    axis (channels or pixels) the long one."""
+    if channels_last:
+        block_c = min(_runtime.next_power_of_2(C), 128)
+        return max(2, min(1024 // block_c, _runtime.next_power_of_2(P))), block_c
+    block_p = min(_runtime.next_power_of_2(P), 256)
+    return block_p, max(1, min(1024 // block_p, _runtime.next_power_of_2(C)))
 
 
 def check_float(op: str, **tensors) -> None:
@@ -79,6 +108,22 @@ def row_view(t: torch.Tensor, n_last: int):
     if len(row) > 1 or len(lead) > 2:
         return None
     return [(1, 0)] * (2 - len(lead)) + lead + row
+
+
+def rows_or_copy(x: torch.Tensor, n_last: int):
+    """(x, [(M0, s0), (M1, s1), (N, sn)]): x itself where its strides allow a row view, else a contiguous
+    copy (a copy only for views whose batch dims do not merge into two strided dims)."""
+    view = row_view(x, n_last)
+    if view is None:
+        x = x.contiguous()
+        view = row_view(x, n_last)
+    return x, view
+
+
+@triton.jit
+def row_offsets(rows, cols, M1, s0, s1, sn):
+    """Offsets of elements cols of rows r = i0 * M1 + i1 (int64) of a strided M0 x M1 batch of rows."""
+    return ((rows // M1) * s0 + (rows % M1) * s1)[:, None] + cols.to(tl.int64)[None, :] * sn
 
 
 MAX_ROW = 65536

@@ -24,10 +24,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, empty_in, joint_dims, merge_dims
+from ._common import check_float, empty_in, is_channels_last, joint_dims, merge_dims, pixel, pixel_tiles
 from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
-from .conv2d import _channels_last, _pixel
-from .pooling import _tiles
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -38,7 +36,7 @@ batch_norm_ref = F.batch_norm
 
 @triton.jit
 def _tile_ptrs(ptr, offs_p, cc, H, W, sn, sc, sh, sw):
-    n, h, w = _pixel(offs_p, H, W)
+    n, h, w = pixel(offs_p, H, W)
     return ptr + (n * sn + h * sh + w * sw)[:, None] + cc * sc
 
 
@@ -215,7 +213,7 @@ def _layout(inputs: tuple, out: torch.Tensor):
 
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
-    fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+    fmt = torch.channels_last if is_channels_last(x) else torch.contiguous_format
     return empty_in(x.shape, fmt, x.dtype, x.device)
 
 
@@ -224,7 +222,7 @@ def _reduce_plan(dims, sx, sd, x, traced: bool):
     statistics (sd None: no dy) or of the backward sums; x and dy of dims (N, C, H, W), strides sx and sd."""
     N, C, H, W = dims
     P = N * H * W
-    block_p, block_c = _tiles(P, C, sx[1] == 1 and C > 1)
+    block_p, block_c = pixel_tiles(P, C, sx[1] == 1 and C > 1)
     c_tiles = _runtime.cdiv(C, block_c)
     splits = max(1, min(_runtime.cdiv(4 * _runtime.num_sms(x.device.index or 0), c_tiles), _runtime.cdiv(P, block_p)))
     per_split = _runtime.cdiv(_runtime.cdiv(P, splits), block_p) * block_p
@@ -265,7 +263,7 @@ def _apply_plan(dims, su, sv, so, traced: bool):
     strides su, sv and so."""
     N, C, H, W = dims
     P = N * H * W
-    block_p, block_c = _tiles(P, C, su[1] == 1 and C > 1)
+    block_p, block_c = pixel_tiles(P, C, su[1] == 1 and C > 1)
     launch = Launch(_bn_apply_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)),
                     dict(HAS_V=sv is not None, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8), traced=traced)
     scalars = (C, H, W, P, *su, *(su if sv is None else sv), *so)

@@ -30,11 +30,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from torch._prims_common import suggest_memory_format
-
 from .. import _runtime
 from . import _autotune
-from ._common import column_sums, empty_in, sum_partials_kernel, versions
+from ._common import column_sums, empty_in, is_channels_last, pixel, sum_partials_kernel, versions
 from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op, writing
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
 from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range, product_shortcut
@@ -74,13 +72,6 @@ def fold_batchnorm(conv_weight: torch.Tensor, conv_bias: Optional[torch.Tensor],
 # --- 2. Kernels ------------------------------------------------------------------------------------------
 
 @triton.jit
-def _pixel(offs, H, W):
-    """(n, h, w) of flat pixel indices offs = (n * H + h) * W + w."""
-    t = offs // W
-    return t // H, t % H, offs % W
-
-
-@triton.jit
 def _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, pix_y, pix_r, co, m_ok, n_ok, syc, src,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr):
     """Adds the bias and the residual (pixel offsets pix_y / pix_r, channel strides syc / src), keeps the
@@ -113,7 +104,7 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < P
     n_ok = offs_n < COUT_G
-    n, oh, ow = _pixel(offs_m, OH, OW)
+    n, oh, ow = pixel(offs_m, OH, OW)
     x_base = x_ptr + n * sxn + g * C_G * sxc
     co = g * COUT_G + offs_n
     w_base = w_ptr + co.to(tl.int64)[None, :] * swo
@@ -179,7 +170,7 @@ def _conv_fwd_rows_kernel(xp_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < P
     n_ok = offs_n < COUT_G
-    n, oh, ow = _pixel(offs_m, OH, OW)
+    n, oh, ow = pixel(offs_m, OH, OW)
     row_ptrs = xp_ptr + (((n * HP + oh * STRIDE_H) * WP + ow * STRIDE_W) * G + g) * CP
     co = g * COUT_G + offs_n
     rows = tl.arange(0, ROWS)
@@ -319,7 +310,7 @@ def _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH: tl.constexpr, TW: tl.constex
 
 
 @triton.jit
-def _tap(pos, k, size, STRIDE: tl.constexpr, PAD: tl.constexpr, DIL: tl.constexpr, TRANSPOSED: tl.constexpr):
+def conv_tap(pos, k, size, STRIDE: tl.constexpr, PAD: tl.constexpr, DIL: tl.constexpr, TRANSPOSED: tl.constexpr):
     """Along one axis, where tap k of position pos reads and whether that is inside [0, size): the forward
     reads pos*STRIDE - PAD + k*DIL; TRANSPOSED (the input gradient) the output position (pos + PAD - k*DIL)
     / STRIDE, where that divides."""
@@ -349,10 +340,10 @@ def _dw_gather(base, ph, pw, kh, kw, m_ok, n_ok, H, W, sh, sw,
                STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
                DIL_H: tl.constexpr, DIL_W: tl.constexpr, TRANSPOSED: tl.constexpr):
     """Tap (kh, kw) of a depthwise tile in fp32, [pixels, channels]: base (pointers with the image and channel
-    offsets in) read at the pixel that tap reads for pixel (ph, pw) (see _tap) of an H x W image with strides
+    offsets in) read at the pixel that tap reads for pixel (ph, pw) (see conv_tap) of an H x W image with strides
     sh, sw (int32 offsets: the caller checks that an image's span fits); zero outside it."""
-    h, h_ok = _tap(ph, kh, H, STRIDE_H, PAD_H, DIL_H, TRANSPOSED)
-    w, w_ok = _tap(pw, kw, W, STRIDE_W, PAD_W, DIL_W, TRANSPOSED)
+    h, h_ok = conv_tap(ph, kh, H, STRIDE_H, PAD_H, DIL_H, TRANSPOSED)
+    w, w_ok = conv_tap(pw, kw, W, STRIDE_W, PAD_W, DIL_W, TRANSPOSED)
     ok = m_ok & h_ok & w_ok
     return tl.load(base + (h * sh + w * sw)[:, None], mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
 
@@ -504,7 +495,7 @@ def _conv_dw_dgrad_kernel(dz_ptr, w_ptr, dx_ptr,
                           BLOCK_N: tl.constexpr):
     """Direct input gradient for one input channel per group: dx[n, c, ih, iw] = sum_{j, kh, kw}
     dz[n, c*COUT_G + j, oh, ow] * w[c*COUT_G + j, 0, kh, kw] over the taps whose (oh, ow) reads (ih, iw)
-    (_tap, TRANSPOSED); grid (N * spatial tiles of TH x TW input pixels, channel tiles over all C channels).
+    (conv_tap, TRANSPOSED); grid (N * spatial tiles of TH x TW input pixels, channel tiles over all C channels).
     Each dz element is gathered by the KH*KW input pixels that it reaches, from cache after the first."""
     n, ih, iw, m_ok = _spatial_tile(tl.program_id(0), H, W, TH, TW)
     c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -646,7 +637,7 @@ def _conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < P
     n_ok = offs_n < C_G
-    n, ih, iw = _pixel(offs_m, H, W)
+    n, ih, iw = pixel(offs_m, H, W)
     dy_base = dy_ptr + n * sdn + g * COUT_G * sdc
     c = g * C_G + offs_n
     w_base = w_ptr + g * COUT_G * swo + offs_n.to(tl.int64)[None, :] * swc
@@ -719,7 +710,7 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
     offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)  # int32 (P < 2^31): the decode's divisions each step
     for kt in range(k_first, k_last):
         k_ok = offs_k < P
-        n, oh, ow = _pixel(offs_k, OH, OW)
+        n, oh, ow = pixel(offs_k, OH, OW)
         n, oh, ow = n.to(tl.int64), oh.to(tl.int64), ow.to(tl.int64)
         a = tl.load(dy_base + (n * sdn + oh * sdh + ow * sdw)[None, :],
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -754,7 +745,7 @@ def _conv_act_grad_kernel(dy_ptr, z_ptr, dz_ptr, part_ptr,
     p_ok = offs_p < P
     c_ok = offs_c < COUT
     mask = p_ok[:, None] & c_ok[None, :]
-    n, oh, ow = _pixel(offs_p, OH, OW)
+    n, oh, ow = pixel(offs_p, OH, OW)
     cc = offs_c.to(tl.int64)[None, :]
     dy = tl.load(dy_ptr + (n * sdn + oh * sdh + ow * sdw)[:, None] + cc * sdc, mask=mask, other=0.0)
     dy = dy.to(tl.float32)
@@ -909,22 +900,11 @@ def _gemm_staged(configs, size: int) -> list:
     return _staged(configs, lambda c: (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * size)
 
 
-def _channels_last(t: torch.Tensor) -> bool:
-    """torch's suggest_memory_format for a 4-D tensor (the rule its convolutions pick the output layout by);
-    dense tensors of one unambiguous layout are answered by two cheap contiguity checks first."""
-    if t.dim() != 4:
-        return False
-    nchw, nhwc = t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last)
-    if nchw != nhwc:
-        return nhwc
-    return suggest_memory_format(t) == torch.channels_last
-
-
 def _out_format(x, w):
-    return torch.channels_last if _channels_last(x) or _channels_last(w) else torch.contiguous_format
+    return torch.channels_last if is_channels_last(x) or is_channels_last(w) else torch.contiguous_format
 
 
-def _out_hw(H, W, KH, KW, stride, padding, dilation):
+def conv_out_hw(H, W, KH, KW, stride, padding, dilation):
     """padding: (top, bottom, left, right)."""
     oh = (H + padding[0] + padding[1] - dilation[0] * (KH - 1) - 1) // stride[0] + 1
     ow = (W + padding[2] + padding[3] - dilation[1] * (KW - 1) - 1) // stride[1] + 1
@@ -934,7 +914,7 @@ def _out_hw(H, W, KH, KW, stride, padding, dilation):
 def _geom(x, w, stride, padding, dilation, groups):
     N, C, H, W = x.shape
     COUT, C_G, KH, KW = w.shape
-    OH, OW = _out_hw(H, W, KH, KW, stride, padding, dilation)
+    OH, OW = conv_out_hw(H, W, KH, KW, stride, padding, dilation)
     return N, C_G, H, W, COUT // groups, OH, OW, KH, KW
 
 
@@ -1331,7 +1311,7 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool =
         gemm = _configs(_DGRAD_CONFIGS, P, C_G, COUT_G, x.element_size(), precision)
         direct = C_G == 1 and _direct_fits(dz, dx)
         configs = _candidates(_DW_DGRAD_CONFIGS, gemm, direct, H, W, groups)
-        tkey = ("dgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
+        tkey = ("dgrad", x.dtype, precision, is_channels_last(x), KH, KW, stride, C_G == 1,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, H, W))
         return _pick("conv2d", tkey, configs, launcher, (dz, w, dx))
 
@@ -1359,7 +1339,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool =
             raise RuntimeError(f"conv2d: dropin's weight gradient takes fewer than 2^31 output pixels, got N*OH*OW "
                                f"= {P}")
         cols = C_G * KH * KW
-        tap_major = _channels_last(x) and C_G > 1
+        tap_major = is_channels_last(x) and C_G > 1
         meta0 = _conv_meta(stride, padding, dilation, precision)
         base = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *x.stride())
 
@@ -1429,7 +1409,7 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool =
         tma_configs = _tma_wgrad_configs(dz, x, stride, groups, precision, traced)
         configs = tma_configs + _candidates(_DW_WGRAD_CONFIGS, gemm, direct, OH, OW, groups * COUT_G,
                                             _DW3_WGRAD_CONFIGS if walk else ())
-        tkey = ("wgrad", x.dtype, precision, _channels_last(x), KH, KW, stride, C_G == 1,
+        tkey = ("wgrad", x.dtype, precision, is_channels_last(x), KH, KW, stride, C_G == 1,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *_direct_tag(direct, OH, OW),
                 *(("tma",) if tma_configs else ()), *(("walk",) if walk else ()))
         return _pick("conv2d", tkey, configs, launcher, (dz, x, dw))
@@ -1618,7 +1598,7 @@ def _check_conv2d(input, weight, bias, residual, out, stride, padding, dilation,
                                f"{input.dtype} and {t.dtype}")
     x, stride, pads, dilation, unbatched = conv_args("conv2d", input, weight.shape, bias, stride, padding,
                                                      dilation, groups)
-    out_shape = [x.shape[0], weight.shape[0], *_out_hw(*x.shape[2:], *weight.shape[2:], stride, pads, dilation)]
+    out_shape = [x.shape[0], weight.shape[0], *conv_out_hw(*x.shape[2:], *weight.shape[2:], stride, pads, dilation)]
     for name, t in (("residual", residual), ("out", out)):
         if t is not None and list(t.shape) != out_shape[unbatched:]:
             raise RuntimeError(f"conv2d: expected '{name}' of the output's size {out_shape[unbatched:]}, but got "

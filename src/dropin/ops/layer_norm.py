@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, column_sums, row_config, row_view
+from ._common import MAX_ROW, check_float, column_sums, row_config, row_offsets, rows_or_copy
 from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
@@ -26,12 +26,6 @@ layer_norm_ref = F.layer_norm
 
 
 # --- 2. Kernels ------------------------------------------------------------------------------------------
-
-@triton.jit
-def _tile(rows, cols, M1, s0, s1, sn):
-    """Offsets of elements cols of rows r = i0 * M1 + i1 (int64) of a strided M0 x M1 batch of rows."""
-    return ((rows // M1) * s0 + (rows % M1) * s1)[:, None] + cols.to(tl.int64)[None, :] * sn
-
 
 @triton.jit
 def _ln_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
@@ -46,7 +40,7 @@ def _ln_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     r_ok = rows < M
     c_ok = cols < N
     mask = r_ok[:, None] & c_ok[None, :]
-    x = tl.load(x_ptr + _tile(rows, cols, M1, sx0, sx1, sxn), mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row_offsets(rows, cols, M1, sx0, sx1, sxn), mask=mask, other=0.0).to(tl.float32)
     n = tl.zeros((BLOCK_M,), tl.float32) + N
     mean = tl.div_rn(tl.sum(x, axis=1), n)  # per-row scalars correctly rounded (plain / and sqrt approximate)
     d = tl.where(mask, x - mean[:, None], 0.0)
@@ -81,8 +75,8 @@ def _ln_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, part_ptr,
         rows = (rb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         r_ok = rows < M
         mask = r_ok[:, None] & c_ok[None, :]
-        x = tl.load(x_ptr + _tile(rows, cols, M1x, sx0, sx1, sxn), mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + _tile(rows, cols, M1d, sd0, sd1, sdn), mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row_offsets(rows, cols, M1x, sx0, sx1, sxn), mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + row_offsets(rows, cols, M1d, sd0, sd1, sdn), mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=r_ok, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=r_ok, other=0.0)
         xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
@@ -102,21 +96,11 @@ def _ln_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, part_ptr,
 
 # --- 3. Launchers ----------------------------------------------------------------------------------------
 
-def _rows(x: torch.Tensor, n_last: int):
-    """(x, [(M0, s0), (M1, s1), (N, sn)]): x itself where its strides allow a row view, else a contiguous
-    copy (a copy only for views whose batch dims do not merge into two strided dims)."""
-    view = row_view(x, n_last)
-    if view is None:
-        x = x.contiguous()
-        view = row_view(x, n_last)
-    return x, view
-
-
 def _fwd_plan(x, n_last: int, w, b, eps: float, stats: bool, traced: bool):
     """(run, copies): the forward's launch for this signature, (mean, rstd) = run(x, w, b, y) (with stats mean and
     rstd new, [rows] fp32; else `absent` stand-ins, not written); copies: whether run reads x from a contiguous copy
-    (`_rows`)."""
-    rows, ((_, s0), (M1, s1), (N, sn)) = _rows(x, n_last)
+    (`rows_or_copy`)."""
+    rows, ((_, s0), (M1, s1), (N, sn)) = rows_or_copy(x, n_last)
     copies = rows is not x
     M = x.numel() // max(N, 1)
     cfg = row_config(N)
@@ -161,10 +145,10 @@ def _fwd_impl(x, n_last: int, w, b, eps: float, stats: bool = True, traced: bool
 
 def _bwd_plan(dy, x, n_last: int, w, wb_dtype: Optional[torch.dtype], traced: bool):
     """The backward's launches for this signature: run(dy, x, w, mean, rstd, dx, dwb) writes dx and (wb_dtype not
-    None) dwb; dy and x read from contiguous copies where their rows do not view (`_rows`)."""
+    None) dwb; dy and x read from contiguous copies where their rows do not view (`rows_or_copy`)."""
     need_wb = wb_dtype is not None
-    x_rows, ((_, sx0), (M1x, sx1), (N, sxn)) = _rows(x, n_last)
-    dy_rows, ((_, sd0), (M1d, sd1), (_, sdn)) = _rows(dy, n_last)
+    x_rows, ((_, sx0), (M1x, sx1), (N, sxn)) = rows_or_copy(x, n_last)
+    dy_rows, ((_, sd0), (M1d, sd1), (_, sdn)) = rows_or_copy(dy, n_last)
     copies_x, copies_dy = x_rows is not x, dy_rows is not dy
     M = x.numel() // max(N, 1)
     cfg = row_config(N)

@@ -18,9 +18,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, empty_in
+from ._common import check_float, empty_in, is_channels_last, pixel, pixel_tiles
 from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op, writing
-from .conv2d import _channels_last, _pixel
 
 # --- 1. References ---------------------------------------------------------------------------------------
 
@@ -35,7 +34,7 @@ adaptive_avg_pool2d_ref = F.adaptive_avg_pool2d
 def _plane(offs, H, W):
     """(n, h, w) of flat pixel indices: n int64, h and w int32 (offsets within one sample's planes are int32:
     fewer registers for the address math of every tap; each sample holds fewer than 2^31 elements)."""
-    n, h, w = _pixel(offs, H, W)
+    n, h, w = pixel(offs, H, W)
     return n, h.to(tl.int32), w.to(tl.int32)
 
 
@@ -200,15 +199,6 @@ def _global_avg_kernel(x_ptr, y_ptr,
 
 # --- 3. Launchers ----------------------------------------------------------------------------------------
 
-def _tiles(P: int, C: int, channels_last: bool) -> tuple:
-    """(BLOCK_P, BLOCK_C): about 1024 elements, the unit-stride axis (channels or pixels) the long one."""
-    if channels_last:
-        block_c = min(_runtime.next_power_of_2(C), 128)
-        return max(2, min(1024 // block_c, _runtime.next_power_of_2(P))), block_c
-    block_p = min(_runtime.next_power_of_2(P), 256)
-    return block_p, max(1, min(1024 // block_p, _runtime.next_power_of_2(C)))
-
-
 def _adaptive_span(I: int, O: int) -> tuple:
     """Bounds along one axis: (largest adaptive window, most windows holding one input index)."""
     if I % O == 0:
@@ -248,14 +238,14 @@ def _make_fwd_plan(x, y, mode, kernel, stride, padding, dilation, out_hw, count_
         # merge H and W into one strided axis where the layout allows (NCHW: the plane is one unit-stride run)
         sxh, sxw = (0, x.stride(3)) if x.stride(2) == W * x.stride(3) else x.stride()[2:]
         ww = H * W if sxh == 0 else W
-        block_c = min(_runtime.next_power_of_2(C), 64) if _channels_last(x) else min(_runtime.next_power_of_2(C), 4)
+        block_c = min(_runtime.next_power_of_2(C), 64) if is_channels_last(x) else min(_runtime.next_power_of_2(C), 4)
         block_hw = max(2, min(_runtime.next_power_of_2(H * W), 2048 // block_c))
         launch = Launch(_global_avg_kernel, (N, _runtime.cdiv(C, block_c)),
                         dict(BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=4), traced=traced)
         scalars = (C, H * W, ww, x.stride(0), x.stride(1), sxh, sxw, C, 1)
         return lambda x, y, idx: launch(x, y, *scalars)
     P = N * OH * OW
-    block_p, block_c = _tiles(P, C, _channels_last(x))
+    block_p, block_c = pixel_tiles(P, C, is_channels_last(x))
     launch = Launch(_pool_fwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)),
                     dict(_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), STORE_IDX=store_idx,
                          BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8), traced=traced)
@@ -276,7 +266,7 @@ def _fwd_impl(x, mode: str, kernel, stride, padding, dilation, out_hw, count_pad
         out = y.view(N, C, 1, 1)
         idx = y.new_empty(0, dtype=torch.int32)
     else:
-        fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+        fmt = torch.channels_last if is_channels_last(x) else torch.contiguous_format
         y = out = empty_in((N, C, OH, OW), fmt, x.dtype, x.device)
         idx = empty_in(y.shape, fmt, torch.int32, x.device) if store_idx else \
             y.new_empty(0, dtype=torch.int32)
@@ -307,7 +297,7 @@ def _make_bwd_plan(dy, idx, dx, channels_last, mode, kernel, stride, padding, di
     else:
         th, tw = kernel
     P = N * H * W
-    block_p, block_c = _tiles(P, C, channels_last)
+    block_p, block_c = pixel_tiles(P, C, channels_last)
     launch = Launch(_pool_bwd_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)),
                     dict(_meta(mode, kernel, stride, padding, dilation, count_pad, divisor), TH=th, TW=tw,
                          BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8), traced=traced)
@@ -361,7 +351,7 @@ class _Pool2dFunction(torch.autograd.Function):
         mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor = args
         y, idx = _fwd(x, *args, mode == "max")
         ctx.save_for_backward(idx)
-        ctx.args = (list(x.shape), _channels_last(x), mode, kernel, stride, padding, dilation, count_pad, divisor)
+        ctx.args = (list(x.shape), is_channels_last(x), mode, kernel, stride, padding, dilation, count_pad, divisor)
         return y
 
     @staticmethod

@@ -12,9 +12,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, row_config, row_view
+from ._common import MAX_ROW, check_float, row_config, row_offsets, row_view, rows_or_copy
 from ._dispatch import Checks, Launch, Shortcuts, aligned, plan, switch, torch_op, writing
-from .layer_norm import _rows, _tile
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -33,7 +32,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr,
     cols = tl.arange(0, BLOCK_N)
     r_ok = rows < M
     mask = r_ok[:, None] & (cols < N)[None, :]
-    x = tl.load(x_ptr + _tile(rows, cols, M1x, sx0, sx1, sxn), mask=mask, other=float("-inf")).to(tl.float32)
+    x = tl.load(x_ptr + row_offsets(rows, cols, M1x, sx0, sx1, sxn), mask=mask, other=float("-inf")).to(tl.float32)
     z = x - tl.where(r_ok, tl.max(x, axis=1), 0.0)[:, None]  # rows past M: -inf - 0, not -inf - -inf
     e = tl.exp(z)
     s = tl.where(r_ok, tl.sum(e, axis=1), 1.0)
@@ -41,7 +40,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr,
         y = z - tl.log(s)[:, None]
     else:
         y = tl.div_rn(e, s[:, None])
-    tl.store(y_ptr + _tile(rows, cols, M1y, sy0, sy1, syn), y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + row_offsets(rows, cols, M1y, sy0, sy1, syn), y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -53,8 +52,8 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr,
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
-    dy = tl.load(dy_ptr + _tile(rows, cols, M1d, sd0, sd1, sdn), mask=mask, other=0.0).to(tl.float32)
-    offs_y = _tile(rows, cols, M1y, sy0, sy1, syn)
+    dy = tl.load(dy_ptr + row_offsets(rows, cols, M1d, sd0, sd1, sdn), mask=mask, other=0.0).to(tl.float32)
+    offs_y = row_offsets(rows, cols, M1y, sy0, sy1, syn)
     y = tl.load(y_ptr + offs_y, mask=mask, other=0.0).to(tl.float32)
     if LOG:
         dx = dy - tl.exp(y) * tl.sum(dy, axis=1)[:, None]
@@ -76,7 +75,7 @@ def _rows_plan(kernel, a, out, dim: int, log: bool, traced: bool):
     a.movedim(dim, -1) (a contiguous copy where copies: its other dims do not merge into two) and tensors (out,)
     or (y, out), y with out's strides."""
     moved = a.movedim(dim, -1)
-    rows, ((_, sa0), (M1a, sa1), (N, san)) = _rows(moved, 1)
+    rows, ((_, sa0), (M1a, sa1), (N, san)) = rows_or_copy(moved, 1)
     (_, so0), (M1o, so1), (_, son) = row_view(out.movedim(dim, -1), 1)
     M = a.numel() // max(N, 1)
     cfg = row_config(N)

@@ -7,7 +7,7 @@ non-zeros) gives where each (row, chunk) run starts, C = cdiv(K, block_k). Nothi
 nnz * (itemsize + 1) + 4 * (N * C + 1), e.g. fp16 at 90% sparsity 0.158x dense (0.15x of values and offsets,
 0.008x of pointers), and a kernel reads only those bytes.
 
-Kernel (`_sparse_kernel`, CUDA cores, fp32 accumulation): a program owns BLOCK_N weight rows (output
+Kernel (`sparse_kernel`, CUDA cores, fp32 accumulation): a program owns BLOCK_N weight rows (output
 columns), BLOCK_C chunks of K and up to 16 tokens; it loads the run pointers of all its BLOCK_N * BLOCK_C
 (row, chunk) runs at once and walks them together BLOCK_P entries at a time, gathering x through its
 transpose [K, tokens] (the tokens of one entry's column are one contiguous read). Built for the memory-bound
@@ -33,7 +33,7 @@ from .. import _runtime
 from . import _autotune
 from ._common import FLOAT_DTYPES
 from ._dispatch import Launch, Shortcuts, absent, launch, plan, switch, torch_op
-from .conv2d import _tap
+from .conv2d import conv_tap
 from .matmul import _mm_impl, _split_sum_kernel
 
 MAX_BLOCK_K = 256  # a chunk offset fits a uint8
@@ -207,7 +207,7 @@ def sparsify(weight: torch.Tensor, block_k: int = MAX_BLOCK_K, transpose: bool =
 # --- 2. Kernel ----------------------------------------------------------------------------------------
 
 @triton.jit
-def _sparse_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
+def sparse_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
                    M, N, chunks, stride_t, H, W, OW, m_tiles,
                    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -225,7 +225,7 @@ def _sparse_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
       unit column stride: the tokens of one entry's column are one contiguous read); y [M, N] contiguous.
     - conv (CONV): tokens are the M = OH * OW output pixels of an image (x NCHW contiguous [images, C_X, H,
       W]); column k of row r is input channel (r // ROWS_G) * CH_G + k // (KH * KW) at tap (k // KW % KH,
-      k % KW), read where conv2d's `_tap` says (TRANSPOSED: the input gradient, x being the output's
+      k % KW), read where conv2d's `conv_tap` says (TRANSPOSED: the input gradient, x being the output's
       gradient); y [images, N, M] contiguous (NCHW).
     With SPLIT, y is fp32 partial sums [splits, ...] (the bias is left to their sum)."""
     offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -256,8 +256,8 @@ def _sparse_kernel(x_ptr, val_ptr, off_ptr, chunk_ptr, bias_ptr, y_ptr,
         if CONV:
             col = offs_c[None, :, None] * BLOCK_K + off.to(tl.int32)
             tap = col % (KH * KW)
-            ih, h_ok = _tap(oh, (tap // KW)[:, :, :, None], H, STRIDE_H, PAD_H, DIL_H, TRANSPOSED)
-            iw, w_ok = _tap(ow, (tap % KW)[:, :, :, None], W, STRIDE_W, PAD_W, DIL_W, TRANSPOSED)
+            ih, h_ok = conv_tap(oh, (tap // KW)[:, :, :, None], H, STRIDE_H, PAD_H, DIL_H, TRANSPOSED)
+            iw, w_ok = conv_tap(ow, (tap % KW)[:, :, :, None], W, STRIDE_W, PAD_W, DIL_W, TRANSPOSED)
             ch = (group_ch + col // (KH * KW)).to(tl.int64)
             x_at = x_img + ch[:, :, :, None] * H * W + ih * W + iw
             x_ok = ok[:, :, :, None] & m_ok[None, None, None, :] & h_ok & w_ok
@@ -380,7 +380,7 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int, traced
         scalars = (M, N, chunks, stride_t, 1, 1, 1, m_tiles)
         meta = dict(cfg, BLOCK_C=block_c, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_K=block_k,
                     BLOCK_M=block_m)
-        product = Launch(_sparse_kernel, grid, meta, traced=traced)
+        product = Launch(sparse_kernel, grid, meta, traced=traced)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
         split_sum = Launch(_split_sum_kernel, (_runtime.cdiv(M, 32), _runtime.cdiv(N, 64)), sum_meta, traced=traced)
 

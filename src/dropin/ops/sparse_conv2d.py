@@ -2,9 +2,9 @@
 sparse_linear's chunked CSR (`sparsify(weight, groups=...)`: rows are output channels, columns torch's
 flattening (input channel, kh, kw)), reading only the non-zero weight bytes and skipping the zero work.
 
-Kernel: sparse_linear's `_sparse_kernel` in its CONV mode, an implicit GEMM over the sparse weight: the tokens
+Kernel: sparse_linear's `sparse_kernel` in its CONV mode, an implicit GEMM over the sparse weight: the tokens
 are output pixels (BLOCK_M consecutive pixels of one image, so a weight entry's input reads are one row
-segment of NCHW x), each entry's column decoded to (input channel, kh, kw) and read through conv2d's `_tap`
+segment of NCHW x), each entry's column decoded to (input channel, kh, kw) and read through conv2d's `conv_tap`
 (padding, stride and dilation by masks and index arithmetic; no im2col). The input gradient (weights frozen)
 is the same kernel in TRANSPOSED mode over the weight's `transposed` copy (built by `sparsify`). CUDA cores,
 fp32 accumulation: a win where the conv is memory- or latency-bound (small batches); with many pixels the
@@ -17,8 +17,9 @@ import torch
 from .. import _runtime
 from . import _autotune
 from ._dispatch import Launch, Shortcuts, absent, plan, switch, torch_op, writing
-from .conv2d import _channels_last, _out_hw, conv_args
-from .sparse import SparseWeight, _sparse_kernel, check_operands, find_shortcut
+from ._common import is_channels_last
+from .conv2d import conv_args, conv_out_hw
+from .sparse import SparseWeight, check_operands, find_shortcut, sparse_kernel
 
 # Candidates (BLOCK_N output channels, BLOCK_M pixels, products a step, warps); BLOCK_C covers the chunks (up to
 # 64: beyond, K is split over programs and the fp32 partials summed), BLOCK_P = products / (BLOCK_N * BLOCK_C *
@@ -85,7 +86,7 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, y, rows, block_k, kernel, st
         per_step = products // (block_n * block_c * block_m)
         block_p = 1 << max(0, per_step.bit_length() - 1)  # the power of two at most per_step, at least 1
         m_tiles = _runtime.cdiv(M, block_m)
-        launch = Launch(_sparse_kernel, (_runtime.cdiv(rows, block_n), B * m_tiles, splits),
+        launch = Launch(sparse_kernel, (_runtime.cdiv(rows, block_n), B * m_tiles, splits),
                         dict(geometry, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_P=block_p, num_warps=warps),
                         traced=traced)
         scalars = (M, rows, chunks, 0, H, W, OW, m_tiles)
@@ -173,11 +174,11 @@ def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torc
         input, weight, bias = input.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
     x, stride, pads, dilation, unbatched = conv_args("sparse_conv2d", input, weight.conv_shape, bias, stride,
                                                      padding, dilation, groups)
-    channels_last = _channels_last(x)
+    channels_last = is_channels_last(x)
     x = x.contiguous()
     b = None if bias is None else bias.contiguous()  # the kernel reads bias with unit stride
     KH, KW = weight.kernel[:2]
-    out_hw = list(_out_hw(x.shape[2], x.shape[3], KH, KW, stride, pads, dilation))
+    out_hw = list(conv_out_hw(x.shape[2], x.shape[3], KH, KW, stride, pads, dilation))
     geometry = (weight.shape[0], weight.block_k, list(weight.kernel), list(stride), list(pads), list(dilation),
                 out_hw)
     t = weight.transposed
