@@ -48,6 +48,18 @@ def assert_repeats(firsts, agains) -> None:
         assert again.stride() == first.stride(), "the shortcut's output is laid out otherwise"
 
 
+def assert_calls_repeat_through_shortcuts(calls, monkeypatch) -> None:
+    """Each call, made twice without autograd, takes its signature's shortcut the second time (its allocations
+    NaN-filled: an element left unwritten shows) and gives what the first call gave (`assert_repeats`)."""
+    with torch.no_grad():
+        firsts = [call() for call in calls]
+        found = found_shortcuts(monkeypatch)
+        poison_allocations(monkeypatch)
+        agains = [call() for call in calls]
+    assert found == [True] * len(calls)
+    assert_repeats(firsts, agains)
+
+
 def _as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 

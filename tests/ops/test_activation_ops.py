@@ -48,13 +48,7 @@ def test_repeat_calls_through_the_shortcut(monkeypatch):
     views = [torch.randn(2, 5, 4, 3).to(memory_format=torch.channels_last), torch.randn(6, 9).t(),
              torch.randn(4, 10, 6)[:, 1::3, ::2], torch.randn(5, 1).expand(5, 7)]
     calls = [lambda x=x.to(DEVICE), fn=fn: fn(x) for x in views for fn, _ in ACTS.values()]
-    with torch.no_grad():
-        firsts = [call() for call in calls]
-        found = _check.found_shortcuts(monkeypatch)
-        _check.poison_allocations(monkeypatch)
-        agains = [call() for call in calls]
-    assert found == [True] * len(calls)
-    _check.assert_repeats(firsts, agains)
+    _check.assert_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
 def test_special_values_and_generic_entry():

@@ -70,13 +70,7 @@ def test_repeat_calls_through_the_shortcut(monkeypatch):
              (base[0], (10, 18))]
     params = [(torch.randn(norm, device=DEVICE), torch.randn(norm, device=DEVICE)) for _, norm in cases]
     calls = [lambda x=x, norm=norm, wb=wb: ops.layer_norm(x, norm, *wb, 1e-3) for (x, norm), wb in zip(cases, params)]
-    with torch.no_grad():
-        firsts = [call() for call in calls]
-        found = _check.found_shortcuts(monkeypatch)
-        _check.poison_allocations(monkeypatch)
-        agains = [call() for call in calls]
-    assert found == [True] * len(calls)
-    _check.assert_repeats(firsts, agains)
+    _check.assert_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
 def test_mixed_precision_params():

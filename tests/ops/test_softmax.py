@@ -48,13 +48,7 @@ def test_repeat_calls_through_the_shortcut(monkeypatch):
     cases = [(base.to(memory_format=torch.channels_last), 1), (base[:, 1:, ::2, ::3], 3), (base.transpose(0, 1), 0),
              (torch.randn((), device=DEVICE), 0)]
     calls = [lambda x=x, dim=dim, fn=fn: fn(x, dim) for x, dim in cases for fn in (ops.softmax, ops.log_softmax)]
-    with torch.no_grad():
-        firsts = [call() for call in calls]
-        found = _check.found_shortcuts(monkeypatch)
-        _check.poison_allocations(monkeypatch)
-        agains = [call() for call in calls]
-    assert found == [True] * len(calls)
-    _check.assert_repeats(firsts, agains)
+    _check.assert_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the all -inf row: NaN, as in torch
