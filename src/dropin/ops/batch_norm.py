@@ -267,7 +267,7 @@ def _apply_plan(dims, su, sv, so, traced: bool):
     launch = Launch(_bn_apply_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)),
                     dict(HAS_V=sv is not None, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8), traced=traced)
     scalars = (C, H, W, P, *su, *(su if sv is None else sv), *so)
-    return lambda u, v, coef, out: launch(u, u if v is None else v, out, coef, *scalars)
+    return lambda u, v, coef, out: launch(u, absent(u, traced) if v is None else v, out, coef, *scalars)
 
 
 def _saved(C: int, device):
