@@ -60,6 +60,39 @@ def assert_calls_repeat_through_shortcuts(calls, monkeypatch) -> None:
     assert_repeats(firsts, agains)
 
 
+def assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch) -> None:
+    """Each call fn(*inputs), for (fn, inputs) in calls, made where autograd records it (its floating inputs leaves
+    that require grad, in their strides), takes its signature's shortcut (a `Differentiable`) on repeat calls, and
+    gives the outputs and gradients that the op's own path gives (found with every shortcut refused), bit for bit
+    and in their layouts: upstream gradients contiguous, then with their dims' strides reversed (another backward
+    plan), each twice (the backward plan made, then kept), the repeats' new allocations NaN-filled."""
+    from dropin.ops import _dispatch
+
+    def run(fn, inputs, reversed_strides):
+        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+        outs = _as_tuple(fn(*leaves))
+        gen = torch.Generator(device=outs[0].device).manual_seed(0)
+        ups = [torch.randn(o.shape[::-1], generator=gen, dtype=o.dtype, device=o.device).permute(
+            *range(o.dim() - 1, -1, -1)) if reversed_strides else
+            torch.randn(o.shape, generator=gen, dtype=o.dtype, device=o.device) for o in outs]
+        grads = torch.autograd.grad(outs, [t for t in leaves if t.requires_grad], ups)
+        return [o.detach() for o in outs] + list(grads)
+
+    with monkeypatch.context() as refused:
+        refused.setattr(_dispatch.Shortcuts, "find", lambda self, tensors, args: (None, None))
+        refs = [run(fn, inputs, r) for r in (False, True) for fn, inputs in calls]
+    for fn, inputs in calls:
+        run(fn, inputs, False)  # (keeps the shortcut)
+    found = found_shortcuts(monkeypatch)
+    poison_allocations(monkeypatch)
+    agains = [run(fn, inputs, r) for r in (False, True) for fn, inputs in calls]
+    agains_twice = [run(fn, inputs, r) for r in (False, True) for fn, inputs in calls]
+    assert found == [True] * 4 * len(calls), "a repeat call where autograd records it took no shortcut"
+    for ref, again, again_twice in zip(refs, agains, agains_twice, strict=True):
+        assert_repeats(ref, again)
+        assert_repeats(ref, again_twice)
+
+
 def _as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 

@@ -51,6 +51,14 @@ def test_repeat_calls_through_the_shortcut(monkeypatch):
     _check.assert_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
+def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch):
+    """As above where autograd records the calls: forward and backward through the kept plans."""
+    views = [torch.randn(2, 5, 4, 3).to(memory_format=torch.channels_last), torch.randn(6, 9).t(),
+             torch.randn(4, 10, 6)[:, 1::3, ::2]]
+    calls = [(fn, (x.to(DEVICE),)) for x in views for fn, _ in ACTS.values()]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 def test_special_values_and_generic_entry():
     """NaN propagates, tails saturate; +-inf as torch for relu and silu (torch's CPU gelu gives NaN at +inf,
     dropin the limit, inf)."""

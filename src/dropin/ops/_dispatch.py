@@ -135,25 +135,32 @@ def plan(plans: dict, key, make, traced: bool = False):
     return found
 
 
-# --- Shortcuts: an eager call without autograd, once per signature ---------------------------------------
+# --- Shortcuts: an eager call, once per signature ------------------------------------------------------
 
 def _typed(a):
     """a with its type, and a tuple's elements with theirs (as keys True == 1 == 1.0, which checks tell apart)."""
     return (tuple, *map(_typed, a)) if type(a) is tuple else (type(a), a)
 
 
+def layout(t: torch.Tensor) -> tuple:
+    """What a plan is made for: t's shape, strides, dtype, device and 16-byte alignment."""
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
+
+
 class Shortcuts:
-    """A public function's eager calls without autograd, each signature's reduced to one function of the call's
-    tensors (its shortcut) that allocates the outputs and runs the signature's plan: a repeat call skips the
-    argument checks, the argument processing and the plan's look-up, most of an op's host cost.
+    """A public function's eager calls, each signature's reduced to one function of the call's tensors (its
+    shortcut) that allocates the outputs and runs the signature's plan: a repeat call skips the argument checks,
+    the argument processing and the plan's look-up, most of an op's host cost. Where autograd records the call
+    the shortcut is a `Differentiable`: one autograd node whose forward and backward run plans kept for the
+    signature (and for the incoming gradients' layout).
 
     The public function first `find`s (key, shortcut) and returns shortcut(*tensors) where there is one; else it
     runs its own path and `keep`s the shortcut that this call's path allows (the op's `*_shortcut` maker: None
     where a call does more than allocate and launch, e.g. a copy of an operand or a check of values). The key:
-    each tensor's shape, strides, dtype, device and 16-byte alignment (what the plan is made for), and the other
-    arguments with their types. No key (no shortcut, none kept) while torch.compile traces, under autocast (it
-    casts operands), or where autograd records the call; none is kept during a CUDA graph capture (its plan is
-    untimed); past MAX_PLANS signatures the cache is emptied.
+    whether autograd records the call, with each tensor's requires_grad then; each tensor's `layout`; the other
+    arguments with their types. No key (no shortcut, none kept) while torch.compile traces or under autocast (it
+    casts operands); none is kept during a CUDA graph capture (its plan is untimed); past MAX_PLANS signatures the
+    cache is emptied.
 
     A plan's launches read their tensors' addresses alone (a kernel argument is a pointer; the plan fixed the
     strides and dtypes): a shortcut may pass a tensor in place of a view of it that starts at the same address
@@ -167,23 +174,55 @@ class Shortcuts:
         if torch.compiler.is_compiling() or torch.is_autocast_enabled(_runtime.KERNEL_DEVICE):
             return None, None
         try:
-            if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-                return None, None
-            key = (*[None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
-                     for t in tensors], *map(_typed, args))
+            grads = None
+            if torch.is_grad_enabled():
+                grads = tuple(t is not None and t.requires_grad for t in tensors)
+                grads = grads if True in grads else None
+            key = (grads, *[None if t is None else layout(t) for t in tensors], *map(_typed, args))
             return key, self._runs.get(key)
         except (AttributeError, TypeError, RuntimeError):  # no tensor, no key (unhashable, no strides or address):
             return None, None  # the op's own path says
 
-    def keep(self, key, make) -> None:
-        """Keeps make()'s shortcut (None: none) under key (from `find`; None: nothing)."""
-        if key is None or _runtime.capturing():
+    def keep(self, key, make, grad: bool = False) -> None:
+        """Keeps make()'s shortcut (None: none) under key (from `find`; None: nothing), where autograd records the
+        call with grad (a `Differentiable`) and does not without."""
+        if key is None or (key[0] is not None) != grad or _runtime.capturing():
             return
         if len(self._runs) > MAX_PLANS:
             self._runs.clear()
         run = make()
         if run is not None:
             self._runs[key] = run
+
+
+class _Node(torch.autograd.Function):
+    """The autograd node of a `Differentiable`'s call."""
+
+    @staticmethod
+    def forward(ctx, differentiable, *tensors):
+        ctx.differentiable = differentiable
+        return differentiable.forward(ctx, *tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return None, *ctx.differentiable.backward(ctx, *grads)
+
+
+class Differentiable:
+    """A shortcut where autograd records the call (`Shortcuts`): `forward(ctx, *tensors)` allocates and launches
+    one signature's forward plan and saves what the backward reads (ctx.save_for_backward), `backward(ctx, *grads)`
+    returns a gradient (or None) per tensor, through the plans `backward_plan` keeps by the gradients' layouts
+    (`plan`: bounded, none kept during a capture). ctx.needs_input_grad[1:] are the tensors' flags."""
+
+    def __init__(self):
+        self._backward_plans: dict = {}
+
+    def __call__(self, *tensors):
+        return _Node.apply(self, *tensors)
+
+    def backward_plan(self, grads: tuple, make):
+        """make()'s backward plan for gradients of these layouts, made once."""
+        return plan(self._backward_plans, tuple(None if g is None else layout(g) for g in grads), make)
 
 
 def writing(like: torch.Tensor, run):

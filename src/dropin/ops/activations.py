@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, joint_dims, merge_dims
-from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op, writing
+from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op, writing
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
@@ -161,10 +161,15 @@ def _act_planned(x, dy: Optional[torch.Tensor], out, act: str, traced: bool):
     return found
 
 
+def _act_out(x, dy: Optional[torch.Tensor], act: str):
+    """The new output of act(x) (dy None) or dy * act'(x)."""
+    return torch.empty_like(x if dy is None or act == "relu" else dy)
+
+
 def _act_impl(x, dy: Optional[torch.Tensor], act: str, traced: bool = False):
     """act(x) (dy None) or dy * act'(x), in the layout torch gives: that of x, or for the gradient of dy
     (relu: of x), where that is dense. traced: under torch.compile (`_dispatch`)."""
-    out = torch.empty_like(x if dy is None or act == "relu" else dy)
+    out = _act_out(x, dy, act)
     if x.numel() > 0:
         _act_planned(x, dy, out, act, traced)[0](x, dy, out)
     return out
@@ -207,6 +212,35 @@ def _act_shortcut(x, out, act: str):
     return None if copies else writing(out, lambda out, x: run(x, None, out))
 
 
+class _ActivationShortcut(Differentiable):
+    """activation's later eager calls of this signature where autograd records them (`Differentiable`): the
+    forward's plan on a new output laid out as the first call's, and the backward's for each layout of dy."""
+
+    def __init__(self, forward_run, act: str):
+        super().__init__()
+        self.forward_run, self.act = forward_run, act
+
+    def forward(self, ctx, x):
+        ctx.save_for_backward(x)
+        return self.forward_run(x)
+
+    def backward(self, ctx, dy):
+        (x,) = ctx.saved_tensors
+        run = self.backward_plan((dy,), lambda: self._backward_run(x, dy))
+        return (_act_impl(x, dy, self.act) if run is None else run(x, dy),)
+
+    def _backward_run(self, x, dy):
+        dx = _act_out(x, dy, self.act)
+        run, copies = _act_planned(x, dy, dx, self.act, False)
+        return None if copies else writing(dx, lambda dx, x, dy: run(x, dy, dx))
+
+    @staticmethod
+    def make(x, out, act: str):
+        """The shortcut for this call; None where there is no work or the plan copies x."""
+        forward_run = _act_shortcut(x, out, act)
+        return None if forward_run is None else _ActivationShortcut(forward_run, act)
+
+
 _checked = Checks()
 _shortcuts = Shortcuts()
 
@@ -221,7 +255,9 @@ def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
         return shortcut(input)
     _checked.once((input,), (activation,), lambda: _check(input, activation))
     if torch.is_grad_enabled() and input.requires_grad:
-        return _ActivationFunction.apply(input, activation)
+        out = _ActivationFunction.apply(input, activation)
+        _shortcuts.keep(key, lambda: _ActivationShortcut.make(input, out, activation), grad=True)
+        return out
     out = _act(input, None, activation)
     _shortcuts.keep(key, lambda: _act_shortcut(input, out, activation))
     return out
