@@ -198,6 +198,19 @@ def test_repeat_calls_through_the_shortcut(training, monkeypatch):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_repeat_calls_with_autograd_through_the_shortcut(training, monkeypatch):
+    """Repeat calls where autograd records them (NCHW, channels_last, a strided fp16 view; weight and bias, bias
+    alone, neither) take their signature's shortcut, forward and backward, and give what the op's own path gives,
+    bit for bit (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    stats = _stats(5)
+    w, b = _params(5).values()
+    calls = [(lambda x, w, b: ops.batch_norm(x, *stats, w, b, training, 0.3), (_x((3, 5, 4, 6)), w, b)),
+             (lambda x, b: ops.batch_norm(x, *stats, None, b, training), (_x((3, 5, 4, 6), layout="channels_last"), b)),
+             (lambda x: ops.batch_norm(x, *stats, training=training), (_x((3, 5, 4, 6), torch.float16, "strided"),))]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 REGISTERED = {  # id -> (x, running statistics, affine, training, dtype of the weight / bias gradients)
     "train-nchw": (lambda: _x((3, 7, 5, 9)), True, True, True, torch.float32),
     "train-channels_last-fp16": (lambda: _x((3, 7, 5, 9), torch.float16, "channels_last"), True, True, True,

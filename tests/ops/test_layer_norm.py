@@ -73,6 +73,19 @@ def test_repeat_calls_through_the_shortcut(monkeypatch):
     _check.assert_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
+def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch):
+    """As above where autograd records the calls (weight and bias, bias alone, fp32 parameters of an fp16 input):
+    forward and backward through the kept plans."""
+    base = torch.randn(4, 6, 10, 18, device=DEVICE)
+    calls = [(lambda x, w, b: ops.layer_norm(x, (18,), w, b, 1e-3),
+              (base[:, ::2, 3], torch.randn(18), torch.randn(18))),
+             (lambda x, w, b: ops.layer_norm(x, (10, 18), w, b), (base[0], torch.randn(10, 18), torch.randn(10, 18))),
+             (lambda x, b: ops.layer_norm(x, (18,), None, b), (base[:, :, 0].transpose(0, 1), torch.randn(18))),
+             (lambda x, w, b: ops.layer_norm(x, (18,), w, b), (base[0].half(), torch.randn(18), torch.randn(18)))]
+    calls = [(fn, tuple(t.to(DEVICE) for t in inputs)) for fn, inputs in calls]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 def test_mixed_precision_params():
     """fp16 input with fp32 weight and bias (torch allows it on the CPU, not on CUDA; its peer here gets the
     parameters cast to the input's dtype): fp16 output, fp32 parameter gradients."""

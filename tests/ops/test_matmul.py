@@ -285,6 +285,21 @@ def test_linear_strided_views(case, dtype):
     check(dropin_linear("silu"), torch_linear("silu"), leaves, build=build)
 
 
+def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch, true_fp32):
+    """Repeat calls where autograd records them (2-D, 1-D, folded and batched matmul, transposed operands, bmm,
+    linear with bias, activation, a 1-D or transposed weight) take their signature's shortcut, forward and backward,
+    and give what the op's own path gives, bit for bit (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    def r(*shape):
+        return torch.randn(*shape, device=DEVICE)
+    calls = [(dropin.matmul, (r(6, 5), r(5, 7))), (dropin.matmul, (r(5), r(5, 7))), (dropin.matmul, (r(6, 5), r(5))),
+             (dropin.matmul, (r(2, 3, 6, 5), r(5, 7))), (dropin.matmul, (r(3, 6, 5), r(3, 5, 7))),
+             (dropin.matmul, (r(5, 6).t(), r(7, 5).t())), (dropin.bmm, (r(3, 6, 5), r(3, 7, 5).mT)),
+             (dropin.linear, (r(2, 3, 8), r(5, 8), r(5))), (dropin.linear, (r(4, 8), r(8))),
+             (lambda x, w, b: dropin.linear(x, w, b, activation="gelu"), (r(4, 8), r(8, 5).t(), r(5))),
+             (lambda x, w: dropin.linear(x, w, activation="silu"), (r(4, 8), r(5, 8)))]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 @pytest.mark.parametrize("activation", ["tanh", "Relu", "none", "gelu_erf"])
 def test_linear_unknown_activation(activation):
     x, w = randn(3, 4), randn(5, 4)

@@ -179,6 +179,19 @@ def test_repeat_call_through_the_shortcut(layout, monkeypatch):
     assert all(served[1::2]), "a repeat call took no shortcut"
 
 
+@pytest.mark.parametrize("layout", LAYOUTS + ["unbatched"])
+def test_repeat_calls_with_autograd_through_the_shortcut(layout, monkeypatch):
+    """Repeat calls where autograd records them take their signature's shortcut, forward and backward, and give
+    what the op's own path gives, bit for bit (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    x = _x((2, 3, 7, 6), layout="nchw" if layout == "unbatched" else layout)
+    x = x[1] if layout == "unbatched" else x
+    calls = [(_bind(ops.max_pool2d, kernel_size=3, stride=2, padding=1), (x,)),
+             (_bind(ops.avg_pool2d, kernel_size=2, ceil_mode=True, count_include_pad=False), (x,)),
+             (_bind(ops.adaptive_avg_pool2d, output_size=(3, 2)), (x,)),
+             (_bind(ops.adaptive_avg_pool2d, output_size=1), (x,))]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 def test_torch_compile_fullgraph():
     """max pool -> avg pool -> global pool compiled with fullgraph=True (registered ops, no graph break)."""
     torch._dynamo.reset()

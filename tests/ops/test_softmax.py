@@ -51,6 +51,14 @@ def test_repeat_calls_through_the_shortcut(monkeypatch):
     _check.assert_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
+def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch):
+    """As above where autograd records the calls: forward and backward through the kept plans."""
+    base = torch.randn(3, 5, 6, 14, device=DEVICE)
+    cases = [(base.to(memory_format=torch.channels_last), 1), (base[:, 1:, ::2, ::3], 3), (base.transpose(0, 1), 0)]
+    calls = [(lambda x, dim=dim, fn=fn: fn(x, dim), (x,)) for x, dim in cases for fn in (ops.softmax, ops.log_softmax)]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the all -inf row: NaN, as in torch
 def test_infinities_and_scalar():
     """-inf entries get probability 0; a row of only -inf gives NaN, as in torch; 0-d input."""

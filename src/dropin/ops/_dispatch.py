@@ -225,6 +225,27 @@ class Differentiable:
         return plan(self._backward_plans, tuple(None if g is None else layout(g) for g in grads), make)
 
 
+class Unary(Differentiable):
+    """A `Differentiable` of one tensor in and one out whose backward reads one saved tensor, the input or (with
+    save_output) the output: forward_run(x) -> y; backward_run(dy, saved) -> run(dy, saved) -> dx, the backward's plan
+    for dy's layout, None where it does more than allocate and launch, then backward(dy, saved) -> dx instead."""
+
+    def __init__(self, forward_run, save_output: bool, backward_run, backward):
+        super().__init__()
+        self.forward_run, self.save_output, self.backward_run, self.backward_impl = \
+            forward_run, save_output, backward_run, backward
+
+    def forward(self, ctx, x):
+        y = self.forward_run(x)
+        ctx.save_for_backward(y if self.save_output else x)
+        return y
+
+    def backward(self, ctx, dy):
+        (saved,) = ctx.saved_tensors
+        run = self.backward_plan((dy,), lambda: self.backward_run(dy, saved))
+        return (self.backward_impl(dy, saved) if run is None else run(dy, saved),)
+
+
 def writing(like: torch.Tensor, run):
     """A shortcut that allocates an output laid out as `like` (shape, strides, dtype, device), runs
     run(out, *tensors) and returns out."""

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, joint_dims, merge_dims
-from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op, writing
+from ._dispatch import Checks, Launch, Shortcuts, Unary, absent, plan, switch, torch_op, writing
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
@@ -212,33 +212,17 @@ def _act_shortcut(x, out, act: str):
     return None if copies else writing(out, lambda out, x: run(x, None, out))
 
 
-class _ActivationShortcut(Differentiable):
-    """activation's later eager calls of this signature where autograd records them (`Differentiable`): the
-    forward's plan on a new output laid out as the first call's, and the backward's for each layout of dy."""
+def _act_grad_shortcut(x, out, act: str):
+    """activation's later eager calls of this signature where autograd records them (`Unary`): the forward's plan
+    as `_act_shortcut`'s, the backward's for each layout of dy; None where `_act_shortcut` is."""
+    forward_run = _act_shortcut(x, out, act)
 
-    def __init__(self, forward_run, act: str):
-        super().__init__()
-        self.forward_run, self.act = forward_run, act
-
-    def forward(self, ctx, x):
-        ctx.save_for_backward(x)
-        return self.forward_run(x)
-
-    def backward(self, ctx, dy):
-        (x,) = ctx.saved_tensors
-        run = self.backward_plan((dy,), lambda: self._backward_run(x, dy))
-        return (_act_impl(x, dy, self.act) if run is None else run(x, dy),)
-
-    def _backward_run(self, x, dy):
-        dx = _act_out(x, dy, self.act)
-        run, copies = _act_planned(x, dy, dx, self.act, False)
-        return None if copies else writing(dx, lambda dx, x, dy: run(x, dy, dx))
-
-    @staticmethod
-    def make(x, out, act: str):
-        """The shortcut for this call; None where there is no work or the plan copies x."""
-        forward_run = _act_shortcut(x, out, act)
-        return None if forward_run is None else _ActivationShortcut(forward_run, act)
+    def backward_run(dy, x):
+        dx = _act_out(x, dy, act)
+        run, copies = _act_planned(x, dy, dx, act, False)
+        return None if copies else writing(dx, lambda dx, dy, x: run(x, dy, dx))
+    return None if forward_run is None else Unary(forward_run, False, backward_run,
+                                                  lambda dy, x: _act_impl(x, dy, act))
 
 
 _checked = Checks()
@@ -256,7 +240,7 @@ def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
     _checked.once((input,), (activation,), lambda: _check(input, activation))
     if torch.is_grad_enabled() and input.requires_grad:
         out = _ActivationFunction.apply(input, activation)
-        _shortcuts.keep(key, lambda: _ActivationShortcut.make(input, out, activation), grad=True)
+        _shortcuts.keep(key, lambda: _act_grad_shortcut(input, out, activation), grad=True)
         return out
     out = _act(input, None, activation)
     _shortcuts.keep(key, lambda: _act_shortcut(input, out, activation))

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, empty_in, is_channels_last, joint_dims, merge_dims, pixel, pixel_tiles
-from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
+from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -427,6 +427,44 @@ def _fwd_shortcut(x, w, b, rm, rv, y, training: bool, momentum: float, eps: floa
     return None if copies else writing(y, lambda y, x, rm, rv, w, b: run(x, w, b, rm, rv, y))
 
 
+class _BatchNormShortcut(Differentiable):
+    """batch_norm's later eager calls of this signature where autograd records them (`Differentiable`): (input,
+    running_mean, running_var, weight, bias) -> y, the forward's plan on a new y (center and invstd saved), and the
+    backward's for each layout of dy, into new dx and [dweight; dbias]."""
+
+    def __init__(self, x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, needs, weight, bias):
+        super().__init__()
+        self.forward_run = _fwd_planned(x, w, b, rm, rv, y, training, momentum, eps, False)[0]
+        self.training, self.needs = training, needs
+        self.y = y.shape, y.stride()
+        self.shapes = tuple(None if t is None else t.shape for t in (weight, bias))
+        self.b_dtype = None if b is None else b.dtype
+        self.wb_dtype = (self.b_dtype if w is None else w.dtype) if any(needs[3:]) else None
+
+    @staticmethod
+    def make(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, needs, weight, bias):
+        """The shortcut; None where there is no work or a copy made w or b."""
+        if x.numel() == 0 or any(t is not None and u.data_ptr() != t.data_ptr() for u, t in ((w, weight), (b, bias))):
+            return None
+        return _BatchNormShortcut(x, w, b, rm, rv, y, training, momentum, eps, needs, weight, bias)
+
+    def forward(self, ctx, x, rm, rv, weight, bias):
+        y = torch.empty_strided(*self.y, dtype=x.dtype, device=x.device)
+        center, invstd = self.forward_run(x, weight, bias, rm, rv, y)
+        ctx.save_for_backward(x, weight, center, invstd)
+        return y
+
+    def backward(self, ctx, dy):
+        x, w, center, invstd = ctx.saved_tensors
+        dx = torch.empty_strided(*self.y, dtype=x.dtype, device=x.device)  # (y's layout: x's memory format)
+        run = self.backward_plan((dy,), lambda: _bwd_plan(dy, x, w, dx, self.training, self.wb_dtype, False))
+        dwb = torch.empty((2, x.shape[1]), device=x.device, dtype=self.wb_dtype or torch.float32)
+        run(dy, x, w, center, invstd, dx, dwb)
+        need_w, need_b = self.needs[3:]
+        return (dx, None, None, dwb[0].view(self.shapes[0]) if need_w else None,
+                dwb[1].to(self.b_dtype).view(self.shapes[1]) if need_b else None)
+
+
 _checked = Checks()
 _shortcuts = Shortcuts()
 
@@ -453,7 +491,10 @@ def batch_norm(input: torch.Tensor, running_mean: Optional[torch.Tensor], runnin
     w, b = (None if t is None else t.reshape(-1).contiguous() for t in (weight, bias))  # [C]: a copy only if strided
     args = (bool(training), float(momentum), float(eps))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
-        return _BatchNormFunction.apply(input, w, b, running_mean, running_var, *args)
+        y = _BatchNormFunction.apply(input, w, b, running_mean, running_var, *args)
+        _shortcuts.keep(key, lambda: _BatchNormShortcut.make(input, w, b, running_mean, running_var, y, *args,
+                                                             key[0], weight, bias), grad=True)
+        return y
     y = _fwd(input, w, b, running_mean, running_var, *args)[0]
     _shortcuts.keep(key, lambda: _fwd_shortcut(input, w, b, running_mean, running_var, y, *args, weight, bias))
     return y

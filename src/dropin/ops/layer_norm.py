@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, column_sums, row_config, row_offsets, rows_or_copy
-from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
+from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -170,7 +170,8 @@ def _bwd_impl(dy, x, n_last: int, w, mean, rstd, wb_dtype: Optional[torch.dtype]
     """(dx, [dweight; dbias]): dx contiguous; the second [2, N] in wb_dtype, or empty where wb_dtype is None."""
     dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     N = math.prod(x.shape[x.dim() - n_last:])
-    dwb = torch.zeros((2, N), device=x.device, dtype=wb_dtype) if wb_dtype is not None else dx.new_empty(0)
+    allocate = torch.empty if x.numel() > 0 else torch.zeros  # (the launch writes every element)
+    dwb = allocate((2, N), device=x.device, dtype=wb_dtype) if wb_dtype is not None else dx.new_empty(0)
     if x.numel() > 0:
         key = ("bwd", n_last, wb_dtype, dy.shape, dy.stride(), dy.dtype, aligned(dy, traced), x.stride(), x.dtype,
                x.device, aligned(x, traced), None if w is None else (w.dtype, aligned(w, traced)))
@@ -258,6 +259,44 @@ def _fwd_shortcut(x, n_last: int, w, b, eps: float, y, weight, bias):
     return None if copies else writing(y, lambda y, x, w, b: run(x, w, b, y))
 
 
+class _LayerNormShortcut(Differentiable):
+    """layer_norm's later eager calls of this signature where autograd records them (`Differentiable`): (input,
+    weight, bias) -> y, the forward's plan with stats on a new y (mean and rstd saved), and the backward's for each
+    layout of dy, into new dx and [dweight; dbias]."""
+
+    def __init__(self, x, n_last: int, w, b, eps: float, needs, weight, bias):
+        super().__init__()
+        self.forward_run = _fwd_planned(x, n_last, w, b, eps, True, False)[0]
+        self.n_last, self.needs = n_last, needs
+        self.shapes = (None, *(None if t is None else t.shape for t in (weight, bias)))
+        self.b_dtype = None if b is None else b.dtype
+        self.wb_dtype = (self.b_dtype if w is None else w.dtype) if any(needs[1:]) else None
+        self.N = math.prod(x.shape[x.dim() - n_last:])
+
+    @staticmethod
+    def make(x, n_last: int, w, b, eps: float, needs, weight, bias):
+        """The shortcut; None where there is no work or a copy made w or b."""
+        if x.numel() == 0 or any(t is not None and u.data_ptr() != t.data_ptr() for u, t in ((w, weight), (b, bias))):
+            return None
+        return _LayerNormShortcut(x, n_last, w, b, eps, needs, weight, bias)
+
+    def forward(self, ctx, x, weight, bias):
+        y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        mean, rstd = self.forward_run(x, weight, bias, y)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    def backward(self, ctx, dy):
+        x, w, mean, rstd = ctx.saved_tensors
+        run = self.backward_plan((dy,), lambda: _bwd_plan(dy, x, self.n_last, w, self.wb_dtype, False))
+        dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        dwb = dx if self.wb_dtype is None else torch.empty((2, self.N), device=x.device, dtype=self.wb_dtype)
+        run(dy, x, w, mean, rstd, dx, dwb)
+        need_w, need_b = self.needs[1:]
+        return (dx, dwb[0].view(self.shapes[1]) if need_w else None,
+                dwb[1].to(self.b_dtype).view(self.shapes[2]) if need_b else None)
+
+
 _checked = Checks()
 _shortcuts = Shortcuts()
 
@@ -277,7 +316,10 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
                            lambda: _check_layer_norm(input, normalized_shape, weight, bias))
     w, b = _flat_param(weight), _flat_param(bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
-        return _LayerNormFunction.apply(input, n_last, w, b, float(eps))
+        y = _LayerNormFunction.apply(input, n_last, w, b, float(eps))
+        _shortcuts.keep(key, lambda: _LayerNormShortcut.make(input, n_last, w, b, float(eps), key[0], weight, bias),
+                        grad=True)
+        return y
     y = _fwd(input, n_last, w, b, float(eps), False)[0]  # (no autograd: no mean and rstd)
     _shortcuts.keep(key, lambda: _fwd_shortcut(input, n_last, w, b, float(eps), y, weight, bias))
     return y

@@ -14,13 +14,15 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op, writing
-from .activations import activation_grad, activation_ref, apply_activation, check_activation
+from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op,
+                        writing)
+from .activations import activation_ref, check_activation
+# (the tile helpers also from here: conv2d, swiglu and attention import them with the products' launchers)
+from .matmul_kernels import (_act_grad_kernel, _dot, _dot_acc, _fma_kernel, _mm_kernel, _mm_tma_kernel,  # noqa: F401
+                             _split_range, _split_sum_kernel, _tf32, _tf32_copy_kernel, _tile_coords)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -39,278 +41,7 @@ def linear_ref(x, weight, bias=None, activation=None) -> torch.Tensor:
     return activation_ref(F.linear(x, weight, bias), activation)
 
 
-# --- 2. Kernels -------------------------------------------------------------------------------------
-
-@triton.jit
-def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Grouped order: GROUP_M row-tiles sweep the columns together, so tiles of B are reused from L2."""
-    width = GROUP_M * num_pid_n
-    first_m = (tile // width) * GROUP_M
-    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % width) % group_m
-    pid_n = (tile % width) // group_m
-    return pid_m, pid_n
-
-
-@triton.jit
-def _split_range(split, K, BLOCK_K: tl.constexpr):
-    """[first, last) K tiles of reduction split `split` out of tl.num_programs(2) splits."""
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
-    k_first = split * per_split
-    return k_first, tl.minimum(k_first + per_split, k_tiles)
-
-
-@triton.jit
-def _tf32(x):
-    """x (fp32) rounded to tf32's 10-bit mantissa, half away from zero. Hopper's tf32 MMA drops the low 13
-    bits of each operand, a truncation whose bias grows with K (4-5x cuBLAS's error, measured on the
-    attention and SwiGLU tests); adding half a tf32 ulp first turns it into a rounding. inf, nan and the
-    largest finite values (which the add would carry out of range) are left to the truncation."""
-    bits = x.to(tl.int32, bitcast=True) + 0x1000
-    return tl.where(tl.abs(x) < 3.0e38, bits.to(tl.float32, bitcast=True), x)
-
-
-@triton.jit
-def _tf32_split(x):
-    """x (fp32) as hi + lo, two tf32 numbers: hi exact (x rounded, the largest finite values truncated),
-    lo = x - hi rounded by _tf32: |x - hi - lo| <= 2^-21 |x|, 2^-22 below 3e38. inf and nan go whole
-    into hi (lo 0). Where |x| < 2^-115 lo is subnormal, with fewer bits (as in any tf32x3 scheme)."""
-    bits = x.to(tl.int32, bitcast=True)
-    hi = (tl.where(tl.abs(x) < 3.0e38, bits + 0x1000, bits) & -8192).to(tl.float32, bitcast=True)
-    finite = tl.abs(x) < float("inf")
-    return tl.where(finite, hi, x), _tf32(tl.where(finite, x - hi, 0.0))
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr):
-    """a @ b in fp32. PRECISION "tf32" rounds the operands first (see _tf32); "tf32_rounded": they already are
-    (`_tf32_operand` copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
-    of the operands' _tf32_split (small terms first, non-finite ones dropped; a_lo @ b_lo, under 2^-22 of a
-    product, dropped); "ieee": fp32 FMAs."""
-    if PRECISION == "tf32":
-        c = tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
-    elif PRECISION == "tf32_rounded":
-        c = tl.dot(a, b, input_precision="tf32")
-    elif PRECISION == "tf32x3":  # (fp32 operands only; an inf in a_hi times b_lo: inf or nan, dropped: the
-        a_hi, a_lo = _tf32_split(a)  # big product has the answer)
-        b_hi, b_lo = _tf32_split(b)
-        c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
-        c = tl.dot(a_hi, b_hi, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
-    else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
-        c = tl.dot(a, b, input_precision=PRECISION)
-    return c
-
-
-@triton.jit
-def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
-    """acc + a @ b. True fp32 ("ieee", "tf32x3") adds each K tile's product separately: a two-level sum
-    whose rounding error grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long
-    K). Written as a subtraction of (-a) @ b because Triton's combiner rewrites `acc + dot(a, b)` into
-    `dot(a, b, acc)`, a sequential K sum again; negation is exact and folds into the FMA. Every other
-    precision takes that rewrite: one MMA chain accumulating in place."""
-    if PRECISION == "tf32x3" or (PRECISION == "ieee" and a.dtype == tl.float32):
-        acc = acc - _dot(-a, b, PRECISION)
-    else:
-        acc = acc + _dot(a, b, PRECISION)
-    return acc
-
-
-@triton.jit
-def _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr):
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
-        acc = acc + bias.to(tl.float32)[None, :]
-    return acc
-
-
-@triton.jit
-def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
-               M, N, K,
-               stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-               HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """One output tile per program; grid (tiles, batch, splits of K). C and Z are contiguous [batch, M, N];
-    with several splits, split s writes its fp32 partial product to C[s] of a [splits, batch, M, N] C."""
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    batch = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2).to(tl.int64)
-    k_first, k_last = _split_range(split, K, BLOCK_K)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
-    # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask; stores are masked.
-    a_ptrs = (a_ptr + batch * stride_ab + (offs_m % M).to(tl.int64)[:, None] * stride_am
-              + offs_k[None, :] * stride_ak)
-    b_ptrs = (b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk
-              + (offs_n % N).to(tl.int64)[None, :] * stride_bn)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_first, k_last):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
-        acc = _dot_acc(acc, a, b, PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-    acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
-    offs_c = (split * tl.num_programs(1) + batch) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if STORE_Z:
-        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
-                M, N, K,
-                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Products with M == 1 (BLOCK_M = 1) or few columns (N <= 16, e.g. seed 004's 784 -> 10 layer) on the
-    CUDA cores in fp32: a tensor-core tile would be mostly padding, and its latency chain dominates; here A
-    streams through once in coalesced [BLOCK_M, BLOCK_K] rows, and each K chunk's sum is added to the
-    accumulator on its own (a two-level sum, as _dot_acc). C contiguous [batch, M, N]; grid (tiles, batch)."""
-    batch = tl.program_id(1).to(tl.int64)
-    num_n = tl.cdiv(N, BLOCK_N)
-    offs_m = (tl.program_id(0) // num_n).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = (tl.program_id(0) % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-    m_ok, n_ok = offs_m < M, offs_n < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_ok = offs_k < K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-        if BLOCK_M == 1:  # vector x matrix: a broadcast product summed as a tree over the K chunk
-            acc += tl.sum(tl.reshape(a, (BLOCK_K, 1)) * b, axis=0)[None, :]
-        else:  # tl.dot's CUDA-core fp32 path, two-level K sum. (Not sum(a[:, :, None] * b[None, :, :], 1):
-            acc = _dot_acc(acc, a, b, "ieee")  # Triton 3.6 rewrites that into a tf32 dot, 7.7e-4 off.)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-    acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
-    offs_c = (batch * M + offs_m)[:, None] * N + offs_n[None, :]
-    mask = m_ok[:, None] & n_ok[None, :]
-    if STORE_Z:
-        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _tf32_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc,
-                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """y = x rounded to tf32 (exactly: the low 13 bits cleared), [batch, R, C] in any strides each; grid
-    (tiles, batch). One pass gives the tf32 MMAs operands that their truncation leaves unchanged."""
-    batch = tl.program_id(1).to(tl.int64)
-    num_c = tl.cdiv(C, BLOCK_C)
-    offs_r = (tl.program_id(0) // num_c).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = (tl.program_id(0) % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
-    x = tl.load(x_ptr + batch * sxb + offs_r[:, None] * sxr + offs_c[None, :] * sxc, mask=mask)
-    y = (_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-    tl.store(y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc, y, mask=mask)
-
-
-@triton.jit
-def _split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
-                      SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """C = act(sum_s W[s] + bias) over [R, N] rows: the epilogue of a product split along K."""
-    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs = offs_r[:, None] * N + offs_n[None, :]
-    mask = (offs_r[:, None] < R) & (offs_n[None, :] < N)
-    acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        acc += tl.load(w_ptr + s * R * N + offs, mask=mask, other=0.0)
-    acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
-    if STORE_Z:
-        tl.store(z_ptr + offs, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    tl.store(c_ptr + offs, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
-                   M, N, K, BATCH,
-                   stride_ab, stride_a, stride_bb, stride_b,
-                   A_T: tl.constexpr, B_T: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles.
-    A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
-    likewise B [BATCH, K, N] (B_T: [BATCH, N, K])."""
-    if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, K, M], [stride_ab, stride_a, 1], [1, BLOCK_K, BLOCK_M])
-    else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, M, K], [stride_ab, stride_a, 1], [1, BLOCK_M, BLOCK_K])
-    if B_T:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, N, K], [stride_bb, stride_b, 1], [1, BLOCK_N, BLOCK_K])
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, K, N], [stride_bb, stride_b, 1], [1, BLOCK_K, BLOCK_N])
-    c_desc = tl.make_tensor_descriptor(c_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
-    if STORE_Z:
-        z_desc = tl.make_tensor_descriptor(z_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    tiles = num_pid_m * num_pid_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    # The epilogue recomputes its tile from a counter of its own, which keeps it out of the load pipeline.
-    tile_c = tl.program_id(0) - NUM_PROGRAMS
-    for tile in tl.range(tl.program_id(0), BATCH * tiles, NUM_PROGRAMS, flatten=True,
-                         warp_specialize=WARP_SPECIALIZE):
-        batch = tile // tiles
-        pid_m, pid_n = _tile_coords(tile % tiles, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            off_k = ki * BLOCK_K
-            if A_T:
-                a = a_desc.load([batch, off_k, off_m]).reshape(BLOCK_K, BLOCK_M).T
-            else:
-                a = a_desc.load([batch, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
-            if B_T:
-                b = b_desc.load([batch, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
-            else:
-                b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
-            acc = _dot_acc(acc, a, b, PRECISION)
-        tile_c += NUM_PROGRAMS
-        batch_c = tile_c // tiles
-        pid_m, pid_n = _tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)
-        acc = _add_bias(acc, bias_ptr, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N, HAS_BIAS)
-        if STORE_Z:
-            z_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N],
-                         acc.to(z_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
-        c = apply_activation(acc, ACT).to(c_ptr.dtype.element_ty)
-        c_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N], c.reshape(1, BLOCK_M, BLOCK_N))
-
-
-@triton.jit
-def _act_grad_kernel(gy_ptr, z_ptr, gz_ptr, sum_ptr,
-                     R, N, stride_gr, stride_gn, rows_per_program,
-                     ACT: tl.constexpr, COL_SUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """grad_z = grad_y * act'(z) for [R, N] rows (when ACT != "none"), and the column sums of grad_z over
-    this program's rows into sum[program_id(1), :] (when COL_SUM). z, grad_z and sum are contiguous."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_start = tl.program_id(1) * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, R)
-    col_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for r in range(row_start, row_end, BLOCK_R):
-        offs_r = (r + tl.arange(0, BLOCK_R)).to(tl.int64)
-        mask = (offs_r < row_end)[:, None] & (offs_n < N)[None, :]
-        g = tl.load(gy_ptr + offs_r[:, None] * stride_gr + offs_n[None, :] * stride_gn, mask=mask, other=0.0)
-        g = g.to(tl.float32)
-        if ACT != "none":
-            offs = offs_r[:, None] * N + offs_n[None, :]
-            z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            g = (g * activation_grad(z, ACT)).to(gz_ptr.dtype.element_ty)
-            tl.store(gz_ptr + offs, g, mask=mask)
-        if COL_SUM:
-            col_sum += tl.sum(g.to(tl.float32), axis=0)
-    if COL_SUM:
-        tl.store(sum_ptr + tl.program_id(1) * N + offs_n, col_sum.to(sum_ptr.dtype.element_ty), mask=offs_n < N)
+# --- 2. Kernels: matmul_kernels.py
 
 
 # --- 3. Launchers -----------------------------------------------------------------------------------
@@ -445,16 +176,16 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
     return a, b, run
 
 
-def _mm_shortcut(a, b, c, bias, activation: str):
-    """For `Shortcuts`: run(a, b, c, bias) writes act(a @ b + bias) into c, the eager product without autograd
-    of this signature (a, b, c, bias as `_mm_impl` takes them; c, a new contiguous [B, M, N] output, gives the
-    signature); None where the call copies its operands (tf32) or has no work."""
+def _mm_shortcut(a, b, c, bias, activation: str, save_preact: bool = False):
+    """For `Shortcuts`: run(a, b, c, bias, z=None) writes act(a @ b + bias) into c (and a @ b + bias into z with
+    save_preact), the eager product of this signature (a, b, c, bias as `_mm_impl` takes them; c, a new contiguous
+    [B, M, N] output, gives the signature, and z's); None where the call copies its operands (tf32) or has no work."""
     if c.numel() == 0:
         return None
-    a2, b2, run = _mm_prepared(a, b, c, bias, c, activation, False, None, False)
+    a2, b2, run = _mm_prepared(a, b, c, bias, c, activation, save_preact, None, False)
     if a2 is not a or b2 is not b:
         return None
-    return lambda a, b, c, bias: run(a, b, c, c if bias is None else bias, c)
+    return lambda a, b, c, bias, z=None: run(a, b, c, c if bias is None else bias, c if z is None else z)
 
 
 def product_shortcut(operands: tuple, given: tuple, c, activation: str, out):
@@ -466,6 +197,120 @@ def product_shortcut(operands: tuple, given: tuple, c, activation: str, out):
         return None
     mm = _mm_shortcut(*operands[:2], c, operands[2] if len(operands) > 2 else None, activation)
     return None if mm is None else writing(out, lambda y, a, b, bias=None, *unused: mm(a, b, y, bias))
+
+
+def _product_like_run(x, y, like):
+    """(run, c): run(x, y, c) writes x @ y into c, a new [B, M, N] product laid out as `_product_like` lays it out,
+    for tensors that start where x and y do; run None where the product copies its operands (tf32)."""
+    if like.stride(1) == 1 and like.stride(2) != 1:
+        c = x.new_empty((x.shape[0], y.shape[2], x.shape[1]))
+        mm = _mm_shortcut(y.mT, x.mT, c, None, "none")
+        return (None if mm is None else lambda x, y, c: mm(y, x, c, None)), c.mT
+    c = x.new_empty((x.shape[0], x.shape[1], y.shape[2]))
+    mm = _mm_shortcut(x, y, c, None, "none")
+    return (None if mm is None else lambda x, y, c: mm(x, y, c, None)), c
+
+
+class _ProductShortcut(Differentiable):
+    """A product's later eager calls of this signature where autograd records them (`Differentiable`): given
+    tensors (a, b[, bias]) that start where the product's operands do (`views` makes the operands of given tensors,
+    `to_given` turns the i-th operand's gradient into the given tensor's). Forward: the plan on a new output laid
+    out as the first call's (and the pre-activation, saved, where an activation's gradient is wanted). Backward, for
+    each layout of the output's gradient: the activation's and bias's gradient, then one planned product per
+    gradient wanted, into new tensors laid out as the op's own path lays them out."""
+
+    def __init__(self, operands, needs, c, out, activation: str, views, to_given, mm):
+        super().__init__()
+        self.needs, self.c, self.activation, self.views, self.to_given, self.mm = needs, c, activation, views, \
+            to_given, mm
+        self.out = out.shape, out.stride(), out.dtype, out.device
+        self.save_preact = activation != "none" and any(needs)
+
+    @staticmethod
+    def make(operands, given, needs, c, out, activation: str, views, to_given):
+        """The shortcut; None where an operand is a copy or no product has work, or the product copies its
+        operands (tf32)."""
+        if any(o is not None and (o.data_ptr() != g.data_ptr() or o.numel() == 0 or o.numel() != g.numel())
+               for o, g in zip(operands, given)):
+            return None
+        save_preact = activation != "none" and any(needs)
+        mm = _mm_shortcut(*operands[:2], c, operands[2] if len(operands) > 2 else None, activation, save_preact)
+        if mm is None or _precision(c.dtype) == "tf32":
+            return None
+        return _ProductShortcut(operands, needs, c, out, activation, views, to_given, mm)
+
+    def forward(self, ctx, a, b, bias=None):
+        shape, strides, dtype, device = self.out
+        y = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        z = torch.empty(self.c.shape, dtype=dtype, device=device) if self.save_preact else None
+        self.mm(a, b, y, bias, z)
+        ctx.save_for_backward(a, b, z)
+        return y
+
+    def backward(self, ctx, dy):
+        a, b, z = ctx.saved_tensors
+        run = self.backward_plan((dy,), lambda: self._backward_run(dy, a, b, z))
+        return self._backward(dy, a, b, z) if run is None else run(dy, a, b, z)
+
+    def _backward(self, dy, a, b, z):
+        """The given tensors' gradients through the op's own functions (no plan kept)."""
+        need_a, need_b, need_bias = (*self.needs, False)[:3]
+        dy3 = dy.reshape(self.c.shape)
+        a3, b3 = self.views(a, b)[:2]
+        gz, gbias = (_act_grad_impl(dy3, z, self.activation, need_bias) if self.activation != "none" or need_bias
+                     else (dy3, None))
+        gz = dy3 if self.activation == "none" else gz
+        return (self.to_given(_product_like(gz, b3.mT, a3), 0) if need_a else None,
+                self.to_given(_product_like(a3.mT, gz, b3), 1) if need_b else None,
+                self.to_given(gbias, 2) if need_bias else None)[:len(self.needs)]
+
+    def _backward_run(self, dy, a, b, z):
+        """run(dy, a, b, z) -> the given tensors' gradients, for a dy of this layout: planned products into new
+        tensors laid out as `_backward`'s; None where a product copies its operands (tf32) or a gradient is no
+        view of its product."""
+        need_a, need_b, need_bias = (*self.needs, False)[:3]
+        activation, to_given, n = self.activation, self.to_given, len(self.needs)
+        act_grad = activation != "none" or need_bias
+        copies = not _viewable(dy, self.c.shape)  # (a contiguous copy of dy is)
+        dy = dy.contiguous() if copies else dy
+        gz = _act_grad_impl(dy, z, activation, need_bias)[0] if activation != "none" else dy
+        a3, b3 = self.views(a, b)[:2]
+        gz3 = gz.view(self.c.shape)
+        products = []
+        for i, (x, y, like) in enumerate(((gz3, b3.mT, a3), (a3.mT, gz3, b3))):
+            if not (need_a, need_b)[i]:
+                products.append(None)
+                continue
+            product, c = _product_like_run(x, y, like)
+            g = to_given(c, i)
+            if product is None or g.data_ptr() != c.data_ptr():
+                return None
+            products.append((product, (g.shape, g.stride(), g.dtype, g.device)))
+
+        def run(dy, a, b, z):
+            if copies:
+                dy = dy.contiguous()
+            gz, gbias = _act_grad_impl(dy, z, activation, need_bias) if act_grad else (dy, None)
+            gz = dy if activation == "none" else gz
+            grads = []
+            for (x, y), found in zip(((gz, b), (a, gz)), products):
+                g = None
+                if found is not None:
+                    product, (shape, strides, dtype, device) = found
+                    g = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                    product(x, y, g)
+                grads.append(g)
+            return (*grads, to_given(gbias, 2) if need_bias else None)[:n]
+        return run
+
+
+def _viewable(t: torch.Tensor, shape) -> bool:
+    """Whether t.view(shape) works (no copy)."""
+    try:
+        t.view(shape)
+        return True
+    except RuntimeError:
+        return False
 
 
 def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Tensor:
@@ -556,27 +401,45 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
 def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool, traced: bool = False):
     """(grad_z, grad_bias) for y = act(z): grad_z [.., N] (empty for activation "none", where it is grad_y)
     and the bias gradient, grad_z summed over every row (empty unless bias_grad)."""
+    if grad_y.numel() == 0:
+        grad_z = torch.empty_like(grad_y, memory_format=torch.contiguous_format) if activation != "none" \
+            else grad_y.new_empty(0)
+        return grad_z, grad_y.new_empty(grad_y.shape[-1] if bias_grad else 0).zero_()
+    if traced:
+        return _act_grad_plan(grad_y, activation, bias_grad, traced)(grad_y, z)
+    key = ("act_grad", grad_y.shape, grad_y.stride(), grad_y.dtype, grad_y.device, aligned(grad_y), z is None,
+           activation, bias_grad)
+    return plan(_plans, key, lambda: _act_grad_plan(grad_y, activation, bias_grad, traced))(grad_y, z)
+
+
+def _act_grad_plan(grad_y, activation: str, bias_grad: bool, traced: bool):
+    """`_act_grad_impl`'s launches for grad_y of this signature (not empty): run(grad_y, z) -> (grad_z, grad_bias)."""
     N = grad_y.shape[-1]
-    g2 = grad_y.reshape(math.prod(grad_y.shape[:-1]), N)
-    R = g2.shape[0]
-    grad_z = torch.empty_like(grad_y, memory_format=torch.contiguous_format) if activation != "none" \
-        else grad_y.new_empty(0)
-    grad_bias = grad_y.new_empty(N if bias_grad else 0)
-    if R * N == 0:
-        return grad_z, grad_bias.zero_()
+    R = grad_y.numel() // N
+    g2 = grad_y.reshape(R, N)
     block_r, block_n = 32, min(128, _runtime.next_power_of_2(N))
     n_blocks = _runtime.cdiv(N, block_n)
     splits = min(_runtime.cdiv(R, block_r), max(1, 2 * _runtime.num_sms(grad_y.device.index or 0) // n_blocks))
     rows = _runtime.cdiv(_runtime.cdiv(R, splits), block_r) * block_r
     splits = _runtime.cdiv(R, rows)
-    partial = grad_bias.view(1, N) if (splits == 1 and bias_grad) else \
-        torch.empty((splits, N) if bias_grad else (0,), device=grad_y.device, dtype=torch.float32)
-    launch(_act_grad_kernel, (n_blocks, splits), g2, absent(g2, traced) if z is None else z, grad_z, partial, R, N,
-           *g2.stride(), rows, ACT=activation, COL_SUM=bias_grad, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
-    if bias_grad and splits > 1:
-        launch(_act_grad_kernel, (n_blocks, 1), partial, absent(partial, traced), absent(partial, traced), grad_bias,
-               splits, N, N, 1, splits, ACT="none", COL_SUM=True, BLOCK_R=block_r, BLOCK_N=block_n, traced=traced)
-    return grad_z, grad_bias
+    meta = dict(BLOCK_R=block_r, BLOCK_N=block_n)
+    launch_grad = Launch(_act_grad_kernel, (n_blocks, splits), dict(meta, ACT=activation, COL_SUM=bias_grad),
+                         traced=traced)
+    launch_sum = Launch(_act_grad_kernel, (n_blocks, 1), dict(meta, ACT="none", COL_SUM=True), traced=traced)
+    scalars = (R, N, *g2.stride(), rows)
+    shape, device, dtype = grad_y.shape, grad_y.device, grad_y.dtype
+
+    def run(grad_y, z):
+        g2 = grad_y.reshape(R, N)
+        grad_z = torch.empty(shape, device=device, dtype=dtype) if activation != "none" else g2.new_empty(0)
+        grad_bias = torch.empty(N if bias_grad else 0, device=device, dtype=dtype)
+        partial = grad_bias.view(1, N) if (splits == 1 and bias_grad) else \
+            torch.empty((splits, N) if bias_grad else (0,), device=device, dtype=torch.float32)
+        launch_grad(g2, absent(g2, traced) if z is None else z, grad_z, partial, *scalars)
+        if bias_grad and splits > 1:
+            launch_sum(partial, absent(partial, traced), absent(partial, traced), grad_bias, splits, N, N, 1, splits)
+        return grad_z, grad_bias
+    return run
 
 
 # --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
@@ -684,6 +547,25 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             raise RuntimeError(f"matmul: both arguments need to be at least 1-D, but '{name}' is 0-D")
     a, b = _autocast(a, b)  # (first: autocast accepts operands of different float dtypes)
     _check("matmul", a=a, b=b)
+    operands, shape = _matmul_operands(a, b)
+    product = _product(*operands, None, "none")
+    c = product.view(shape)
+    if a.dim() == 1:
+        c = c.squeeze(-2)
+    if b.dim() == 1:
+        c = c.squeeze(-1)
+    if product.requires_grad:
+        shapes = a.shape, b.shape
+        _shortcuts.keep(key, lambda: _ProductShortcut.make(
+            operands, (a, b), key[0], product, c, "none", lambda a, b: _matmul_operands(a, b)[0],
+            lambda g, i: g.reshape(shapes[i])), grad=True)
+    else:
+        _shortcuts.keep(key, lambda: product_shortcut(operands, (a, b), product, "none", c))
+    return c
+
+
+def _matmul_operands(a, b):
+    """matmul(a, b)'s canonical operands ([B, M, K], [B, K, N]) and the product's shape [*batch, M, N]."""
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     (M, K), (K2, N) = a2.shape[-2:], b2.shape[-2:]
@@ -697,18 +579,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"matmul: batch dimensions of 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} "
                            f"do not broadcast") from e
     if b2.dim() == 2 and a2.dim() > 2:  # fold a's batch into M: one large product
-        operands = (a2.reshape(1, math.prod(a2.shape[:-1]), K), b2.unsqueeze(0))
-    else:
-        operands = (a2.expand(*batch, M, K).reshape(math.prod(batch), M, K),
-                    b2.expand(*batch, K, N).reshape(math.prod(batch), K, N))
-    product = _product(*operands, None, "none")
-    c = product.view(*batch, M, N)
-    if a.dim() == 1:
-        c = c.squeeze(-2)
-    if b.dim() == 1:
-        c = c.squeeze(-1)
-    _shortcuts.keep(key, lambda: product_shortcut(operands, (a, b), product, "none", c))
-    return c
+        return (a2.reshape(1, math.prod(a2.shape[:-1]), K), b2.unsqueeze(0)), (*batch, M, N)
+    return (a2.expand(*batch, M, K).reshape(math.prod(batch), M, K),
+            b2.expand(*batch, K, N).reshape(math.prod(batch), K, N)), (*batch, M, N)
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -725,7 +598,11 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"bmm: 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} have mismatched "
                            f"batch or inner dimensions")
     c = _product(a, b, None, "none")
-    _shortcuts.keep(key, lambda: product_shortcut((a, b), (a, b), c, "none", c))
+    if c.requires_grad:
+        _shortcuts.keep(key, lambda: _ProductShortcut.make(
+            (a, b), (a, b), key[0], c, c, "none", lambda a, b: (a, b), lambda g, i: g), grad=True)
+    else:
+        _shortcuts.keep(key, lambda: product_shortcut((a, b), (a, b), c, "none", c))
     return c
 
 
@@ -759,12 +636,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         return shortcut(x, weight, bias)
     x, weight, bias = _autocast(x, weight, bias)  # (first: autocast accepts operands of different float dtypes)
     act = _checked.once((x, weight, bias), (activation,), lambda: _check_linear(x, weight, bias, activation))
-    w2 = weight.unsqueeze(0) if weight.dim() == 1 else weight
-    N, K = w2.shape
+    N = weight.shape[0] if weight.dim() == 2 else 1
     b = None if bias is None else bias.reshape(N).contiguous()  # the kernels read bias with unit stride
-    operands = (x.reshape(1, math.prod(x.shape[:-1]), K), w2.t().unsqueeze(0), b)
+    operands = (*_linear_operands(x, weight), b)
     c = _product(*operands, act)
     y = c.view(*x.shape[:-1], N) if weight.dim() == 2 else c.view(x.shape[:-1])
-    _shortcuts.keep(key, lambda: product_shortcut(operands, (x, weight, bias), c, act, y))
+    if c.requires_grad:
+        shapes = x.shape, weight.shape, None if bias is None else bias.shape
+        _shortcuts.keep(key, lambda: _ProductShortcut.make(
+            operands, (x, weight, bias), key[0], c, y, act, lambda x, w, *_: _linear_operands(x, w),
+            lambda g, i: g.squeeze(0).t().reshape(shapes[1]) if i == 1 else g.reshape(shapes[i])), grad=True)
+    else:
+        _shortcuts.keep(key, lambda: product_shortcut(operands, (x, weight, bias), c, act, y))
     return y
+
+
+def _linear_operands(x, weight):
+    """linear's canonical operands: x as [1, R, K], weight as [1, K, N]."""
+    w2 = weight.unsqueeze(0) if weight.dim() == 1 else weight
+    return x.reshape(1, math.prod(x.shape[:-1]), w2.shape[1]), w2.t().unsqueeze(0)
 

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, empty_in, is_channels_last, pixel, pixel_tiles
-from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op, writing
+from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op, writing
 
 # --- 1. References ---------------------------------------------------------------------------------------
 
@@ -431,10 +431,12 @@ def _apply(key, input, *args):
     x = input.unsqueeze(0) if input.dim() == 3 else input
     if torch.is_grad_enabled() and input.requires_grad:
         y = _Pool2dFunction.apply(x, *args)
-    else:
-        y = _fwd(x, *args, False)[0]
+        out = y.squeeze(0) if input.dim() == 3 else y
+        _shortcuts.keep(key, lambda: _PoolShortcut.make(input, x, out, args), grad=True)
+        return out
+    y = _fwd(x, *args, False)[0]
     out = y.squeeze(0) if input.dim() == 3 else y
-    _shortcuts.keep(key, lambda: _fwd_shortcut(x, y, out, *args))  # (no key under autograd)
+    _shortcuts.keep(key, lambda: _fwd_shortcut(x, y, out, *args))
     return out
 
 
@@ -446,6 +448,56 @@ def _fwd_shortcut(x, y, out, *args):
         return None
     run = _fwd_plan(x, y, *args, False)
     return writing(out, lambda out, input: run(input, out, out))
+
+
+class _PoolShortcut(Differentiable):
+    """A pooling's later eager calls of this signature where autograd records them (`Differentiable`): input -> out,
+    the forward's plan on a new output (and argmax, saved, for max pooling) laid out as this call's, and the
+    backward's for each layout of dy, into a new dx laid out as the op's own path lays it out."""
+
+    def __init__(self, input, x, out, args):
+        super().__init__()
+        self.args, self.max, self.unbatched = args, args[0] == "max", input.dim() == 3
+        y = x.new_empty(x.shape[:2]) if _global(x, args[0], args[5]) else torch.empty_strided(
+            out.unsqueeze(0).shape if self.unbatched else out.shape,
+            out.unsqueeze(0).stride() if self.unbatched else out.stride(), dtype=out.dtype, device=out.device)
+        self.forward_run = _fwd_plan(x, y, *args, self.max, False)
+        self.out = out.shape, out.stride(), out.dtype, out.device
+        self.idx = (y.shape, y.stride()) if self.max else None
+        self.x = list(x.shape), is_channels_last(x)
+
+    @staticmethod
+    def make(input, x, out, args):
+        """The shortcut; None where there is no work."""
+        return None if out.numel() == 0 else _PoolShortcut(input, x, out, args)
+
+    def forward(self, ctx, input):
+        shape, strides, dtype, device = self.out
+        y = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        idx = torch.empty_strided(*self.idx, dtype=torch.int32, device=device) if self.max else y
+        self.forward_run(input, y, idx)
+        if self.max:
+            ctx.save_for_backward(idx)
+        return y
+
+    def backward(self, ctx, dy):
+        idx = ctx.saved_tensors[0] if self.max else dy
+        run, (shape, strides) = self.backward_plan((dy,), lambda: self._backward_run(dy, idx))
+        dx = torch.empty_strided(shape, strides, dtype=dy.dtype, device=dy.device)
+        run(dy, idx, dx)
+        return (dx,)
+
+    def _backward_run(self, dy, idx):
+        """(run(dy, idx, dx), dx's (shape, strides)) for a dy of this layout."""
+        mode, kernel, stride, padding, dilation, _, count_pad, divisor = self.args
+        x_shape, channels_last = self.x
+        dx = empty_in(x_shape, torch.channels_last if channels_last else torch.contiguous_format, dy.dtype,
+                      dy.device)
+        dy = dy.unsqueeze(0) if self.unbatched else dy
+        run = _bwd_plan(dy, idx if self.max else dy, dx, channels_last, mode, kernel, stride, padding, dilation,
+                        count_pad, divisor)
+        dx = dx.squeeze(0) if self.unbatched else dx
+        return run, (dx.shape, dx.stride())
 
 
 def max_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, dilation=1,

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, row_config, row_offsets, row_view, rows_or_copy
-from ._dispatch import Checks, Launch, Shortcuts, aligned, plan, switch, torch_op, writing
+from ._dispatch import Checks, Launch, Shortcuts, Unary, aligned, plan, switch, torch_op, writing
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -178,6 +178,19 @@ def _fwd_shortcut(input, x, y, dim: int, log: bool):
     return None if copies else writing(y.view(input.shape), lambda out, input: run(input, out))
 
 
+def _grad_shortcut(input, y, dim: int, log: bool):
+    """The same where autograd records the calls (`Unary`, the output saved): the backward's plan for each layout
+    of dy; None where `_fwd_shortcut` is, or for a scalar."""
+    forward_run = None if input.dim() == 0 else _fwd_shortcut(input, input, y, dim, log)
+
+    def backward_run(dy, y):
+        dx = torch.empty(y.shape, device=y.device, dtype=y.dtype)
+        run, copies = _rows_planned(_softmax_bwd_kernel, dy, y, dx, dim, log, False)
+        return None if copies else writing(dx, lambda dx, dy, y: run(dy, y, dx))
+    return None if forward_run is None else Unary(forward_run, True, backward_run,
+                                                  lambda dy, y: _bwd_impl(dy, y, dim, log))
+
+
 _checked = Checks()
 _shortcuts = Shortcuts()
 
@@ -190,6 +203,7 @@ def _softmax(op: str, input: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     x = input.reshape(1) if input.dim() == 0 else input
     if torch.is_grad_enabled() and input.requires_grad:
         y = _SoftmaxFunction.apply(x, dim, log)
+        _shortcuts.keep(key, lambda: _grad_shortcut(input, y, dim, log), grad=True)
     else:
         y = _fwd(x, dim, log)
         _shortcuts.keep(key, lambda: _fwd_shortcut(input, x, y, dim, log))

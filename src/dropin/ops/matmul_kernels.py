@@ -1,0 +1,280 @@
+"""The matrix products' Triton kernels (dropin.ops.matmul launches them): the pointer kernel `_mm_kernel`, the
+CUDA-core `_fma_kernel`, Hopper's persistent TMA kernel `_mm_tma_kernel`, the split-K sum, the tf32 operand copy and
+the activation / bias gradient; and the tile helpers that the convolution and attention kernels share (`_dot`,
+`_dot_acc`, `_tf32`, `_tile_coords`, `_split_range`)."""
+import triton
+import triton.language as tl
+
+from .activations import activation_grad, apply_activation
+
+
+@triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row-tiles sweep the columns together, so tiles of B are reused from L2."""
+    width = GROUP_M * num_pid_n
+    first_m = (tile // width) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % group_m
+    pid_n = (tile % width) // group_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _split_range(split, K, BLOCK_K: tl.constexpr):
+    """[first, last) K tiles of reduction split `split` out of tl.num_programs(2) splits."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
+    k_first = split * per_split
+    return k_first, tl.minimum(k_first + per_split, k_tiles)
+
+
+@triton.jit
+def _tf32(x):
+    """x (fp32) rounded to tf32's 10-bit mantissa, half away from zero. Hopper's tf32 MMA drops the low 13
+    bits of each operand, a truncation whose bias grows with K (4-5x cuBLAS's error, measured on the
+    attention and SwiGLU tests); adding half a tf32 ulp first turns it into a rounding. inf, nan and the
+    largest finite values (which the add would carry out of range) are left to the truncation."""
+    bits = x.to(tl.int32, bitcast=True) + 0x1000
+    return tl.where(tl.abs(x) < 3.0e38, bits.to(tl.float32, bitcast=True), x)
+
+
+@triton.jit
+def _tf32_split(x):
+    """x (fp32) as hi + lo, two tf32 numbers: hi exact (x rounded, the largest finite values truncated),
+    lo = x - hi rounded by _tf32: |x - hi - lo| <= 2^-21 |x|, 2^-22 below 3e38. inf and nan go whole
+    into hi (lo 0). Where |x| < 2^-115 lo is subnormal, with fewer bits (as in any tf32x3 scheme)."""
+    bits = x.to(tl.int32, bitcast=True)
+    hi = (tl.where(tl.abs(x) < 3.0e38, bits + 0x1000, bits) & -8192).to(tl.float32, bitcast=True)
+    finite = tl.abs(x) < float("inf")
+    return tl.where(finite, hi, x), _tf32(tl.where(finite, x - hi, 0.0))
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    """a @ b in fp32. PRECISION "tf32" rounds the operands first (see _tf32); "tf32_rounded": they already are
+    (`_tf32_operand` copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
+    of the operands' _tf32_split (small terms first, non-finite ones dropped; a_lo @ b_lo, under 2^-22 of a
+    product, dropped); "ieee": fp32 FMAs."""
+    if PRECISION == "tf32":
+        c = tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
+    elif PRECISION == "tf32_rounded":
+        c = tl.dot(a, b, input_precision="tf32")
+    elif PRECISION == "tf32x3":  # (fp32 operands only; an inf in a_hi times b_lo: inf or nan, dropped: the
+        a_hi, a_lo = _tf32_split(a)  # big product has the answer)
+        b_hi, b_lo = _tf32_split(b)
+        c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
+        c = tl.dot(a_hi, b_hi, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
+    else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
+        c = tl.dot(a, b, input_precision=PRECISION)
+    return c
+
+
+@triton.jit
+def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
+    """acc + a @ b. True fp32 ("ieee", "tf32x3") adds each K tile's product separately: a two-level sum
+    whose rounding error grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long
+    K). Written as a subtraction of (-a) @ b because Triton's combiner rewrites `acc + dot(a, b)` into
+    `dot(a, b, acc)`, a sequential K sum again; negation is exact and folds into the FMA. Every other
+    precision takes that rewrite: one MMA chain accumulating in place."""
+    if PRECISION == "tf32x3" or (PRECISION == "ieee" and a.dtype == tl.float32):
+        acc = acc - _dot(-a, b, PRECISION)
+    else:
+        acc = acc + _dot(a, b, PRECISION)
+    return acc
+
+
+@triton.jit
+def _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc = acc + bias.to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+               M, N, K,
+               stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+               HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """One output tile per program; grid (tiles, batch, splits of K). C and Z are contiguous [batch, M, N];
+    with several splits, split s writes its fp32 partial product to C[s] of a [splits, batch, M, N] C."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    batch = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2).to(tl.int64)
+    k_first, k_last = _split_range(split, K, BLOCK_K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask; stores are masked.
+    a_ptrs = (a_ptr + batch * stride_ab + (offs_m % M).to(tl.int64)[:, None] * stride_am
+              + offs_k[None, :] * stride_ak)
+    b_ptrs = (b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk
+              + (offs_n % N).to(tl.int64)[None, :] * stride_bn)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_first, k_last):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+        acc = _dot_acc(acc, a, b, PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+    offs_c = (split * tl.num_programs(1) + batch) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if STORE_Z:
+        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+                M, N, K,
+                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Products with M == 1 (BLOCK_M = 1) or few columns (N <= 16, e.g. seed 004's 784 -> 10 layer) on the
+    CUDA cores in fp32: a tensor-core tile would be mostly padding, and its latency chain dominates; here A
+    streams through once in coalesced [BLOCK_M, BLOCK_K] rows, and each K chunk's sum is added to the
+    accumulator on its own (a two-level sum, as _dot_acc). C contiguous [batch, M, N]; grid (tiles, batch)."""
+    batch = tl.program_id(1).to(tl.int64)
+    num_n = tl.cdiv(N, BLOCK_N)
+    offs_m = (tl.program_id(0) // num_n).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (tl.program_id(0) % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    m_ok, n_ok = offs_m < M, offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+        if BLOCK_M == 1:  # vector x matrix: a broadcast product summed as a tree over the K chunk
+            acc += tl.sum(tl.reshape(a, (BLOCK_K, 1)) * b, axis=0)[None, :]
+        else:  # tl.dot's CUDA-core fp32 path, two-level K sum. (Not sum(a[:, :, None] * b[None, :, :], 1):
+            acc = _dot_acc(acc, a, b, "ieee")  # Triton 3.6 rewrites that into a tf32 dot, 7.7e-4 off.)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+    offs_c = (batch * M + offs_m)[:, None] * N + offs_n[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+    if STORE_Z:
+        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tf32_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc,
+                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """y = x rounded to tf32 (exactly: the low 13 bits cleared), [batch, R, C] in any strides each; grid
+    (tiles, batch). One pass gives the tf32 MMAs operands that their truncation leaves unchanged."""
+    batch = tl.program_id(1).to(tl.int64)
+    num_c = tl.cdiv(C, BLOCK_C)
+    offs_r = (tl.program_id(0) // num_c).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = (tl.program_id(0) % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
+    x = tl.load(x_ptr + batch * sxb + offs_r[:, None] * sxr + offs_c[None, :] * sxc, mask=mask)
+    y = (_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    tl.store(y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc, y, mask=mask)
+
+
+@triton.jit
+def _split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
+                      SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """C = act(sum_s W[s] + bias) over [R, N] rows: the epilogue of a product split along K."""
+    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = offs_r[:, None] * N + offs_n[None, :]
+    mask = (offs_r[:, None] < R) & (offs_n[None, :] < N)
+    acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(w_ptr + s * R * N + offs, mask=mask, other=0.0)
+    acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
+    if STORE_Z:
+        tl.store(z_ptr + offs, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+                   M, N, K, BATCH,
+                   stride_ab, stride_a, stride_bb, stride_b,
+                   A_T: tl.constexpr, B_T: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles.
+    A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
+    likewise B [BATCH, K, N] (B_T: [BATCH, N, K])."""
+    if A_T:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, K, M], [stride_ab, stride_a, 1], [1, BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, M, K], [stride_ab, stride_a, 1], [1, BLOCK_M, BLOCK_K])
+    if B_T:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, N, K], [stride_bb, stride_b, 1], [1, BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, K, N], [stride_bb, stride_b, 1], [1, BLOCK_K, BLOCK_N])
+    c_desc = tl.make_tensor_descriptor(c_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
+    if STORE_Z:
+        z_desc = tl.make_tensor_descriptor(z_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # The epilogue recomputes its tile from a counter of its own, which keeps it out of the load pipeline.
+    tile_c = tl.program_id(0) - NUM_PROGRAMS
+    for tile in tl.range(tl.program_id(0), BATCH * tiles, NUM_PROGRAMS, flatten=True,
+                         warp_specialize=WARP_SPECIALIZE):
+        batch = tile // tiles
+        pid_m, pid_n = _tile_coords(tile % tiles, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            if A_T:
+                a = a_desc.load([batch, off_k, off_m]).reshape(BLOCK_K, BLOCK_M).T
+            else:
+                a = a_desc.load([batch, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
+            if B_T:
+                b = b_desc.load([batch, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
+            else:
+                b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+            acc = _dot_acc(acc, a, b, PRECISION)
+        tile_c += NUM_PROGRAMS
+        batch_c = tile_c // tiles
+        pid_m, pid_n = _tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)
+        acc = _add_bias(acc, bias_ptr, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N, HAS_BIAS)
+        if STORE_Z:
+            z_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N],
+                         acc.to(z_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
+        c = apply_activation(acc, ACT).to(c_ptr.dtype.element_ty)
+        c_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N], c.reshape(1, BLOCK_M, BLOCK_N))
+
+
+@triton.jit
+def _act_grad_kernel(gy_ptr, z_ptr, gz_ptr, sum_ptr,
+                     R, N, stride_gr, stride_gn, rows_per_program,
+                     ACT: tl.constexpr, COL_SUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """grad_z = grad_y * act'(z) for [R, N] rows (when ACT != "none"), and the column sums of grad_z over
+    this program's rows into sum[program_id(1), :] (when COL_SUM). z, grad_z and sum are contiguous."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_start = tl.program_id(1) * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, R)
+    col_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for r in range(row_start, row_end, BLOCK_R):
+        offs_r = (r + tl.arange(0, BLOCK_R)).to(tl.int64)
+        mask = (offs_r < row_end)[:, None] & (offs_n < N)[None, :]
+        g = tl.load(gy_ptr + offs_r[:, None] * stride_gr + offs_n[None, :] * stride_gn, mask=mask, other=0.0)
+        g = g.to(tl.float32)
+        if ACT != "none":
+            offs = offs_r[:, None] * N + offs_n[None, :]
+            z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            g = (g * activation_grad(z, ACT)).to(gz_ptr.dtype.element_ty)
+            tl.store(gz_ptr + offs, g, mask=mask)
+        if COL_SUM:
+            col_sum += tl.sum(g.to(tl.float32), axis=0)
+    if COL_SUM:
+        tl.store(sum_ptr + tl.program_id(1) * N + offs_n, col_sum.to(sum_ptr.dtype.element_ty), mask=offs_n < N)
