@@ -184,6 +184,25 @@ def test_fully_masked_rows(kind, dtype):
     check(leaves, attn_mask=mask)
 
 
+STRUCTURED = ["causal", "window", "padding", "causal-left-padding", "two-runs", "none"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("lengths", [(100, 100), (37, 130)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("pattern", STRUCTURED)
+def test_structured_masks(pattern, lengths, kind, dtype):
+    """Masks whose summary (`attention_ranges`) lets the forward skip key tiles, read no mask on tiles that
+    attend wholly and read it on the rest: causal, sliding-window and padding patterns, rows that attend to
+    nothing, a mask that blocks everything. A float mask blocks with -inf and attends with 0."""
+    from test_attention_ranges import patterns
+    Lq, Lk = lengths
+    mask = patterns(2, Lq, Lk)[pattern][:, None]
+    if kind == "float":
+        mask = torch.zeros(mask.shape, device=DEVICE).masked_fill(~mask, float("-inf"))
+    check(qkv(2, 2, 2, Lq, Lk, 16, dtype), attn_mask=mask)
+
+
 def test_no_keys():
     """Lk = 0: every row attends to nothing."""
     out = dropin.ops.attention(randn(1, 2, 5, 32), randn(1, 2, 0, 32), randn(1, 2, 0, 32))

@@ -36,6 +36,7 @@ from .. import _runtime
 from . import _autotune
 from ._dispatch import Launch, Shortcuts, absent, aligned, plan, switch, torch_op
 from .attention_decode import decode, decode_shortcut
+from .attention_ranges import RANGE_ROWS, query_tile_ranges, ranges_launch
 from .matmul import _autocast, _dot, _dot_acc, _precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -137,7 +138,9 @@ def _scores(qk, qi, kj, Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
     mask (qk_scale = scale). -inf where the mask says no, and (EDGE) past Lq or Lk or above the diagonal."""
     s = qk * qk_scale
     if MASK != "none":
-        mask = tl.load(mask_base + tl.minimum(qi, Lq - 1) * stride_mq + tl.minimum(kj, Lk - 1) * stride_mk)
+        # bounds as the load's mask (constant along runs of 16 keys: vector loads), not as clamped indices
+        mask = tl.load(mask_base + qi.to(tl.int64) * stride_mq + kj * stride_mk, mask=(qi < Lq) & (kj < Lk),
+                       other=0)
         if MASK == "float":
             s = s + mask.to(tl.float32)
         else:
@@ -179,12 +182,13 @@ def _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stri
                offs_m, lo, hi, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk, qk_scale,
                stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
                stride_mq, stride_mk,
-               MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
-               TMA: tl.constexpr, FOLD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
-    """Online softmax over the key tiles [lo, hi): the running output, row sums and row maxima. FOLD (scale
-    > 0): on tiles whose scores are all finite (no mask, not EDGE) the row maximum is taken before scaling and
-    the scale folds into one FMA with its subtraction."""
+               MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, FULL: tl.constexpr,
+               PRECISION: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+    """Online softmax over the key tiles [lo, hi): the running output, row sums and row maxima. FULL: the mask
+    attends wholly on these tiles (`attention_ranges`): it is not read, its kind only sets the units. FOLD
+    (scale > 0): on tiles whose scores are all finite (no mask read, not EDGE) the row maximum is taken before
+    scaling and the scale folds into one FMA with its subtraction."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)  # every lo is one (or its range is empty)
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
@@ -193,13 +197,17 @@ def _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stri
         qk = _dot_t(q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
                     k, k_ptr, b, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
                     PRECISION, HEAD_DIM, BLOCK_D, CHUNK)
-        if FOLD and not EDGE and MASK == "none":
+        if FOLD and not EDGE and (MASK == "none" or FULL):
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_use = m_new
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            p = _exp(qk * qk_scale - m_new[:, None], MASK)
         else:
-            s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
-                        MASK, CAUSAL, EDGE)
+            if FULL:
+                s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk, mask_base, stride_mq, stride_mk,
+                            qk_scale, "none", CAUSAL, EDGE)
+            else:
+                s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk, mask_base, stride_mq, stride_mk,
+                            qk_scale, MASK, CAUSAL, EDGE)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: keep exp away from -inf - -inf
             p = _exp(s - m_use[:, None], MASK)
@@ -213,18 +221,19 @@ def _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stri
 
 
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, o_ptr, stats_ptr,
                 B, H, HK, Lq, Lk, qk_scale,
                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
-                stride_ob, stride_oh, stride_om, stride_od,
+                stride_rb, stride_rh, stride_ob, stride_oh, stride_om, stride_od,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                 FOLD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+                BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, RANGE_ROWS: tl.constexpr):
     """Grid (query tiles, B * H). stats [B, H, 2, Lq] fp32: the row maximum of the scores (+inf for a row that
     attends to nothing) and 1 / the row sum: the backward's P = exp(s - max) / sum is then the forward's own
     (no log-sum-exp, whose rounding would not cancel against O in rowsum(dO * O), and which a finfo.min
-    maximum would absorb)."""
+    maximum would absorb). With a mask, ranges (`attention_ranges`, strides stride_rb / stride_rh) say which key
+    tiles to skip, which to read the mask on and which attend wholly."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -241,17 +250,35 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, stats_ptr,
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                               offs_m, 0, mid, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
-                               qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
-                               stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                               MASK, CAUSAL, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
+    if MASK == "none":  # key tiles [0, mid) unmasked, [mid, hi) EDGE
+        mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm,
+                                   stride_qd, offs_m, 0, mid, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
+                                   qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
+                                   stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
+                                   MASK, CAUSAL, False, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                   CHUNK)
+    else:  # [lo, full_lo) and [full_hi, hi) read the mask (EDGE), [full_lo, full_hi) attend wholly
+        ranges_base = ranges_ptr + b.to(tl.int64) * stride_rb + h.to(tl.int64) * stride_rh
+        lo, full_lo, full_hi, hi = query_tile_ranges(ranges_base, start_m, Lq, Lk, BLOCK_M, BLOCK_N, RANGE_ROWS)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm,
+                                   stride_qd, offs_m, full_lo, full_hi, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
+                                   qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
+                                   stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
+                                   MASK, CAUSAL, False, True, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                   CHUNK)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm,
+                                   stride_qd, offs_m, lo, full_lo, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
+                                   qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
+                                   stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
+                                   MASK, CAUSAL, True, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                   CHUNK)
+        mid = full_hi
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
                                offs_m, mid, hi, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
                                qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
                                stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                               MASK, CAUSAL, True, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
+                               MASK, CAUSAL, True, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
     empty = l_i == 0.0
     l_i = tl.where(empty, 1.0, l_i)
     out = acc / l_i[:, None]
@@ -613,16 +640,28 @@ def _fwd_plan(q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: 
 
     def make():  # sizes and strides are fixed by the plan's key: computed once
         fixed = (B, H, HK, Lq, Lk)
-        strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *out.stride())
+        masked = mask_kind != "none"
+        summarize, ranges_shape, ranges_strides = ranges_launch(mask, mask_kind, traced) if masked else (
+            None, (0,), (0, 0))
+        strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *ranges_strides, *out.stride())
         tma = _tma_ok(q, k, v, traced=traced)
         chunk = _chunk(precision)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, FOLD=qk_scale > 0, HEAD_DIM=E,
-                    BLOCK_D=_block_d(E), CHUNK=chunk)
-        configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, mask_kind != "none", chunk, "BLOCK_N")
+                    BLOCK_D=_block_d(E), CHUNK=chunk, RANGE_ROWS=RANGE_ROWS)
+        configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
+
+        def ranges_of(m):  # the mask's summary, or a stand-in without a mask
+            if not masked:
+                return absent(q, traced) if traced else m
+            ranges = torch.empty(ranges_shape, device=q.device, dtype=torch.int32)
+            summarize(m, ranges)
+            return ranges
+
+        timed_args = () if traced else (q, k, v, mask_t, ranges_of(mask_t), out, stats, *fixed, qk_scale, *strides)
         launch = _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
-                        configs, lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H),
-                        meta, (q, k, v, mask_t, out, stats, *fixed, qk_scale, *strides), traced=traced)
-        return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, out, stats, *fixed, qk_scale, *strides)
+                        configs, lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta, timed_args, traced=traced)
+        return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, ranges_of(m), out, stats, *fixed,
+                                                               qk_scale, *strides)
 
     plan_key = ("fwd", _signature(q, k, v, mask, traced=traced), q.device, is_causal, precision, qk_scale > 0)
     return plan(_plans, plan_key, make, traced=traced), mask_t, qk_scale
