@@ -55,45 +55,70 @@ def _timed(fn, calls: int) -> list[float]:
 def generate_rows(name: str, original, injected, batches: list[int], prompt: int, new_tokens: int,
                   calls: int = 5) -> list[dict]:
     """One row per (batch, provider) (see the module docstring); random prompt token ids. A provider that cannot
-    run gets its `error` (or `note`) and the others still run."""
+    run gets its `error` (or `note`) and the others still run. Every provider is warmed up first, then the timed
+    calls go round the providers `calls` times: a decoding step is host-bound, and the host's speed drifts over
+    a run, which one provider's calls in a row would take for its own."""
     rows = []
     vocab = original.config.vocab_size
     for batch in batches:
         ids = torch.randint(0, vocab, (batch, prompt), device=_runtime.KERNEL_DEVICE)
-        base = None
+        batch_rows, outputs, times, prefill = {}, {}, {}, {}
         for provider in PROVIDERS:
-            model = original if provider.startswith("original") else injected
-            compiled = provider.endswith("_compile_ro")
-            row = {"model": name, "provider": provider, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
-                   "median_ms": None, "spread_ms": None, "prefill_ms": None, "tokens_per_s": None,
-                   "decode_tokens_per_s": None, "speedup_vs_original": None, "rel_err_vs_original": None,
-                   "tokens_match": None}
-            rows.append(row)
-
-            def measure():
-                if compiled and _runtime.INTERPRET:
-                    raise harness.Skipped("skipped: torch.compile does not run interpreted kernels")
-                with torch.no_grad():
-                    for _ in range(2):  # compiles, records the CUDA graphs, fills the plan caches
-                        tokens, logits = _generate(model, ids, new_tokens, compiled)
-                    times = _timed(lambda: _generate(model, ids, new_tokens, compiled), calls)
-                    prefill = _timed(lambda: _generate(model, ids, 1, compiled), calls)
-                return tokens, logits, times, prefill
-
-            measured = harness.attempt(row, measure)
-            if measured is None:
-                continue
-            tokens, logits, times, prefill = measured
-            median, first = statistics.median(times), statistics.median(prefill)
-            row.update(median_ms=median, spread_ms=[min(times), max(times)], prefill_ms=first,
+            batch_rows[provider] = {
+                "model": name, "provider": provider, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
+                "median_ms": None, "spread_ms": None, "prefill_ms": None, "tokens_per_s": None,
+                "decode_tokens_per_s": None, "speedup_vs_original": None, "rel_err_vs_original": None,
+                "tokens_match": None}
+            rows.append(batch_rows[provider])
+        generate = {p: _generator(original if p.startswith("original") else injected, ids, p) for p in PROVIDERS}
+        try:
+            with torch.no_grad():
+                for provider in PROVIDERS:  # compiles, records the CUDA graphs, fills the plan caches
+                    warmed = harness.attempt(batch_rows[provider], lambda: generate[provider](new_tokens, 2),
+                                             reset=False)
+                    if warmed is not None:
+                        outputs[provider], times[provider], prefill[provider] = warmed, [], []
+                for _ in range(calls):
+                    for provider in list(outputs):
+                        timed = harness.attempt(batch_rows[provider], lambda: (
+                            _timed(lambda: generate[provider](new_tokens, 1), 1)[0],
+                            _timed(lambda: generate[provider](1, 1), 1)[0]), reset=False)
+                        if timed is None:
+                            del outputs[provider]
+                        else:
+                            times[provider].append(timed[0])
+                            prefill[provider].append(timed[1])
+        finally:
+            torch._dynamo.reset()
+        base = outputs.get(PROVIDERS[0])
+        for provider, (tokens, logits) in outputs.items():
+            row = batch_rows[provider]
+            median, first = statistics.median(times[provider]), statistics.median(prefill[provider])
+            row.update(median_ms=median, spread_ms=[min(times[provider]), max(times[provider])], prefill_ms=first,
                        tokens_per_s=batch * new_tokens / median * 1e3,
                        decode_tokens_per_s=batch * (new_tokens - 1) / max(median - first, 1e-9) * 1e3)
-            if base is None:
-                base = (row, tokens, logits)
-            row["speedup_vs_original"] = row["decode_tokens_per_s"] / base[0]["decode_tokens_per_s"]
-            row["rel_err_vs_original"] = rel_err(logits.float(), base[2].float())
-            row["tokens_match"] = (tokens == base[1]).float().mean().item()
+            if base is not None:
+                row["rel_err_vs_original"] = rel_err(logits.float(), base[1].float())
+                row["tokens_match"] = (tokens == base[0]).float().mean().item()
+        if base is not None:
+            for row in batch_rows.values():
+                if row["decode_tokens_per_s"] is not None:
+                    row["speedup_vs_original"] = (row["decode_tokens_per_s"]
+                                                  / batch_rows[PROVIDERS[0]]["decode_tokens_per_s"])
     return rows
+
+
+def _generator(model, ids: torch.Tensor, provider: str):
+    """generate(new_tokens, repeats): `repeats` generate() calls of the provider; the last one's (tokens, logits)."""
+    compiled = provider.endswith("_compile_ro")
+
+    def generate(new_tokens: int, repeats: int):
+        if compiled and _runtime.INTERPRET:
+            raise harness.Skipped("skipped: torch.compile does not run interpreted kernels")
+        for _ in range(repeats):
+            out = _generate(model, ids, new_tokens, compiled)
+        return out
+    return generate
 
 
 def format_rows(rows: list[dict]) -> str:

@@ -69,10 +69,10 @@ class Skipped(Exception):
     """Raised by a provider that cannot run here; its row gets this message as `note`."""
 
 
-def attempt(row: dict, fn: Callable[[], tuple]) -> tuple | None:
+def attempt(row: dict, fn: Callable[[], tuple], reset: bool = True) -> tuple | None:
     """fn()'s result for one row of a model bench, or None where it could not run: a `Skipped` reason goes to
-    row["note"], any other exception to row["error"] (one line), and the other rows still run. The compiled graphs
-    (and CUDA graph trees) made by fn go with it either way."""
+    row["note"], any other exception to row["error"] (one line), and the other rows still run. reset: the compiled
+    graphs (and CUDA graph trees) made by fn go with it either way."""
     try:
         return fn()
     except Skipped as e:
@@ -80,7 +80,8 @@ def attempt(row: dict, fn: Callable[[], tuple]) -> tuple | None:
     except Exception as e:  # noqa: BLE001 (the row says why)
         row["error"] = one_line(f"{type(e).__name__}: {e}")
     finally:
-        torch._dynamo.reset()
+        if reset:
+            torch._dynamo.reset()
     return None
 
 
