@@ -14,7 +14,7 @@ from .coverage import Coverage, measure
 
 
 class InjectError(RuntimeError):
-    """inject_ could not do what was asked (strict mode); the model is reverted."""
+    """inject_ could not do what was asked (strict mode, a model already sharded); the model is left as it was."""
 
 
 class VerificationError(InjectError):
@@ -274,6 +274,28 @@ def _verify(model: torch.nn.Module, inputs: tuple, report: InjectReport) -> None
                             f"{where}", culprit and culprit[0])
 
 
+def _sharded(model: torch.nn.Module) -> Optional[str]:
+    """Where `model` is already sharded (FSDP2's fully_shard, FSDP, parameters that are DTensors), what says so;
+    else None."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    for name, module in model.named_modules():
+        if isinstance(module, (FSDPModule, FullyShardedDataParallel)):
+            return f"module '{name or '<root>'}' is a {type(module).__name__}"
+    for name, p in model.named_parameters():
+        if isinstance(p, DTensor):
+            return f"parameter '{name}' is a DTensor"
+    return None
+
+
+def _ddp_inner(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DistributedDataParallel wrapper (`.module`), else `model`."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
 def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, example_inputs=None,
             verify: bool = True, strict: bool = False, coverage: bool = False) -> InjectReport:
     """Swaps dropin modules into `model` in place (setattr on the parent of each module replaced); returns the
@@ -289,7 +311,18 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     (dropin.inject.coverage, measured with the torch profiler). strict: raise InjectError (model reverted) when any
     module that computes stays torch. Injecting an injected model again keeps its dropin modules (idempotent)
     and handles what a new config now allows; revert_ undoes all of it.
+
+    Distributed training: inject_ first, then wrap (DistributedDataParallel, FSDP2's fully_shard). The drop-ins
+    keep the original parameters (the same nn.Parameter objects), which DDP's buckets and FSDP2's sharding then
+    see, and read them at each call (FSDP2's unsharded parameters). A model wrapped in DistributedDataParallel is
+    injected inside its `.module`, keeping those parameters. A model already sharded (an FSDP2 / FSDP module in
+    it, or DTensor parameters) raises InjectError: the drop-ins and their verification need whole tensors.
     """
+    sharded = _sharded(model)
+    if sharded is not None:
+        raise InjectError(f"inject_: the model is already sharded ({sharded}): call dropin.inject_(model) first, "
+                          f"then fully_shard(...) (FSDP2) or DistributedDataParallel(model)")
+    model = _ddp_inner(model)
     config = InjectConfig() if config is None else config
     registry.load_deferred()  # handlers for the classes of optional libraries imported by now (transformers)
     config.sparse_threshold  # noqa: B018  (raises on an invalid `sparse`, set after the config was made)

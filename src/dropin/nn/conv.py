@@ -1,4 +1,5 @@
 """Drop-ins for torch.nn.Conv2d: dropin.ops.conv2d, alone or with a BatchNorm2d folded in (ConvBNAct)."""
+import sys
 from typing import Optional
 
 import torch
@@ -9,6 +10,12 @@ from ..ops._common import versions
 from ..ops.conv2d import frozen
 from ..ops.activations import activation_ref
 from .module import Derived, DropinModule
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    """Whether t is a DTensor (without importing torch.distributed.tensor: none exists before it is imported)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 class Conv2d(DropinModule):
@@ -36,10 +43,12 @@ class ConvBNAct(Conv2d):
     `derived` (buffers made at inject time). In eager mode a change of a source tensor (an in-place update,
     load_state_dict, .to()) folds again into the same buffers before the call; under torch.compile and inside a
     CUDA graph the buffers are read as they are: `refresh_` (load_state_dict and dropin.refresh_ call it) folds
-    again. Where autograd needs the fold (a source requires grad), it is computed in the call. In training mode
-    BatchNorm uses batch statistics, which cannot fold: the dropin conv, then `bn` itself (torch), then the
-    residual add and activation (torch). `bn` is a plain attribute: it stays registered where it was (a sibling,
-    or the block around both).
+    again. Where autograd needs the fold (a source requires grad), it is computed in the call, and so it is where
+    the modules hold other parameters than those of the last refresh_ (FSDP2 swaps in the unsharded parameters
+    for each step, gathered into the same memory with their version counters kept: no sign of the change that a
+    kept fold could be checked against). In training mode BatchNorm uses batch statistics, which cannot fold: the
+    dropin conv, then `bn` itself (torch), then the residual add and activation (torch). `bn` is a plain
+    attribute: it stays registered where it was (a sibling, or the block around both).
     """
 
     def __init__(self, original: torch.nn.Conv2d, bn: torch.nn.BatchNorm2d, activation: Optional[str] = None,
@@ -57,8 +66,13 @@ class ConvBNAct(Conv2d):
                 bn._buffers.get("running_mean"), bn._buffers.get("running_var"))
 
     def refresh_(self) -> None:
-        """Folds the BatchNorm's current statistics and affine parameters into the conv's weight and bias again."""
+        """Folds the BatchNorm's current statistics and affine parameters into the conv's weight and bias again, for
+        the parameters the modules hold now (the kept fold serves these alone). Sharded parameters (DTensors, an
+        FSDP2 model's between its steps) are not folded: the calls fold the unsharded ones."""
         sources = self._sources()
+        object.__setattr__(self, "_own", sources[:4])
+        if _is_dtensor(sources[0]):
+            return
         with torch.no_grad():
             weight, bias = fold_batchnorm(self.weight, self.bias, self.bn)
         self.derived.set("weight", weight)
@@ -69,8 +83,9 @@ class ConvBNAct(Conv2d):
                                                   self.bn.eps))
 
     def _folded(self):
-        sources = self._sources()
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in sources):
+        sources, own = self._sources(), self._own
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in sources) or not (
+                sources[0] is own[0] and sources[1] is own[1] and sources[2] is own[2] and sources[3] is own[3]):
             return fold_batchnorm(self.weight, self.bias, self.bn)
         if not (torch.compiler.is_compiling() or _runtime.capturing()):
             key = versions(*sources)

@@ -21,14 +21,15 @@ class RMSNorm(nn.Module):
 
     @classmethod
     def from_llama(cls, norm: nn.Module) -> "RMSNorm":
-        """An RMSNorm sharing (not copying) the weight of a HF LlamaRMSNorm."""
+        """An RMSNorm sharing (not copying) the weight of a HF LlamaRMSNorm: its parameter dict, so that the weight
+        read at each call is the one the norm holds then (FSDP2 swaps in the unsharded parameter for each step)."""
         weight, eps = getattr(norm, "weight", None), getattr(norm, "variance_epsilon", None)
         if not isinstance(weight, nn.Parameter) or weight.dim() != 1 or eps is None:
             raise ValueError(f"RMSNorm.from_llama: argument 'norm' must have a 1-D 'weight' parameter and a "
                              f"'variance_epsilon' (a LlamaRMSNorm), got {type(norm).__name__}")
         module = cls.__new__(cls)
         nn.Module.__init__(module)
-        module.weight = weight
+        module._parameters = norm._parameters
         module.variance_epsilon = eps
         return module
 
