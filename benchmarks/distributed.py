@@ -20,7 +20,7 @@ size, command).
 from __future__ import annotations
 
 import argparse
-import copy
+import gc
 import os
 import statistics
 import sys
@@ -160,6 +160,7 @@ def run(name: str, mode: str, provider: str, args, device: torch.device) -> dict
     row = {"model": name, "mode": mode, "provider": provider, "dtype": str(args.dtype).removeprefix("torch."),
            "world_size": dist.get_world_size(), "batch_per_rank": s["batch"], "steps": args.steps,
            "warmup": args.warmup, **{k: s[k] for k in ("seq", "image", "layers") if k in s}}
+    gc.collect()  # the previous run's model and optimizer (FSDP2's hooks hold references in cycles)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
