@@ -13,7 +13,8 @@ reduce). FSDP2 shards each block (a Llama decoder layer, a CvT layer), then the 
 One row per (model, mode, provider) in `rows`: per step losses (the mean over ranks), and for the dropin row their
 relative difference to the original's (loss_rel_diff, max_loss_rel_diff); throughput (images/s or tokens/s over
 all ranks, the steps after --warmup, each step timed between device synchronizations, the slowest rank's time);
-peak memory per rank (torch.cuda.max_memory_allocated, MiB; None on the CPU); `error` where a run raised.
+peak memory per rank during the training (torch.cuda.max_memory_allocated after inject_, MiB; None on the CPU);
+`error` where a run raised. Per rank: Llama 4 sequences of 1024 tokens, CvT-13 64 images of 224x224 (LLAMA, CVT).
 Written as JSON to --out (default benchmarks/results/<gpu>x<N>/distributed.json) with `env` (versions, GPU, world
 size, command).
 """
@@ -161,9 +162,6 @@ def run(name: str, mode: str, provider: str, args, device: torch.device) -> dict
            "world_size": dist.get_world_size(), "batch_per_rank": s["batch"], "steps": args.steps,
            "warmup": args.warmup, **{k: s[k] for k in ("seq", "image", "layers") if k in s}}
     gc.collect()  # the previous run's model and optimizer (FSDP2's hooks hold references in cycles)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
     model = build(name, args.tiny, device)
     if mode == "ddp":
         model.to(args.dtype)  # (FSDP2 keeps float32 parameters and casts them at each unshard)
@@ -171,6 +169,9 @@ def run(name: str, mode: str, provider: str, args, device: torch.device) -> dict
     if provider == "dropin":
         # verified on two samples (a training-mode BatchNorm needs more than one value per channel)
         row["inject"] = dropin.inject_(model, example_inputs=next(iter(data[0].values()))[:2]).summary
+    if device.type == "cuda":  # the training's peak (inject_'s verification held float64 copies of the model)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     losses, step_ms = train(wrap(model, mode, args.dtype, device), data, args.lr, device)
     timed = sum(step_ms[args.warmup:])
     per_step = s["batch"] * (s["seq"] if name == "llama" else 1) * dist.get_world_size()
