@@ -252,6 +252,21 @@ def test_fsdp2_conv_bn_folded_reads_the_updated_weights(world_of_one):
     assert_same_probed_training(*sharded_training(conv_bn, train=False))
 
 
+def test_fsdp2_load_state_dict_refreshes_an_injected_model(world_of_one):
+    """load_state_dict on the sharded injected model (its parameters DTensors) refreshes the drop-ins without folding
+    the shards; the next forward folds the loaded weights."""
+    model = conv_bn().to(DEVICE).eval()
+    dropin.inject_(model, verify=False)
+    sharded = fully_shard(model)
+    sharded.load_state_dict({k: v * 2 if isinstance(v, DTensor) else v for k, v in sharded.state_dict().items()})
+    reference = conv_bn().to(DEVICE).double().eval()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.mul_(2)
+        x = image_batches(1)[0]["x"]
+        assert_close(sharded(x), reference(x.double()), torch.float32, "fwd")
+
+
 def convs() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=8),
