@@ -16,12 +16,14 @@ all ranks, the steps after --warmup, each step timed between device synchronizat
 peak memory per rank during the training (torch.cuda.max_memory_allocated after inject_, MiB; None on the CPU);
 `error` where a run raised. Per rank: Llama 4 sequences of 1024 tokens, CvT-13 64 images of 224x224 (LLAMA, CVT).
 Written as JSON to --out (default benchmarks/results/<gpu>x<N>/distributed.json) with `env` (versions, GPU, world
-size, command).
+size, command); each row has the `command` that measured it, and rows of other (model, mode) pairs already in the
+file from the same GPU and world size are kept (`--model llama`, then `--model cvt-13`, fill one file).
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import sys
@@ -204,6 +206,17 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def merged(out: Path, env: dict, rows: list) -> dict:
+    """The result to write to `out`: these rows, after the rows of other (model, mode) pairs that `out` holds from a
+    run on the same GPU and world size (one invocation per model stays within a time limit)."""
+    if out.exists():
+        old = json.loads(out.read_text())
+        if (old["env"]["gpu"], old["env"]["world_size"]) == (env["gpu"], env["world_size"]):
+            ran = {(r["model"], r["mode"]) for r in rows}
+            rows = [r for r in old["rows"] if (r["model"], r["mode"]) not in ran] + rows
+    return {"env": env, "rows": rows}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,8 +229,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                    help="default: bfloat16 on CUDA, float32 on the CPU (the interpreter has no bf16 products)")
     p.add_argument("--tiny", action="store_true", help="tiny configs (a smoke run, e.g. on the CPU)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="JSON path (default benchmarks/results/<gpu>x<N>/distributed.json)")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/<gpu>x<N>/"
+                   "distributed.json); rows of other models and modes already there are kept")
     args = p.parse_args(argv)
     args.dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     args.warmup = min(args.warmup, args.steps - 1)
@@ -243,13 +256,15 @@ def main(argv=None) -> int:
             rows += pair
     world = dist.get_world_size()
     if dist.get_rank() == 0:
-        env = harness.environment("distributed", " ".join(
-            ([f"torchrun --nproc_per_node {world}"] if "RANK" in os.environ else ["python"]) + sys.argv), {})
+        command = " ".join(([f"torchrun --nproc_per_node {world}"] if "RANK" in os.environ else ["python"]) + sys.argv)
+        env = harness.environment("distributed", command, {})
         env.update(world_size=world, backend=dist.get_backend(), dtype=str(args.dtype),
                    timing="per step: perf_counter between device synchronizations, the slowest rank's time")
+        for row in rows:
+            row["command"] = command
         out = args.out or RESULTS / f"{_runtime.gpu_slug()}x{world}" / "distributed.json"
         print(table(rows))
-        print(f"wrote {harness.write_json(out, {'env': env, 'rows': rows})}")
+        print(f"wrote {harness.write_json(out, merged(out, env, rows))}")
     dist.destroy_process_group()
     return 0 if all("error" not in r for r in rows) else 1
 

@@ -303,6 +303,20 @@ def assert_benchmark_rows(rows: list, models: tuple, max_loss_diff: float) -> No
         assert injected["throughput"] > 0 and original["throughput"] > 0
 
 
+def test_benchmark_merges_runs_into_one_file(tmp_path):
+    """A run's rows replace those of its (model, mode) pairs in an existing file of the same GPU and world size and
+    keep the others (one invocation per model); a file of another world size is replaced."""
+    out = tmp_path / "distributed.json"
+    env = {"gpu": "NVIDIA H100", "world_size": 2}
+    row = lambda model, mode, provider, loss: {"model": model, "mode": mode, "provider": provider,  # noqa: E731
+                                               "losses": [loss]}
+    out.write_text(json.dumps({"env": env, "rows": [row("llama", "ddp", p, 1.0) for p in ("original", "dropin")] +
+                                                   [row("llama", "fsdp2", p, 1.0) for p in ("original", "dropin")]}))
+    new = [row("llama", "fsdp2", p, 2.0) for p in ("original", "dropin")]
+    assert bench.merged(out, dict(env), new)["rows"] == json.loads(out.read_text())["rows"][:2] + new
+    assert bench.merged(out, dict(env, world_size=1), new)["rows"] == new
+
+
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs test_benchmark_smoke_gpu")
 def test_benchmark_smoke_cpu(tmp_path):
     """The script end to end on the CPU (gloo, tiny Llama, interpreter, one step: seconds each): rows for both modes
