@@ -1,6 +1,7 @@
 """Probe: what a materialized causal mask costs dropin's attention (torch.compile of HF Llama passes one: its mask
 code does not skip while tracing on torch < 2.14). At Llama-7B's prefill shape, eager and under torch.compile:
-is_causal, the same causal pattern as a bool mask, as an additive float mask, against SDPA with that mask.
+is_causal, the same causal pattern as a bool mask, as an additive float mask, against SDPA with that mask; then
+forward + backward of each (training under torch.compile meets the same masks).
 Usage: PYTHONPATH=src python3 benchmarks/probes/attention_mask.py [B H L D]"""
 import sys
 
@@ -30,6 +31,13 @@ def main():
         for name, fn in cases.items():
             err = ((fn().float() - ref).norm() / ref.norm()).item()
             print(f"{name:28s} {do_bench(fn, warmup=25, rep=200):7.3f} ms   rel err {err:.1e}")
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    grad = torch.randn_like(q)
+    for name, fn in cases.items():
+        if "compiled" not in name:
+            step = lambda fn=fn: torch.autograd.grad(fn(), (q, k, v), grad)  # noqa: E731
+            print(f"{name + ', fwd + bwd':28s} {do_bench(step, warmup=25, rep=200):7.3f} ms")
 
 
 if __name__ == "__main__":

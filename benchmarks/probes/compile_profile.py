@@ -3,7 +3,9 @@
 forwards under the torch profiler; per variant it prints the wall ms a forward and the GPU kernels by total time
 (count, ms a forward), so a kernel that compile makes slower, or one it adds, shows.
 Usage: PYTHONPATH=src python3 <this file> llama --layers 4 --hidden 4096 --heads 32 --intermediate 11008 --seq 1024
---batch 4 --dtype bfloat16 (or resnet50 --channels-last --batch 64 --dtype bfloat16, cvt-13 ...)."""
+--batch 4 --dtype bfloat16 (or resnet50 --channels-last --batch 64 --dtype bfloat16, cvt-13 ...). With llama's
+--generate N: HF generate() of N tokens with a static cache under reduce-overhead (HF compiles the decoding step),
+original against injected, per generate() call."""
 import copy
 import sys
 import time
@@ -13,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import dropin
 from dropin import cli
+from dropin.bench import decode
 
 
 def _forward(model, inputs):
@@ -55,6 +58,12 @@ def main():
     inputs = cli._inputs(args, original)
     injected = copy.deepcopy(original)
     dropin.inject_(injected, example_inputs=inputs)
+    if args.generate:
+        ids = inputs[0]
+        with torch.no_grad():
+            for label, model in (("original reduce-overhead", original), ("injected reduce-overhead", injected)):
+                _profile(label, lambda: decode._generate(model, ids, args.generate, True))
+        return
     _profile("original compiled", _forward(torch.compile(original, dynamic=False), inputs))
     _profile("injected eager", _forward(injected, inputs))
     torch._dynamo.reset()

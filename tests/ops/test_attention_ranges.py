@@ -1,12 +1,12 @@
 """The key-tile summary of an attention mask (dropin.ops.attention_ranges) against a reference computed with torch
 from its definition: per block of RANGE_ROWS query rows, the span of key blocks some row attends to and the first
-run of key blocks inside Lk that every row attends to wholly. (The outputs of attention with such masks are
-test_attention.py's test_structured_masks.)"""
+run of key blocks inside Lk that every row attends to wholly. (The outputs of attention with such masks, forward
+and backward, are test_attention.py's test_structured_masks.)"""
 import pytest
 import torch
 
 from _tol import DEVICE
-from dropin.ops.attention_ranges import RANGE_COLS, RANGE_ROWS, ranges_launch
+from dropin.ops.attention_ranges import RANGE_COLS, RANGE_ROWS, Summary
 
 
 def ranges_ref(mask: torch.Tensor, kind: str) -> torch.Tensor:
@@ -52,23 +52,29 @@ def patterns(B, Lq, Lk):
     }
 
 
+def poison_ints(monkeypatch) -> None:
+    """torch.empty of an integer dtype fills -7 from here on: an entry the kernel fails to write shows."""
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(-7))
+
+
 @pytest.mark.parametrize("kind", ["bool", "float"])
 @pytest.mark.parametrize("lengths", [(100, 100), (37, 130), (130, 47)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("pattern", list(patterns(2, 4, 4)))
-def test_summary(pattern, lengths, kind):
+def test_summary(pattern, lengths, kind, monkeypatch):
     mask = patterns(2, *lengths)[pattern][:, None].contiguous()
     if kind == "float":  # blocked -inf, attended 0 or (to tell "attends" from "attends wholly") a random value
         values = torch.where(torch.rand(mask.shape, device=DEVICE) > 0.2, 0.0, torch.randn(mask.shape, device=DEVICE))
         mask = torch.where(mask, values, float("-inf"))
-    run, shape, strides = ranges_launch(mask, kind)
-    ranges = torch.full(shape, -7, dtype=torch.int32, device=DEVICE)
-    run(mask.view(torch.uint8) if kind == "bool" else mask, ranges)
-    assert strides == (shape[1] * shape[2] * 4, 0)
+    summary = Summary(mask, kind)
+    poison_ints(monkeypatch)
+    ranges = summary(mask.view(torch.uint8) if kind == "bool" else mask)
+    assert summary.strides == (ranges.shape[1] * ranges.shape[2] * 4, 0)
     torch.testing.assert_close(ranges.cpu(), ranges_ref(mask.cpu(), kind), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("view", ["batch-and-heads", "heads", "strided"])
-def test_summary_views(view):
+def test_summary_views(view, monkeypatch):
     """Broadcast dims are summarized once (stride 0 for the reader); any strides are read."""
     base = patterns(2, 50, 70)["window"][:, None]
     if view == "batch-and-heads":
@@ -76,11 +82,11 @@ def test_summary_views(view):
     elif view == "heads":
         mask, expect_shape = base.expand(2, 3, 50, 70), (2, 1)
     else:
-        mask, expect_shape = torch.ones(2, 3, 140, 50, dtype=torch.bool, device=DEVICE).transpose(2, 3)[..., ::2], (2, 3)
-        mask = mask & patterns(2, 50, 70)["random"][:, None]
-    run, shape, strides = ranges_launch(mask, "bool")
-    assert shape[:2] == expect_shape
-    ranges = torch.full(shape, -7, dtype=torch.int32, device=DEVICE)
-    run(mask.view(torch.uint8), ranges)
-    dense = mask[:shape[0], :shape[1]].contiguous()
+        wide = torch.rand(2, 3, 140, 50, device=DEVICE) > 0.5
+        mask, expect_shape = wide.transpose(2, 3)[..., ::2], (2, 3)  # strides (7000, 2800, 1, 100)
+    summary = Summary(mask, "bool")
+    poison_ints(monkeypatch)
+    ranges = summary(mask.view(torch.uint8))
+    assert ranges.shape[:2] == expect_shape
+    dense = mask[:expect_shape[0], :expect_shape[1]].contiguous()
     torch.testing.assert_close(ranges.cpu(), ranges_ref(dense.cpu(), "bool"), rtol=0, atol=0)

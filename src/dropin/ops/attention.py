@@ -2,17 +2,9 @@
 forward and backward.
 
 q [B, H, Lq, E], k and v [B, HK, Lk, E] (HK divides H: grouped-query / multi-query attention), any strides.
-No kernel ever holds the [Lq, Lk] score matrix: tiles of keys stream past a tile of queries.
-- forward `_fwd_kernel`: one program per (query tile, batch * head); online softmax in base 2 with the
-  softmax scale times log2(e) folded into the scores. Per query row it keeps the row maximum and 1 / the row
-  sum (`stats`), from which the backward recomputes the probabilities.
-- backward: `_delta_kernel` (rowsum(dO * O)), `_dkdv_kernel` (one program per key tile and K/V head, walking
-  the query tiles of every query head of its group: no atomics) and `_dq_kernel` (one program per query tile,
-  walking the key tiles).
-Tiles that lie inside both sequences and (causal) below the diagonal skip all per-entry masking; only the
-tiles on the diagonal and at the ends of the sequences pay for it (EDGE). q, k, v and dO are read with TMA
-tensor descriptors (Hopper, 16-bit, aligned strides: rows past the end read 0) or with pointers (any
-strides: rows past the end read the last row); either way such rows are masked out of the scores.
+No kernel ever holds the [Lq, Lk] score matrix: tiles of keys stream past a tile of queries (`attention_kernels`:
+a forward that keeps per query row the maximum and 1 / the sum of its scores, and a backward of three kernels that
+recomputes the probabilities from them; a mask's wholly blocked tiles skipped: `attention_ranges`).
 Masks: `is_causal` (top-left aligned as in torch), or `attn_mask`, boolean (True: attend) or additive float,
 read through strides with stride 0 over broadcast dims. With an additive mask the scores stay in natural
 units (exp instead of exp2): HF's finfo.min masks then keep torch's meaning, which scaling by log2 e would
@@ -28,16 +20,15 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
 from . import _autotune
 from ._dispatch import Launch, Shortcuts, absent, aligned, plan, switch, torch_op
 from .attention_decode import decode, decode_shortcut
-from .attention_ranges import RANGE_ROWS, query_tile_ranges, ranges_launch
-from .matmul import _autocast, _dot, _dot_acc, _precision
+from .attention_kernels import delta_kernel, dkdv_kernel, dq_kernel, fwd_kernel
+from .attention_ranges import RANGE_ROWS, Summary
+from .matmul import _autocast, _precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -54,439 +45,7 @@ def attention_ref(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_g
                                               enable_gqa=enable_gqa)
 
 
-# --- 2. Kernels ------------------------------------------------------------------------------------------
-
-@triton.jit
-def _rows(start, L, BLOCK: tl.constexpr, EDGE: tl.constexpr):
-    """Indices start .. start + BLOCK, and the row each reads: clamped into [0, L) on an EDGE tile."""
-    offs = start + tl.arange(0, BLOCK)
-    if EDGE:
-        rows = tl.minimum(offs, L - 1)
-    else:
-        rows = offs
-    return offs, rows
-
-
-@triton.jit
-def _source(ptr, B, HEADS, L, stride_b, stride_h, stride_l,
-            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, TMA: tl.constexpr):
-    """What `_tile` reads q, k, v or dO from: (TMA) a tensor descriptor over [B, HEADS, L, HEAD_DIM] (unit
-    stride last), else the pointer itself."""
-    if TMA:
-        src = tl.make_tensor_descriptor(ptr, [B, HEADS, L, HEAD_DIM], [stride_b, stride_h, stride_l, 1],
-                                        [1, 1, BLOCK, BLOCK_D])
-    else:
-        src = ptr
-    return src
-
-
-@triton.jit
-def _tile(src, b, h, start, rows, stride_b, stride_h, stride_l, stride_d,
-          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, TMA: tl.constexpr):
-    """Rows start .. start + BLOCK of head (b, h) as a [BLOCK, BLOCK_D] tile, columns past HEAD_DIM 0: TMA
-    reads rows past the end as 0, pointers read `rows` (clamped by `_rows` on an EDGE tile)."""
-    if TMA:
-        tile = src.load([b, h, start, 0]).reshape(BLOCK, BLOCK_D)
-    else:
-        offs_d = tl.arange(0, BLOCK_D)
-        ptrs = (src + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + rows[:, None] * stride_l
-                + offs_d[None, :] * stride_d)
-        if HEAD_DIM == BLOCK_D:
-            tile = tl.load(ptrs)
-        else:
-            tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    return tile
-
-
-@triton.jit
-def _cols(ptr, b, h, rows, stride_b, stride_h, stride_l, stride_d, d0,
-          HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
-    """Columns d0 .. d0 + CHUNK of `rows` of head (b, h) (pointer loads), columns past HEAD_DIM 0."""
-    offs_d = d0 + tl.arange(0, CHUNK)
-    ptrs = (ptr + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + rows[:, None] * stride_l
-            + offs_d[None, :] * stride_d)
-    if HEAD_DIM % CHUNK == 0:
-        tile = tl.load(ptrs)
-    else:
-        tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    return tile
-
-
-@triton.jit
-def _dot_t(a, a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, b, b_ptr, b_b, b_h, b_rows, sb_b, sb_h, sb_l, sb_d,
-           PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
-    """a @ b^T, a product over the head dim of two row tiles. CHUNK > 0 (true fp32 on the tensor cores, tf32x3,
-    whose MMA chains truncate their running sums): the rows are read again from memory CHUNK columns at a time
-    and the chunks' products summed in fp32, so that no chain is longer than CHUNK (a two-level sum, as
-    _dot_acc's); else the tiles a and b as they are."""
-    if CHUNK:  # (a loop, not unrolled: each unrolled chunk's operands took shared memory of their own)
-        c = tl.zeros((a.shape[0], b.shape[0]), dtype=tl.float32)
-        for d0 in tl.range(0, BLOCK_D, CHUNK):
-            c = c - _dot(-_cols(a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, d0, HEAD_DIM, CHUNK),
-                         tl.trans(_cols(b_ptr, b_b, b_h, b_rows, sb_b, sb_h, sb_l, sb_d, d0, HEAD_DIM, CHUNK)),
-                         PRECISION)
-    else:
-        c = _dot(a, tl.trans(b), PRECISION)
-    return c
-
-
-@triton.jit
-def _scores(qk, qi, kj, Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
-            MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr):
-    """Scores of one tile from qk = q . k; qi / kj: the query / key index of each entry (broadcasting to the
-    tile, in either orientation). Log2 units (qk_scale = scale * log2 e), natural units with an additive
-    mask (qk_scale = scale). -inf where the mask says no, and (EDGE) past Lq or Lk or above the diagonal."""
-    s = qk * qk_scale
-    if MASK != "none":
-        # bounds as the load's mask (constant along runs of 16 keys: vector loads), not as clamped indices
-        mask = tl.load(mask_base + qi.to(tl.int64) * stride_mq + kj * stride_mk, mask=(qi < Lq) & (kj < Lk),
-                       other=0)
-        if MASK == "float":
-            s = s + mask.to(tl.float32)
-        else:
-            s = tl.where(mask != 0, s, float("-inf"))
-    if EDGE:
-        keep = (qi < Lq) & (kj < Lk)
-        if CAUSAL:
-            keep = keep & (kj <= qi)
-        s = tl.where(keep, s, float("-inf"))
-    return s
-
-
-@triton.jit
-def _exp(x, MASK: tl.constexpr):
-    """exp of a difference of scores, in their units."""
-    if MASK == "float":
-        y = tl.exp(x)
-    else:
-        y = tl.math.exp2(x)
-    return y
-
-
-@triton.jit
-def _key_ranges(start_m, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(mid, hi) for a query tile at start_m: key tiles [0, mid) need no masking, [mid, hi) are EDGE tiles
-    (BLOCK_M is a multiple of BLOCK_N, so the diagonal starts on a key tile boundary)."""
-    full = Lk // BLOCK_N * BLOCK_N
-    if CAUSAL:
-        mid = tl.minimum(start_m, full)
-        hi = tl.minimum(start_m + BLOCK_M, Lk)
-    else:
-        mid = full
-        hi = Lk
-    return mid, hi
-
-
-@triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-               offs_m, lo, hi, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk, qk_scale,
-               stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-               stride_mq, stride_mk,
-               MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, FULL: tl.constexpr,
-               PRECISION: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
-    """Online softmax over the key tiles [lo, hi): the running output, row sums and row maxima. FULL: the mask
-    attends wholly on these tiles (`attention_ranges`): it is not read, its kind only sets the units. FOLD
-    (scale > 0): on tiles whose scores are all finite (no mask read, not EDGE) the row maximum is taken before
-    scaling and the scale folds into one FMA with its subtraction."""
-    for start_n in tl.range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)  # every lo is one (or its range is empty)
-        offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
-        k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                  HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        qk = _dot_t(q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                    k, k_ptr, b, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                    PRECISION, HEAD_DIM, BLOCK_D, CHUNK)
-        if FOLD and not EDGE and (MASK == "none" or FULL):
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            m_use = m_new
-            p = _exp(qk * qk_scale - m_new[:, None], MASK)
-        else:
-            if FULL:
-                s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk, mask_base, stride_mq, stride_mk,
-                            qk_scale, "none", CAUSAL, EDGE)
-            else:
-                s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk, mask_base, stride_mq, stride_mk,
-                            qk_scale, MASK, CAUSAL, EDGE)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: keep exp away from -inf - -inf
-            p = _exp(s - m_use[:, None], MASK)
-        alpha = _exp(m_i - m_use, MASK)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
-                  HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        acc = _dot_acc(acc * alpha[:, None], p.to(v.dtype), v, PRECISION)
-        m_i = m_new
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, o_ptr, stats_ptr,
-                B, H, HK, Lq, Lk, qk_scale,
-                stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
-                stride_rb, stride_rh, stride_ob, stride_oh, stride_om, stride_od,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-                FOLD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, RANGE_ROWS: tl.constexpr):
-    """Grid (query tiles, B * H). stats [B, H, 2, Lq] fp32: the row maximum of the scores (+inf for a row that
-    attends to nothing) and 1 / the row sum: the backward's P = exp(s - max) / sum is then the forward's own
-    (no log-sum-exp, whose rounding would not cancel against O in rowsum(dO * O), and which a finfo.min
-    maximum would absorb). With a mask, ranges (`attention_ranges`, strides stride_rb / stride_rh) say which key
-    tiles to skip, which to read the mask on and which attend wholly."""
-    qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // (H // HK)
-    offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, True)
-    q_src = _source(q_ptr, B, H, Lq, stride_qb, stride_qh, stride_qm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-    k_src = _source(k_ptr, B, HK, Lk, stride_kb, stride_kh, stride_kn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-    v_src = _source(v_ptr, B, HK, Lk, stride_vb, stride_vh, stride_vn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-    q = _tile(q_src, b, h, start_m, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-              HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-    mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    if MASK == "none":  # key tiles [0, mid) unmasked, [mid, hi) EDGE
-        mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm,
-                                   stride_qd, offs_m, 0, mid, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
-                                   qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
-                                   stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                                   MASK, CAUSAL, False, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   CHUNK)
-    else:  # [lo, full_lo) and [full_hi, hi) read the mask (EDGE), [full_lo, full_hi) attend wholly
-        ranges_base = ranges_ptr + b.to(tl.int64) * stride_rb + h.to(tl.int64) * stride_rh
-        lo, full_lo, full_hi, hi = query_tile_ranges(ranges_base, start_m, Lq, Lk, BLOCK_M, BLOCK_N, RANGE_ROWS)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm,
-                                   stride_qd, offs_m, full_lo, full_hi, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
-                                   qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
-                                   stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                                   MASK, CAUSAL, False, True, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   CHUNK)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm,
-                                   stride_qd, offs_m, lo, full_lo, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
-                                   qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
-                                   stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                                   MASK, CAUSAL, True, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   CHUNK)
-        mid = full_hi
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                               offs_m, mid, hi, k_ptr, k_src, v_src, hk, mask_base, Lq, Lk,
-                               qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
-                               stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                               MASK, CAUSAL, True, False, PRECISION, TMA, FOLD, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
-    empty = l_i == 0.0
-    l_i = tl.where(empty, 1.0, l_i)
-    out = acc / l_i[:, None]
-    in_rows = offs_m < Lq
-    offs_d = tl.arange(0, BLOCK_D)
-    o_ptrs = (o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_om
-              + offs_d[None, :] * stride_od)
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=in_rows[:, None] & (offs_d[None, :] < HEAD_DIM))
-    stats = stats_ptr + bh.to(tl.int64) * 2 * Lq + offs_m
-    tl.store(stats, tl.where(empty, float("inf"), m_i), mask=in_rows)
-    tl.store(stats + Lq, 1.0 / l_i, mask=in_rows)
-
-
-@triton.jit
-def _delta_kernel(o_ptr, do_ptr, delta_ptr, H, Lq,
-                  stride_ob, stride_oh, stride_om, stride_od, stride_db, stride_dh, stride_dm, stride_dd,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """delta[B, H, Lq] = rowsum(dO * O) in fp32; grid (query tiles, B * H)."""
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    start_m = tl.program_id(0) * BLOCK_M
-    offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, True)
-    o = _tile(o_ptr, b, h, start_m, rows_m, stride_ob, stride_oh, stride_om, stride_od,
-              HEAD_DIM, BLOCK_D, BLOCK_M, False)
-    do = _tile(do_ptr, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
-               HEAD_DIM, BLOCK_D, BLOCK_M, False)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(delta_ptr + bh.to(tl.int64) * Lq + offs_m, delta, mask=offs_m < Lq)
-
-
-@triton.jit
-def _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                stride_vb, stride_vh, stride_vn, stride_vd, offs_n, lo, hi, q_ptr, q_src, do_ptr, do_src, b, h,
-                stats_base, delta_base, mask_base, Lq, Lk, qk_scale, stride_qb, stride_qh, stride_qm, stride_qd,
-                stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
-                TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                CHUNK: tl.constexpr):
-    """dK, dV of one key tile summed over the query tiles [lo, hi) of head h, in the transposed orientation
-    (rows are keys), so that P^T and dS^T feed the products as they come out of the score product."""
-    for start_m in tl.range(lo, hi, BLOCK_M):
-        start_m = tl.multiple_of(start_m, BLOCK_M)  # every lo is one (or its range is empty)
-        offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, EDGE)
-        q = _tile(q_src, b, h, start_m, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                  HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-        kq = _dot_t(k, k_ptr, b, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                    q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd, PRECISION, HEAD_DIM,
-                    BLOCK_D, CHUNK)
-        st = _scores(kq, offs_m[None, :], offs_n[:, None], Lq, Lk,
-                     mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
-        m = tl.load(stats_base + rows_m)
-        inv_l = tl.load(stats_base + Lq + rows_m)
-        pt = _exp(st - m[None, :], MASK) * inv_l[None, :]
-        do = _tile(do_src, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
-                   HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-        dv = _dot_acc(dv, pt.to(do.dtype), do, PRECISION)
-        dpt = _dot_t(v, v_ptr, b, hk, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
-                     do, do_ptr, b, h, rows_m, stride_db, stride_dh, stride_dm, stride_dd, PRECISION, HEAD_DIM,
-                     BLOCK_D, CHUNK)
-        dst = pt * (dpt - tl.load(delta_base + rows_m)[None, :])
-        dk = _dot_acc(dk, dst.to(q.dtype), q, PRECISION)
-    return dk, dv
-
-
-@triton.jit
-def _dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
-                 B, H, HK, Lq, Lk, qk_scale, sm_scale,
-                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                 stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
-                 stride_db, stride_dh, stride_dm, stride_dd,
-                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CHUNK: tl.constexpr):
-    """Grid (key tiles, B * HK); dk and dv are contiguous [B, HK, Lk, E]. BLOCK_N is a multiple of BLOCK_M.
-    Causal: query tiles before the key tile see none of it; those on the diagonal are EDGE tiles."""
-    qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
-    sm_scale = tl.cast(sm_scale, tl.float32)
-    start_n = tl.program_id(0) * BLOCK_N
-    bhk = tl.program_id(1)
-    b = bhk // HK
-    hk = bhk % HK
-    group = H // HK
-    offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, True)
-    k = _tile(_source(k_ptr, B, HK, Lk, stride_kb, stride_kh, stride_kn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA),
-              b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-    v = _tile(_source(v_ptr, B, HK, Lk, stride_vb, stride_vh, stride_vn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA),
-              b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-    q_src = _source(q_ptr, B, H, Lq, stride_qb, stride_qh, stride_qm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-    do_src = _source(do_ptr, B, H, Lq, stride_db, stride_dh, stride_dm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    full = Lq // BLOCK_M * BLOCK_M
-    if CAUSAL:
-        lo = start_n
-        band = tl.minimum(start_n + BLOCK_N, Lq)
-    else:
-        lo = 0
-        band = 0
-    tail = tl.maximum(band, full)
-    for g in range(group):
-        h = hk * group + g
-        row = (b * H + h).to(tl.int64) * Lq
-        mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
-        dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                             stride_vb, stride_vh, stride_vn, stride_vd, offs_n, lo, band, q_ptr, q_src, do_ptr,
-                             do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk, qk_scale,
-                             stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
-                             stride_mq, stride_mk, MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M,
-                             CHUNK)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                             stride_vb, stride_vh, stride_vn, stride_vd, offs_n, band, full, q_ptr, q_src, do_ptr,
-                             do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk, qk_scale,
-                             stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
-                             stride_mq, stride_mk, MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M,
-                             CHUNK)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                             stride_vb, stride_vh, stride_vn, stride_vd, offs_n, tail, Lq, q_ptr, q_src, do_ptr,
-                             do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk, qk_scale,
-                             stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
-                             stride_mq, stride_mk, MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M,
-                             CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs = bhk.to(tl.int64) * Lk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    store_mask = (offs_n[:, None] < Lk) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=store_mask)
-    tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=store_mask)
-
-
-@triton.jit
-def _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-              stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, lo, hi, k_ptr, k_src, v_ptr,
-              v_src, b, hk, mask_base, Lq, Lk, qk_scale,
-              stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-              stride_mq, stride_mk,
-              MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, PRECISION: tl.constexpr,
-              TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              CHUNK: tl.constexpr):
-    """dQ of one query tile summed over the key tiles [lo, hi)."""
-    for start_n in tl.range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)  # every lo is one (or its range is empty)
-        offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
-        k = _tile(k_src, b, hk, start_n, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                  HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        qk = _dot_t(q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                    k, k_ptr, b, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd, PRECISION, HEAD_DIM,
-                    BLOCK_D, CHUNK)
-        s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk,
-                    mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
-        p = _exp(s - m[:, None], MASK) * inv_l[:, None]
-        v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
-                  HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        dp = _dot_t(do, do_ptr, b, h, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
-                    v, v_ptr, b, hk, rows_n, stride_vb, stride_vh, stride_vn, stride_vd, PRECISION, HEAD_DIM,
-                    BLOCK_D, CHUNK)
-        ds = p * (dp - delta[:, None])
-        dq = _dot_acc(dq, ds.to(k.dtype), k, PRECISION)
-    return dq
-
-
-@triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, stats_ptr, delta_ptr, dq_ptr,
-               B, H, HK, Lq, Lk, qk_scale, sm_scale,
-               stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-               stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
-               stride_db, stride_dh, stride_dm, stride_dd,
-               MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               CHUNK: tl.constexpr):
-    """Grid (query tiles, B * H); dq is contiguous [B, H, Lq, E]."""
-    qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
-    sm_scale = tl.cast(sm_scale, tl.float32)
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // (H // HK)
-    offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, True)
-    q = _tile(_source(q_ptr, B, H, Lq, stride_qb, stride_qh, stride_qm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA),
-              b, h, start_m, rows_m, stride_qb, stride_qh, stride_qm, stride_qd, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-    do = _tile(_source(do_ptr, B, H, Lq, stride_db, stride_dh, stride_dm, HEAD_DIM, BLOCK_D, BLOCK_M, TMA),
-               b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd, HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-    k_src = _source(k_ptr, B, HK, Lk, stride_kb, stride_kh, stride_kn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-    v_src = _source(v_ptr, B, HK, Lk, stride_vb, stride_vh, stride_vn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-    row = bh.to(tl.int64) * Lq
-    m = tl.load(stats_ptr + 2 * row + rows_m)
-    inv_l = tl.load(stats_ptr + 2 * row + Lq + rows_m)
-    delta = tl.load(delta_ptr + row + rows_m)
-    mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
-    dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    mid, hi = _key_ranges(start_m, Lk, CAUSAL, BLOCK_M, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                   stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, 0, mid, k_ptr, k_src, v_ptr,
-                   v_src, b, hk, mask_base, Lq, Lk, qk_scale,
-                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_mq, stride_mk, MASK, CAUSAL, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
-    dq = _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                   stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, mid, hi, k_ptr, k_src, v_ptr,
-                   v_src, b, hk, mask_base, Lq, Lk, qk_scale,
-                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_mq, stride_mk, MASK, CAUSAL, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs = row * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(dq_ptr + offs, (dq * sm_scale).to(dq_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < HEAD_DIM))
-
-
-# --- 3. Launchers ----------------------------------------------------------------------------------------
+# --- 2. Launchers ----------------------------------------------------------------------------------------
 
 def _cfg(block_m, block_n, warps, stages):
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
@@ -641,26 +200,17 @@ def _fwd_plan(q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: 
     def make():  # sizes and strides are fixed by the plan's key: computed once
         fixed = (B, H, HK, Lq, Lk)
         masked = mask_kind != "none"
-        summarize, ranges_shape, ranges_strides = ranges_launch(mask, mask_kind, traced) if masked else (
-            None, (0,), (0, 0))
-        strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *ranges_strides, *out.stride())
+        summary = Summary(mask if masked else None, mask_kind, traced)
+        strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *summary.strides, *out.stride())
         tma = _tma_ok(q, k, v, traced=traced)
         chunk = _chunk(precision)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, FOLD=qk_scale > 0, HEAD_DIM=E,
                     BLOCK_D=_block_d(E), CHUNK=chunk, RANGE_ROWS=RANGE_ROWS)
         configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
-
-        def ranges_of(m):  # the mask's summary, or a stand-in without a mask
-            if not masked:
-                return absent(q, traced) if traced else m
-            ranges = torch.empty(ranges_shape, device=q.device, dtype=torch.int32)
-            summarize(m, ranges)
-            return ranges
-
-        timed_args = () if traced else (q, k, v, mask_t, ranges_of(mask_t), out, stats, *fixed, qk_scale, *strides)
-        launch = _tuned(_fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
+        timed_args = () if traced else (q, k, v, mask_t, summary(mask_t), out, stats, *fixed, qk_scale, *strides)
+        launch = _tuned(fwd_kernel, "attention_fwd", _tune_key(q, k, mask_kind, is_causal, precision, tma),
                         configs, lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta, timed_args, traced=traced)
-        return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, ranges_of(m), out, stats, *fixed,
+        return lambda q, k, v, m, out, stats, qk_scale: launch(q, k, v, m, summary(m), out, stats, *fixed,
                                                                qk_scale, *strides)
 
     plan_key = ("fwd", _signature(q, k, v, mask, traced=traced), q.device, is_causal, precision, qk_scale > 0)
@@ -698,31 +248,36 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
 
     def make():  # sizes and strides are fixed by the plan's key: computed once
         fixed = (B, H, HK, Lq, Lk)
-        strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
+        masked = mask_kind != "none"
+        # the mask's summaries: per query rows for dQ's walk over keys, per key rows (transposed) for dK / dV's
+        by_query = Summary(mask if masked else None, mask_kind, traced)
+        by_key = Summary(mask.transpose(2, 3) if masked else None, mask_kind, traced)
+        strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides)
         delta_fixed = (H, Lq, *out.stride(), *grad_out.stride())
         tma = _tma_ok(q, k, v, grad_out, traced=traced)
         chunk = _chunk(precision)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E),
-                    CHUNK=chunk)
+                    CHUNK=chunk, RANGE_ROWS=RANGE_ROWS)
         key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
-        masked = mask_kind != "none"
-        launch_delta = Launch(_delta_kernel, (_runtime.cdiv(Lq, _DELTA_BLOCK_M), B * H),
+        launch_delta = Launch(delta_kernel, (_runtime.cdiv(Lq, _DELTA_BLOCK_M), B * H),
                               dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M), traced=traced)
         dkdv_configs = _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_M")
         dq_configs = _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
-        launch_dkdv = _tuned(_dkdv_kernel, "attention_dkdv", key, dkdv_configs,
+        dkdv_strides = (*strides, *by_key.strides, *_strides(grad_out))
+        dq_strides = (*strides, *by_query.strides, *_strides(grad_out))
+        launch_dkdv = _tuned(dkdv_kernel, "attention_dkdv", key, dkdv_configs,
                              lambda c: (_runtime.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
-                             (q, k, v, mask_t, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides),
-                             traced=traced)
-        launch_dq = _tuned(_dq_kernel, "attention_dq", key, dq_configs,
+                             () if traced else (q, k, v, mask_t, by_key(mask_t), grad_out, stats, delta, dk, dv,
+                                                *fixed, qk_scale, scale, *dkdv_strides), traced=traced)
+        launch_dq = _tuned(dq_kernel, "attention_dq", key, dq_configs,
                            lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
-                           (q, k, v, mask_t, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides),
-                           traced=traced)
+                           () if traced else (q, k, v, mask_t, by_query(mask_t), grad_out, stats, delta, dq,
+                                              *fixed, qk_scale, scale, *dq_strides), traced=traced)
 
         def run(grad_out, q, k, v, m, out, stats, delta, dq, dk, dv, qk_scale, scale):
             launch_delta(out, grad_out, delta, *delta_fixed)
-            launch_dkdv(q, k, v, m, grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *strides)
-            launch_dq(q, k, v, m, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *strides)
+            launch_dkdv(q, k, v, m, by_key(m), grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *dkdv_strides)
+            launch_dq(q, k, v, m, by_query(m), grad_out, stats, delta, dq, *fixed, qk_scale, scale, *dq_strides)
         return run
 
     plan_key = ("bwd", _signature(grad_out, q, k, v, mask, out, traced=traced), q.device, is_causal, precision)
@@ -731,7 +286,7 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
     return dq, dk, dv
 
 
-# --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) --------------------------------
+# --- 3. Registration as torch ops (what torch.compile traces: `_dispatch`) --------------------------------
 
 @torch_op("dropin::attention", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], is_causal: bool,
@@ -750,7 +305,7 @@ _fwd = switch(_fwd_op, _fwd_impl)
 _bwd = switch(_bwd_op, _bwd_impl)
 
 
-# --- 5. Autograd -----------------------------------------------------------------------------------------
+# --- 4. Autograd -----------------------------------------------------------------------------------------
 
 class _AttentionFunction(torch.autograd.Function):
     @staticmethod
@@ -767,7 +322,7 @@ class _AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-# --- 6. Public function ----------------------------------------------------------------------------------
+# --- 5. Public function ----------------------------------------------------------------------------------
 
 def _check_shapes(q, k, v, enable_gqa: bool) -> None:
     """q [B, H, Lq, E] (or [B, Lq, E]), k [B, HK, Lk, E], v [B, HK, Lk, E]; errors name the argument."""

@@ -1,7 +1,7 @@
 """Attention of one query per head over a long key/value cache (a decoding step): flash decoding, the keys split
 across programs.
 
-One query row per head gives the flash forward (`attention._fwd_kernel`) one program per head, each walking every
+One query row per head gives the flash forward (`attention_kernels.fwd_kernel`) one program per head, each walking every
 key: a handful of programs on a GPU of 100+ SMs. Here the keys of each K/V head are cut into `splits` ranges, one
 program per (batch, K/V head, range) over the query heads of its group (grouped-query attention reads each K/V tile
 once for the whole group); each writes its range's unnormalized output, row maximum and row sum in fp32, and a

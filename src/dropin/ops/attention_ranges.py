@@ -3,17 +3,20 @@ which the flash forward skips the key tiles that the mask blocks wholly and read
 
 For every RANGE_ROWS query rows and each mask head (broadcast dims once), four key positions, multiples of
 RANGE_COLS (or Lk): [lo, hi), the span of key blocks where some row attends to some key (none: lo = Lk, hi = 0),
-and [full_lo, full_hi), the first run of key blocks inside Lk where every row attends to every key (none: 0, 0). A bool mask
-attends where True; an additive float mask blocks only -inf (a finite value, HF's finfo.min too, still weighs in a
-row that attends to nothing else) and attends fully where 0. A causal, sliding-window or key-padding mask then costs
-what `is_causal` costs; any other mask stays exact (its tiles inside [lo, hi) read it entry by entry).
+and [full_lo, full_hi), the first run of key blocks inside Lk where every row attends to every key (none: 0, 0).
+A bool mask attends where True; an additive float mask blocks only -inf (a finite value, HF's finfo.min too, still
+weighs in a row that attends to nothing else) and attends fully where 0. A causal, sliding-window or key-padding
+mask then costs what `is_causal` costs; any other mask stays exact (its tiles inside [lo, hi) read it entry by
+entry). The backward's walk over query tiles per key tile reads the summary of the transposed mask.
 """
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._dispatch import Launch
+from ._dispatch import Launch, absent
 
 RANGE_ROWS = 16  # query rows per summary entry (divides every forward query tile)
 RANGE_COLS = 16  # key granularity of the summary (divides every forward key tile)
@@ -91,18 +94,31 @@ def mask_heads(mask: torch.Tensor) -> tuple:
     return (1 if mask.stride(0) == 0 else mask.shape[0]), (1 if mask.stride(1) == 0 else mask.shape[1])
 
 
-def ranges_launch(mask: torch.Tensor, kind: str, traced: bool = False):
-    """(run, shape, strides): run(mask_t, ranges) writes the summary of `mask` ([B, H, Lq, Lk], any strides; read
-    as `kind` "bool" or "float") into ranges, an int32 tensor of `shape`; strides: the summary's batch and head
-    strides for a reader indexing it with the attention's b and h (0 over broadcast dims)."""
-    B, H, Lq, Lk = mask.shape
-    batches, heads = mask_heads(mask)
-    blocks = _runtime.cdiv(Lq, RANGE_ROWS)
-    launch = Launch(_ranges_kernel, (blocks, batches * heads),
-                    dict(MASK=kind, ROWS=RANGE_ROWS, COLS=RANGE_COLS, CHUNK=_CHUNK, NONE=_NONE), traced=traced)
-    strides = (0 if batches == 1 else heads * blocks * 4, 0 if heads == 1 else blocks * 4)
-    fixed = (Lq, Lk, heads, *mask.stride())
+class Summary:
+    """The summary of the masks of one signature: summary(mask_t) returns a new int32 tensor of `shape` holding it,
+    for the mask at mask_t's address ([B, H, Lq, Lk] as `mask` gave shape and strides, any strides; read as `kind`
+    "bool" or "float"; mask_t may be the tensor of which `mask` is a view at the same address, e.g. the
+    untransposed mask of a transposed view). strides: the summary's batch and head strides for a reader indexing it
+    with the attention's b and h (0 over broadcast dims). Without a mask (None), summary(stand_in) returns an
+    `absent` stand-in for the kernel's unused pointer, strides (0, 0)."""
 
-    def run(mask_t, ranges):
-        launch(mask_t, ranges, *fixed)
-    return run, (batches, heads, blocks, 4), strides
+    def __init__(self, mask: Optional[torch.Tensor], kind: str = "none", traced: bool = False):
+        self.traced = traced
+        if mask is None:
+            self.launch, self.strides = None, (0, 0)
+            return
+        B, H, Lq, Lk = mask.shape
+        batches, heads = mask_heads(mask)
+        blocks = _runtime.cdiv(Lq, RANGE_ROWS)
+        self.shape = (batches, heads, blocks, 4)
+        self.strides = (0 if batches == 1 else heads * blocks * 4, 0 if heads == 1 else blocks * 4)
+        self.launch = Launch(_ranges_kernel, (blocks, batches * heads),
+                             dict(MASK=kind, ROWS=RANGE_ROWS, COLS=RANGE_COLS, CHUNK=_CHUNK, NONE=_NONE), traced=traced)
+        self.fixed = (Lq, Lk, heads, *mask.stride())
+
+    def __call__(self, mask_t: torch.Tensor) -> torch.Tensor:
+        if self.launch is None:
+            return absent(mask_t, self.traced)
+        ranges = torch.empty(self.shape, device=mask_t.device, dtype=torch.int32)
+        self.launch(mask_t, ranges, *self.fixed)
+        return ranges
