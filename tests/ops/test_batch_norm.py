@@ -211,6 +211,26 @@ def test_repeat_calls_with_autograd_through_the_shortcut(training, monkeypatch):
     _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided"])
+def test_inference_in_one_launch(layout, monkeypatch):
+    """Inference without autograd is one launch (`_bn_eval_kernel`), with the numbers of the path that saves the
+    statistics (finalize + apply, bit for bit), affine or not."""
+    from dropin.ops import _dispatch
+    x, stats = _x((3, 5, 4, 6), torch.float16, layout), _stats(5)
+    for params in (_params(5).values(), (None, None)):
+        y_saved = ops.batch_norm(x.detach().requires_grad_(), *stats, *params, False).detach()
+        launched = []
+        call = _dispatch.Launch.__call__
+        monkeypatch.setattr(_dispatch.Launch, "__call__",
+                            lambda self, *a: launched.append(self.kernel) or call(self, *a))
+        with torch.no_grad():
+            y = ops.batch_norm(x, *stats, *params, False)
+        monkeypatch.undo()
+        assert [k.fn.__name__ for k in launched] == ["_bn_eval_kernel"]
+        torch.testing.assert_close(y, y_saved, rtol=0, atol=0)
+        assert y.stride() == y_saved.stride()
+
+
 REGISTERED = {  # id -> (x, running statistics, affine, training, dtype of the weight / bias gradients)
     "train-nchw": (lambda: _x((3, 7, 5, 9)), True, True, True, torch.float32),
     "train-channels_last-fp16": (lambda: _x((3, 7, 5, 9), torch.float16, "channels_last"), True, True, True,
@@ -231,8 +251,10 @@ def test_registered_ops(case):
     C = x.shape[1]
     stats = _stats(C) if has_stats else (None, None)
     w, b = _params(C).values() if affine else (None, None)
-    _check.opcheck(torch.ops.dropin.batch_norm.default, x, w, b, *stats, training, 0.1, 1e-5)
-    _, center, invstd = torch.ops.dropin.batch_norm(x, w, b, *stats, training, 0.1, 1e-5)
+    _check.opcheck(torch.ops.dropin.batch_norm.default, x, w, b, *stats, training, 0.1, 1e-5, True)
+    if not training:
+        _check.opcheck(torch.ops.dropin.batch_norm.default, x, w, b, *stats, training, 0.1, 1e-5, False)
+    _, center, invstd = torch.ops.dropin.batch_norm(x, w, b, *stats, training, 0.1, 1e-5, True)
     _check.opcheck(torch.ops.dropin.batch_norm_backward.default, torch.randn_like(x), x, w, center, invstd,
                    training, wb_dtype)
 

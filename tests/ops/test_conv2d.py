@@ -227,6 +227,22 @@ def test_partial_gradients_and_no_grad():
     torch.testing.assert_close(y2, y.detach(), rtol=0, atol=0)
 
 
+def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch):
+    """Repeat calls where autograd records them (dense NCHW with bias, channels_last with residual and relu, a
+    strided depthwise 3x3 with gelu, a channels_last 1x1 through matmul's product) take their signature's shortcut
+    and give what the op's own path gives, bit for bit (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    cl = torch.channels_last
+    calls = [(lambda x, w, b: dropin.conv2d(x, w, b, padding=1), (_t(2, 4, 6, 6), _t(6, 4, 3, 3), _t(6))),
+             (lambda x, w, b, r: dropin.conv2d(x, w, b, padding=1, activation="relu", residual=r),
+              (_t(2, 4, 6, 6).to(memory_format=cl), _t(4, 4, 3, 3).to(memory_format=cl), _t(4),
+               _t(2, 4, 6, 6).to(memory_format=cl))),
+             (lambda x, w: dropin.conv2d(x, w, stride=2, padding=1, groups=4, activation="gelu"),
+              (_t(2, 4, 7, 7), _t(4, 1, 3, 3))),
+             (lambda x, w, b: dropin.conv2d(x, w, b, activation="silu"),
+              (_t(2, 8, 3, 3).to(memory_format=cl), _t(5, 8, 1, 1), _t(5)))]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 @pytest.mark.parametrize("case", ["depthwise-cls", "dense-nchw", "pointwise", "unbatched-residual"])
 def test_out(case):
     """out=: the result written into a view of a larger poisoned buffer (CvT's [B, 1 + HW, C] rows after a class

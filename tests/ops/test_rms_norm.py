@@ -129,6 +129,23 @@ def test_repeat_call_through_the_shortcut(case, residual, monkeypatch):
     assert served[1] == (case in ("contiguous", "column-slice", "offset"))
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_repeat_calls_with_autograd_through_the_shortcut(residual, monkeypatch):
+    """Repeat calls where autograd records them (contiguous, a column slice, an offset view) take their signature's
+    shortcut, forward and backward, and give what the op's own path gives, bit for bit
+    (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    calls = []
+    for case in ("contiguous", "column-slice", "offset"):
+        storage, view = VIEWS.get(case, ((4, 6, 40), lambda t: t))
+        x, r = (view(torch.randn(storage, device=DEVICE)) for _ in range(2))
+        weight = 1 + 0.1 * torch.randn(40, device=DEVICE)
+        if residual:
+            calls.append((lambda x, w, r: dropin.ops.rms_norm(x, w, residual=r), (x, weight, r)))
+        else:
+            calls.append((dropin.ops.rms_norm, (x, weight)))
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 def test_weight_view_and_empty_rows():
     ours, ref = ops()
     check(ours, ref, {"x": torch.randn(3, 10, device=DEVICE), "weight": torch.randn(20, device=DEVICE)},

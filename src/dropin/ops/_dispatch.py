@@ -176,9 +176,10 @@ class Shortcuts:
         try:
             grads = None
             if torch.is_grad_enabled():
-                grads = tuple(t is not None and t.requires_grad for t in tensors)
+                grads = tuple([t is not None and t.requires_grad for t in tensors])
                 grads = grads if True in grads else None
-            key = (grads, *[None if t is None else layout(t) for t in tensors], *map(_typed, args))
+            key = (grads, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+                            for t in tensors], *map(_typed, args))  # (`layout` inlined: every call builds it)
             return key, self._runs.get(key)
         except (AttributeError, TypeError, RuntimeError):  # no tensor, no key (unhashable, no strides or address):
             return None, None  # the op's own path says
@@ -223,6 +224,11 @@ class Differentiable:
     def backward_plan(self, grads: tuple, make):
         """make()'s backward plan for gradients of these layouts, made once."""
         return plan(self._backward_plans, tuple(None if g is None else layout(g) for g in grads), make)
+
+
+def shaped(t: torch.Tensor, shape) -> torch.Tensor:
+    """t viewed as shape; t itself for None (a gradient already in its parameter's shape: no view's cost)."""
+    return t if shape is None else t.view(shape)
 
 
 class Unary(Differentiable):

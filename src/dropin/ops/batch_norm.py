@@ -25,7 +25,8 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import check_float, empty_in, is_channels_last, joint_dims, merge_dims, pixel, pixel_tiles
-from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
+from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, shaped, switch, torch_op,
+                        writing)
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -191,6 +192,28 @@ def _bn_apply_kernel(u_ptr, v_ptr, out_ptr, coef_ptr,
     tl.store(_tile_ptrs(out_ptr, offs_p, cc, H, W, son, soc, soh, sow), out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _bn_eval_kernel(x_ptr, out_ptr, rm_ptr, rv_ptr, w_ptr, b_ptr,
+                    C, H, W, P, eps,
+                    sxn, sxc, sxh, sxw, son, soc, soh, sow,
+                    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Inference that saves no statistics, in one launch: out = (x - running_mean) * w * invstd + b, each
+    program making its channels' coefficients as _bn_finalize_kernel makes them (fp64, each rounded once to fp32:
+    the same numbers as finalize + apply); grid (pixel tiles over N*H*W, channel tiles)."""
+    eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
+    offs_p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    mask = (offs_p < P)[:, None] & c_ok[None, :]
+    cc = offs_c.to(tl.int64)[None, :]
+    invstd = 1.0 / tl.sqrt(_load_row(rv_ptr, 0, offs_c, C, c_ok).to(tl.float64) + eps)
+    scale = _load_row(w_ptr, 0, offs_c, C, c_ok).to(tl.float64) * invstd if HAS_W else invstd
+    shift = _load_row(b_ptr, 0, offs_c, C, c_ok) if HAS_B else tl.zeros((BLOCK_C,), tl.float32)
+    u = tl.load(_tile_ptrs(x_ptr, offs_p, cc, H, W, sxn, sxc, sxh, sxw), mask=mask, other=0.0).to(tl.float32)
+    out = (u - _load_row(rm_ptr, 0, offs_c, C, c_ok)[None, :]) * scale.to(tl.float32)[None, :] + shift[None, :]
+    tl.store(_tile_ptrs(out_ptr, offs_p, cc, H, W, son, soc, soh, sow), out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 # --- 3. Launchers ----------------------------------------------------------------------------------------
 
 def _layout(inputs: tuple, out: torch.Tensor):
@@ -275,12 +298,26 @@ def _saved(C: int, device):
     return torch.empty((2, C), device=device, dtype=torch.float32), torch.empty(C, device=device, dtype=torch.float32)
 
 
-def _fwd_plan(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, traced: bool):
+def _fwd_plan(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, stats: bool, traced: bool):
     """(run, copies): the forward's launches for this signature, (center, invstd) = run(x, w, b, rm, rv, y): the
     training statistics (training), the coefficients (updating rm and rv in training), y; copies: whether run
-    reads x from a contiguous copy (`_layout`)."""
+    reads x from a contiguous copy (`_layout`). Inference without stats: `_bn_eval_kernel` alone, center and invstd
+    `absent` stand-ins."""
     (copies,), dims, (sx, sy) = _layout((x,), y)
     C = dims[1]
+    if not (training or stats):
+        P = x.numel() // C
+        block_p, block_c = pixel_tiles(P, C, sx[1] == 1 and C > 1)
+        launch = Launch(_bn_eval_kernel, (_runtime.cdiv(P, block_p), _runtime.cdiv(C, block_c)),
+                        dict(HAS_W=w is not None, HAS_B=b is not None, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8),
+                        traced=traced)
+        scalars = (*dims[1:], P, eps, *sx, *sy)
+
+        def run_eval(x, w, b, rm, rv, y):
+            launch(x.contiguous() if copies else x, y, rm, rv, *(absent(y, traced) if t is None else t for t in (w, b)),
+                   *scalars)
+            return absent(y, traced), absent(y, traced)
+        return run_eval, copies
     reduce, splits = _reduce_plan(dims, sx, None, x, traced) if training else (None, 0)
     finalize = _finalize_plan(C, x.numel() // C, splits, w, b, rm, eps, momentum, False, training, x.device, traced)
     apply = _apply_plan(dims, sx, None, sy, traced)
@@ -298,23 +335,23 @@ def _fwd_plan(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, t
 _plans: dict = {}
 
 
-def _fwd_planned(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, traced: bool):
+def _fwd_planned(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, stats: bool, traced: bool):
     """`_fwd_plan`'s (run, copies) for this signature (x's shape, strides, dtype, device and 16-byte alignment,
     the parameters' dtypes and alignment; y, new, is laid out by x), made once."""
-    key = ("fwd", training, momentum, eps, x.shape, x.stride(), x.dtype, x.device, aligned(x, traced),
+    key = ("fwd", training, momentum, eps, stats, x.shape, x.stride(), x.dtype, x.device, aligned(x, traced),
            *[None if t is None else (t.dtype, aligned(t, traced)) for t in (w, b, rm, rv)])
-    return plan(_plans, key, lambda: _fwd_plan(x, w, b, rm, rv, y, training, momentum, eps, traced), traced)
+    return plan(_plans, key, lambda: _fwd_plan(x, w, b, rm, rv, y, training, momentum, eps, stats, traced), traced)
 
 
-def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: float, eps: float,
+def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: float, eps: float, stats: bool = True,
               traced: bool = False):
     """x [N, C, ...] (any strides), w, b [C] or None -> (y in x's memory format, and in fp32 center [2, C], the
-    mean as hi + lo, and invstd [C]). Training with running statistics updates them in place, once (the finalize
-    kernel). traced: under torch.compile (`_dispatch`)."""
+    mean as hi + lo, and invstd [C]; in inference without stats stand-ins to ignore). Training with running
+    statistics updates them in place, once (the finalize kernel). traced: under torch.compile (`_dispatch`)."""
     y = _empty_like(x)
     if x.numel() == 0:
         return y, *_saved(x.shape[1], x.device)
-    run = _fwd_planned(x, w, b, running_mean, running_var, y, training, momentum, eps, traced)[0]
+    run = _fwd_planned(x, w, b, running_mean, running_var, y, training, momentum, eps, stats, traced)[0]
     return y, *run(x, w, b, running_mean, running_var, y)
 
 
@@ -357,8 +394,8 @@ def _bwd_impl(dy, x, w, center, invstd, training: bool, wb_dtype: Optional[torch
 @torch_op("dropin::batch_norm", mutates_args=("running_mean", "running_var"))
 def _fwd_op(x: torch.Tensor, w: Optional[torch.Tensor], b: Optional[torch.Tensor],
             running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor], training: bool,
-            momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd_impl(x, w, b, running_mean, running_var, training, momentum, eps, traced=True)
+            momentum: float, eps: float, stats: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fwd_impl(x, w, b, running_mean, running_var, training, momentum, eps, stats, traced=True)
 
 
 @torch_op("dropin::batch_norm_backward", mutates_args=())
@@ -376,7 +413,7 @@ _bwd = switch(_bwd_op, _bwd_impl)
 class _BatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, running_mean, running_var, training, momentum, eps):
-        y, center, invstd = _fwd(x, w, b, running_mean, running_var, training, momentum, eps)
+        y, center, invstd = _fwd(x, w, b, running_mean, running_var, training, momentum, eps, True)
         ctx.save_for_backward(x, w, center, invstd)
         ctx.training = training
         ctx.b_dtype = None if b is None else b.dtype
@@ -423,7 +460,7 @@ def _fwd_shortcut(x, w, b, rm, rv, y, training: bool, momentum: float, eps: floa
     bias as the launches take them); None where there is no work or a copy made x, w or b."""
     if x.numel() == 0 or any(t is not None and u.data_ptr() != t.data_ptr() for u, t in ((w, weight), (b, bias))):
         return None
-    run, copies = _fwd_planned(x, w, b, rm, rv, y, training, momentum, eps, False)
+    run, copies = _fwd_planned(x, w, b, rm, rv, y, training, momentum, eps, False, False)
     return None if copies else writing(y, lambda y, x, rm, rv, w, b: run(x, w, b, rm, rv, y))
 
 
@@ -434,10 +471,10 @@ class _BatchNormShortcut(Differentiable):
 
     def __init__(self, x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, needs, weight, bias):
         super().__init__()
-        self.forward_run = _fwd_planned(x, w, b, rm, rv, y, training, momentum, eps, False)[0]
+        self.forward_run = _fwd_planned(x, w, b, rm, rv, y, training, momentum, eps, True, False)[0]
         self.training, self.needs = training, needs
         self.y = y.shape, y.stride()
-        self.shapes = tuple(None if t is None else t.shape for t in (weight, bias))
+        self.shapes = tuple(None if t is None or t.dim() == 1 else t.shape for t in (weight, bias))  # (views)
         self.b_dtype = None if b is None else b.dtype
         self.wb_dtype = (self.b_dtype if w is None else w.dtype) if any(needs[3:]) else None
 
@@ -461,8 +498,8 @@ class _BatchNormShortcut(Differentiable):
         dwb = torch.empty((2, x.shape[1]), device=x.device, dtype=self.wb_dtype or torch.float32)
         run(dy, x, w, center, invstd, dx, dwb)
         need_w, need_b = self.needs[3:]
-        return (dx, None, None, dwb[0].view(self.shapes[0]) if need_w else None,
-                dwb[1].to(self.b_dtype).view(self.shapes[1]) if need_b else None)
+        return (dx, None, None, shaped(dwb[0], self.shapes[0]) if need_w else None,
+                shaped(dwb[1].to(self.b_dtype), self.shapes[1]) if need_b else None)
 
 
 _checked = Checks()
@@ -495,6 +532,6 @@ def batch_norm(input: torch.Tensor, running_mean: Optional[torch.Tensor], runnin
         _shortcuts.keep(key, lambda: _BatchNormShortcut.make(input, w, b, running_mean, running_var, y, *args,
                                                              key[0], weight, bias), grad=True)
         return y
-    y = _fwd(input, w, b, running_mean, running_var, *args)[0]
+    y = _fwd(input, w, b, running_mean, running_var, *args, False)[0]  # (no autograd: no center and invstd)
     _shortcuts.keep(key, lambda: _fwd_shortcut(input, w, b, running_mean, running_var, y, *args, weight, bias))
     return y

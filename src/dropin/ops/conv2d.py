@@ -33,9 +33,10 @@ import triton.language as tl
 from .. import _runtime
 from . import _autotune
 from ._common import column_sums, empty_in, is_channels_last, pixel, sum_partials_kernel, versions
-from ._dispatch import Checks, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op, writing
+from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op,
+                        writing)
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
-from .matmul import _autocast, _dot_acc, _max_k, _product, _split_range, product_shortcut
+from .matmul import _ProductShortcut, _autocast, _dot_acc, _max_k, _product, _split_range, product_shortcut
 from .matmul import _precision as _matmul_precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -1041,9 +1042,11 @@ def _derived(w: torch.Tensor, kind: str, make, traced: bool) -> torch.Tensor:
     parameters and `frozen` tensors in eager calls; made anew for any other (compiled code reuses its buffers and
     writes them without bumping their version: torch.compile of an injected CvT read a stale copy of a folded
     weight), traced (the copy is part of the compiled graph) and during a CUDA graph capture (the copy is
-    captured, so that each replay reads the weight as it is then: a kept one goes stale, or is freed)."""
+    captured, so that each replay reads the weight as it is then: a kept one goes stale, or is freed), and where
+    autograd records the call on a weight that requires grad (training derives inside the step: FSDP2 gathers
+    each step's weights into the same tensor without bumping its version)."""
     if not (isinstance(w, torch.nn.Parameter) or getattr(w, "_dropin_frozen", False)) or traced \
-            or _runtime.capturing():
+            or _runtime.capturing() or (w.requires_grad and torch.is_grad_enabled()):
         return make(w)
     key = (id(w), kind)
     hit = _DERIVED.get(key)
@@ -1495,15 +1498,51 @@ class _Conv2dFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, w, z = ctx.saved_tensors
-        need_x, need_w, need_bias, need_residual = ctx.needs_input_grad[:4]
-        dz, dbias = dy, None
-        if ctx.activation != "none" or need_bias:
-            gz, gbias = _act_grad(dy, dy if z is None else z, ctx.activation, need_bias)
-            dz = gz if ctx.activation != "none" else dy
-            dbias = gbias if need_bias else None
-        dx = _dgrad(dz, x, w, *ctx.args) if need_x else None
-        dw = _wgrad(dz, x, w, *ctx.args) if need_w else None
-        return dx, dw, dbias, dz if need_residual else None, None, None, None, None, None
+        return *_backward(dy, x, w, z, ctx.args, ctx.activation, ctx.needs_input_grad[:4]), None, None, None, None, None
+
+
+def _backward(dy, x, w, z, args: tuple, activation: str, needs) -> tuple:
+    """The gradients of (x, w, bias, residual) where needs says, for args (stride, padding, dilation, groups)."""
+    need_x, need_w, need_bias, need_residual = needs
+    dz, dbias = dy, None
+    if activation != "none" or need_bias:
+        gz, gbias = _act_grad(dy, dy if z is None else z, activation, need_bias)
+        dz = gz if activation != "none" else dy
+        dbias = gbias if need_bias else None
+    dx = _dgrad(dz, x, w, *args) if need_x else None
+    dw = _wgrad(dz, x, w, *args) if need_w else None
+    return dx, dw, dbias, dz if need_residual else None
+
+
+class _ConvShortcut(Differentiable):
+    """conv2d's later eager calls of this signature where autograd records them (`Differentiable`): (input, weight,
+    bias, residual, out None) -> y, the forward's plan on a new y (and pre-activation, saved, where an activation's
+    gradient is wanted) laid out as this call's; the backward as the op's own."""
+
+    def __init__(self, x, w, y, bias, residual, args: tuple, activation: str, needs):
+        super().__init__()
+        self.save_preact = activation != "none" and any(needs)
+        self.run = _fwd_plan(x, w, y, torch.empty_like(y) if self.save_preact else y, bias, residual, *args,
+                             activation, self.save_preact, False)[0]
+        self.y, self.args, self.activation, self.needs = (y.shape, y.stride()), args, activation, needs[:4]
+
+    @staticmethod
+    def make(x, w, y, bias, residual, args: tuple, activation: str, needs):
+        """The shortcut; None where `_fwd_shortcut` has none."""
+        if y.numel() == 0 or x.shape[1] // args[3] * w.shape[2] * w.shape[3] == 0:
+            return None
+        return _ConvShortcut(x, w, y, bias, residual, args, activation, needs)
+
+    def forward(self, ctx, x, w, bias, residual, out):
+        y = torch.empty_strided(*self.y, dtype=x.dtype, device=x.device)
+        z = torch.empty_strided(*self.y, dtype=x.dtype, device=x.device) if self.save_preact else y
+        self.run(x, w, y, y if bias is None else bias, z, y if residual is None else residual)
+        ctx.save_for_backward(x, w, z if self.save_preact else None)
+        return y
+
+    def backward(self, ctx, dy):
+        x, w, z = ctx.saved_tensors
+        return *_backward(dy, x, w, z, self.args, self.activation, self.needs), None
 
 
 # --- 6. Public function ----------------------------------------------------------------------------------
@@ -1690,10 +1729,20 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
             operands = (pixels.reshape(1, n * h * w, c), weight.reshape(cout, c).t().unsqueeze(0), bias)
             product = _product(*operands, act)
             y = product.view(n, h, w, cout).permute(0, 3, 1, 2)
-            _shortcuts.keep(key, lambda: product_shortcut(operands, (x, weight, bias), product, act, y))
+            if product.requires_grad:
+                _shortcuts.keep(key, lambda: _ProductShortcut.make(
+                    operands, (x, weight, bias), key[0], product, y, act,
+                    lambda x, wt, *_: (x.permute(0, 2, 3, 1).reshape(operands[0].shape), wt.reshape(cout, c).t()[None]),
+                    lambda g, i: g.view(n, h, w, c).permute(0, 3, 1, 2) if i == 0 else g[0].t().reshape(weight.shape)
+                    if i == 1 else g, lambda dy: dy.permute(0, 2, 3, 1).reshape(operands[0].shape[:2] + (cout,))),
+                    grad=True)
+            else:
+                _shortcuts.keep(key, lambda: product_shortcut(operands, (x, weight, bias), product, act, y))
             return y.squeeze(0) if unbatched else y
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)):
         y = _Conv2dFunction.apply(x, weight, bias, residual, stride, pads, dilation, groups, act)
+        _shortcuts.keep(key, lambda: _ConvShortcut.make(x, weight, y, bias, residual, (stride, pads, dilation, groups),
+                                                        act, key[0]), grad=True)
     else:
         y = _fwd(x, weight, bias, residual, stride, pads, dilation, groups, act, False)[0]
         _shortcuts.keep(key, lambda: _fwd_shortcut(x, weight, y, bias, residual, stride, pads, dilation, groups, act,

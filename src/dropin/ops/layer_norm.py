@@ -18,7 +18,8 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import MAX_ROW, check_float, column_sums, row_config, row_offsets, rows_or_copy
-from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
+from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, shaped, switch, torch_op,
+                        writing)
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class _LayerNormShortcut(Differentiable):
         super().__init__()
         self.forward_run = _fwd_planned(x, n_last, w, b, eps, True, False)[0]
         self.n_last, self.needs = n_last, needs
-        self.shapes = (None, *(None if t is None else t.shape for t in (weight, bias)))
+        self.shapes = (None, *(None if t is None or t.dim() == 1 else t.shape for t in (weight, bias)))  # (views)
         self.b_dtype = None if b is None else b.dtype
         self.wb_dtype = (self.b_dtype if w is None else w.dtype) if any(needs[1:]) else None
         self.N = math.prod(x.shape[x.dim() - n_last:])
@@ -293,8 +294,8 @@ class _LayerNormShortcut(Differentiable):
         dwb = dx if self.wb_dtype is None else torch.empty((2, self.N), device=x.device, dtype=self.wb_dtype)
         run(dy, x, w, mean, rstd, dx, dwb)
         need_w, need_b = self.needs[1:]
-        return (dx, dwb[0].view(self.shapes[1]) if need_w else None,
-                dwb[1].to(self.b_dtype).view(self.shapes[2]) if need_b else None)
+        return (dx, shaped(dwb[0], self.shapes[1]) if need_w else None,
+                shaped(dwb[1].to(self.b_dtype), self.shapes[2]) if need_b else None)
 
 
 _checked = Checks()

@@ -214,20 +214,22 @@ def _product_like_run(x, y, like):
 class _ProductShortcut(Differentiable):
     """A product's later eager calls of this signature where autograd records them (`Differentiable`): given
     tensors (a, b[, bias]) that start where the product's operands do (`views` makes the operands of given tensors,
-    `to_given` turns the i-th operand's gradient into the given tensor's). Forward: the plan on a new output laid
-    out as the first call's (and the pre-activation, saved, where an activation's gradient is wanted). Backward, for
-    each layout of the output's gradient: the activation's and bias's gradient, then one planned product per
-    gradient wanted, into new tensors laid out as the op's own path lays them out."""
+    `to_given` turns the i-th operand's gradient into the given tensor's, `from_out` the output's gradient into the
+    product's [B, M, N]). Forward: the plan on a new output laid out as the first call's (and the pre-activation,
+    saved, where an activation's gradient is wanted). Backward, for each layout of the output's gradient: the
+    activation's and bias's gradient, then one planned product per gradient wanted, into new tensors laid out as the
+    op's own path lays them out."""
 
-    def __init__(self, operands, needs, c, out, activation: str, views, to_given, mm):
+    def __init__(self, needs, c, out, activation: str, views, to_given, from_out, mm):
         super().__init__()
-        self.needs, self.c, self.activation, self.views, self.to_given, self.mm = needs, c, activation, views, \
-            to_given, mm
+        self.needs, self.c, self.activation, self.mm = needs, c, activation, mm
+        self.views, self.to_given = views, to_given
+        self.from_out = from_out or (lambda dy: dy.reshape(c.shape))
         self.out = out.shape, out.stride(), out.dtype, out.device
         self.save_preact = activation != "none" and any(needs)
 
     @staticmethod
-    def make(operands, given, needs, c, out, activation: str, views, to_given):
+    def make(operands, given, needs, c, out, activation: str, views, to_given, from_out=None):
         """The shortcut; None where an operand is a copy or no product has work, or the product copies its
         operands (tf32)."""
         if any(o is not None and (o.data_ptr() != g.data_ptr() or o.numel() == 0 or o.numel() != g.numel())
@@ -237,9 +239,9 @@ class _ProductShortcut(Differentiable):
         mm = _mm_shortcut(*operands[:2], c, operands[2] if len(operands) > 2 else None, activation, save_preact)
         if mm is None or _precision(c.dtype) == "tf32":
             return None
-        return _ProductShortcut(operands, needs, c, out, activation, views, to_given, mm)
+        return _ProductShortcut(needs, c, out, activation, views, to_given, from_out, mm)
 
-    def forward(self, ctx, a, b, bias=None):
+    def forward(self, ctx, a, b, bias=None, *unused):  # (unused: conv2d's residual and out, None)
         shape, strides, dtype, device = self.out
         y = torch.empty_strided(shape, strides, dtype=dtype, device=device)
         z = torch.empty(self.c.shape, dtype=dtype, device=device) if self.save_preact else None
@@ -252,32 +254,33 @@ class _ProductShortcut(Differentiable):
         run = self.backward_plan((dy,), lambda: self._backward_run(dy, a, b, z))
         return self._backward(dy, a, b, z) if run is None else run(dy, a, b, z)
 
+    def _gradient_z(self, dy3, z):
+        """(gz, gbias): the gradient of the pre-activation (dy3 itself without activation) and the bias's."""
+        need_bias = (*self.needs, False, False)[2]
+        if self.activation == "none" and not need_bias:
+            return dy3, None
+        gz, gbias = _act_grad_impl(dy3, z, self.activation, need_bias)
+        return dy3 if self.activation == "none" else gz, gbias
+
     def _backward(self, dy, a, b, z):
         """The given tensors' gradients through the op's own functions (no plan kept)."""
         need_a, need_b, need_bias = (*self.needs, False)[:3]
-        dy3 = dy.reshape(self.c.shape)
+        gz, gbias = self._gradient_z(self.from_out(dy), z)
         a3, b3 = self.views(a, b)[:2]
-        gz, gbias = (_act_grad_impl(dy3, z, self.activation, need_bias) if self.activation != "none" or need_bias
-                     else (dy3, None))
-        gz = dy3 if self.activation == "none" else gz
         return (self.to_given(_product_like(gz, b3.mT, a3), 0) if need_a else None,
                 self.to_given(_product_like(a3.mT, gz, b3), 1) if need_b else None,
-                self.to_given(gbias, 2) if need_bias else None)[:len(self.needs)]
+                self.to_given(gbias, 2) if need_bias else None, None, None)[:len(self.needs)]
 
     def _backward_run(self, dy, a, b, z):
         """run(dy, a, b, z) -> the given tensors' gradients, for a dy of this layout: planned products into new
         tensors laid out as `_backward`'s; None where a product copies its operands (tf32) or a gradient is no
         view of its product."""
         need_a, need_b, need_bias = (*self.needs, False)[:3]
-        activation, to_given, n = self.activation, self.to_given, len(self.needs)
-        act_grad = activation != "none" or need_bias
-        copies = not _viewable(dy, self.c.shape)  # (a contiguous copy of dy is)
-        dy = dy.contiguous() if copies else dy
-        gz = _act_grad_impl(dy, z, activation, need_bias)[0] if activation != "none" else dy
+        to_given, from_out, gradient_z, n = self.to_given, self.from_out, self._gradient_z, len(self.needs)
+        gz = gradient_z(from_out(dy), z)[0]
         a3, b3 = self.views(a, b)[:2]
-        gz3 = gz.view(self.c.shape)
         products = []
-        for i, (x, y, like) in enumerate(((gz3, b3.mT, a3), (a3.mT, gz3, b3))):
+        for i, (x, y, like) in enumerate(((gz, b3.mT, a3), (a3.mT, gz, b3))):
             if not (need_a, need_b)[i]:
                 products.append(None)
                 continue
@@ -288,10 +291,7 @@ class _ProductShortcut(Differentiable):
             products.append((product, (g.shape, g.stride(), g.dtype, g.device)))
 
         def run(dy, a, b, z):
-            if copies:
-                dy = dy.contiguous()
-            gz, gbias = _act_grad_impl(dy, z, activation, need_bias) if act_grad else (dy, None)
-            gz = dy if activation == "none" else gz
+            gz, gbias = gradient_z(from_out(dy), z)
             grads = []
             for (x, y), found in zip(((gz, b), (a, gz)), products):
                 g = None
@@ -300,17 +300,8 @@ class _ProductShortcut(Differentiable):
                     g = torch.empty_strided(shape, strides, dtype=dtype, device=device)
                     product(x, y, g)
                 grads.append(g)
-            return (*grads, to_given(gbias, 2) if need_bias else None)[:n]
+            return (*grads, to_given(gbias, 2) if need_bias else None, None, None)[:n]
         return run
-
-
-def _viewable(t: torch.Tensor, shape) -> bool:
-    """Whether t.view(shape) works (no copy)."""
-    try:
-        t.view(shape)
-        return True
-    except RuntimeError:
-        return False
 
 
 def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Tensor:

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .. import _runtime
 from ._common import column_sums
-from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op
+from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 32768  # one row lives in registers
@@ -299,15 +299,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     else:  # no autograd node (its cost is a small op's whole launch)
         y, s, _ = _rms_norm_fwd(x2, weight, res2, float(eps))
     out = y.view(x.shape) if residual is None else (y.view(x.shape), s.view(x.shape))
-    # (no key under autograd)
-    _shortcuts.keep(key, lambda: _rms_norm_shortcut(x, x2, weight, residual, res2, float(eps), out))
+    if torch.is_grad_enabled() and (y.requires_grad or s is not None and s.requires_grad):
+        _shortcuts.keep(key, lambda: _RMSNormShortcut.make(x, x2, weight, residual, res2, float(eps), out, key[0]),
+                        grad=True)
+    else:
+        _shortcuts.keep(key, lambda: _rms_norm_shortcut(x, x2, weight, residual, res2, float(eps), out))
     return out
 
 
-def _rms_norm_shortcut(x, x2, weight, residual, res2, eps: float, out):
+def _rms_norm_shortcut(x, x2, weight, residual, res2, eps: float, out, saves: bool = False):
     """rms_norm's later eager calls of this signature (`Shortcuts`): (x, weight, residual) -> y, or (y, s) with
-    residual, new outputs laid out as this call's out, the forward's plan run on x and residual themselves; None
-    where flattening copied one (leading dims that do not collapse) or there are no rows."""
+    residual, new outputs laid out as this call's out, the forward's plan run on x and residual themselves (saves:
+    -> ((y, s), rstd)); None where flattening copied one (leading dims that do not collapse) or there are no rows."""
     if x2.numel() == 0 or x2.data_ptr() != x.data_ptr() \
             or residual is not None and res2.data_ptr() != residual.data_ptr():
         return None
@@ -318,6 +321,38 @@ def _rms_norm_shortcut(x, x2, weight, residual, res2, eps: float, out):
     def shortcut(x, weight, residual):
         outs = [torch.empty_strided(shape, strides, dtype=dtype, device=device) for shape, strides, dtype in layouts]
         # (outs[-1]: s, or without residual y as its unread stand-in)
-        run(x, weight, residual, outs[0], outs[-1], torch.empty(rows, dtype=torch.float32, device=device), eps)
-        return outs[0] if residual is None else tuple(outs)
+        rstd = torch.empty(rows, dtype=torch.float32, device=device)
+        run(x, weight, residual, outs[0], outs[-1], rstd, eps)
+        out = outs[0] if residual is None else tuple(outs)
+        return (out, rstd) if saves else out
     return shortcut
+
+
+class _RMSNormShortcut(Differentiable):
+    """rms_norm's later eager calls of this signature where autograd records them (`Differentiable`): the forward
+    as `_rms_norm_shortcut`'s (rstd and x, or s, saved) and the backward's plan for each layout of (dy, ds), into new
+    dx and dweight."""
+
+    def __init__(self, forward_run, rows: int, N: int, residual: bool, needs):
+        super().__init__()
+        self.forward_run, self.rows, self.N, self.residual, self.needs = forward_run, rows, N, residual, needs
+
+    @staticmethod
+    def make(x, x2, weight, residual, res2, eps: float, out, needs):
+        """The shortcut; None where `_rms_norm_shortcut` has none."""
+        forward_run = _rms_norm_shortcut(x, x2, weight, residual, res2, eps, out, saves=True)
+        return None if forward_run is None else _RMSNormShortcut(forward_run, *x2.shape, residual is not None, needs)
+
+    def forward(self, ctx, x, weight, residual):
+        out, rstd = self.forward_run(x, weight, residual)
+        ctx.save_for_backward(out[1] if self.residual else x, weight, rstd)
+        return out
+
+    def backward(self, ctx, dy, ds=None):
+        x, weight, rstd = ctx.saved_tensors
+        dy2, ds2 = (None if t is None else t.reshape(self.rows, self.N) for t in (dy, ds))
+        run = self.backward_plan((dy2, ds2), lambda: _bwd_plan(dy2, ds2, x.reshape(self.rows, self.N), weight, rstd))
+        dx = torch.empty(dy.shape, device=x.device, dtype=x.dtype)
+        partial = run(dy2, ds2, x, weight, rstd, dx)  # (x, or s, where its rows start)
+        dw = column_sums(partial, torch.empty(self.N, device=x.device, dtype=weight.dtype)) if self.needs[1] else None
+        return dx if self.needs[0] else None, dw, dx if self.needs[2] else None

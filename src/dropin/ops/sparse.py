@@ -534,7 +534,7 @@ def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Te
     else:
         y = _sparse_linear(x2, weight.values, weight.offsets, weight.chunk_ptr, b, N, weight.block_k)
     out = y.view(*x.shape[:-1], N)
-    _shortcuts.keep(key, lambda: _sparse_linear_shortcut(x, x2, weight, bias, b, out))  # (no key under autograd)
+    _shortcuts.keep(key, lambda: _sparse_linear_shortcut(x, x2, weight, bias, b, out))  # (kept without autograd)
     return out
 
 

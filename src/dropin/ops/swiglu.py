@@ -401,7 +401,7 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     # Leading dims flatten into rows: a view whenever they collapse, a copy only otherwise; the kernel
     # reads x with any row and column stride.
     x2 = x.reshape(rows, K)
-    if key is None:
+    if key is None or key[0] is not None:  # (no shortcut may serve the call, or autograd records it)
         y = _SwiGLUFunction.apply(x2, gate_weight, up_weight, down_weight, bool(recompute))
     else:  # no autograd: the forward's launch and the down projection
         h = _swiglu_fwd(x2, gate_weight, up_weight, False)[0]
