@@ -1,7 +1,9 @@
-"""Eager shortcuts (`dropin.ops._dispatch.Shortcuts`): a repeat call of a public op without autograd, with the
-signature of an earlier one, takes the shortcut that the first call kept, and gives what the op's own path gives:
-every public op of `dropin bench overhead` (tiny shapes), on new inputs, with poisoned allocations, against
-torch in float64; and no shortcut where the call differs (grad wanted, autocast, other arguments or strides)."""
+"""Eager shortcuts (`dropin.ops._dispatch.Shortcuts`): a repeat call of a public op, with the signature of an
+earlier one, takes the shortcut that the first call kept, and gives what the op's own path gives: every public op
+of `dropin bench overhead` (tiny shapes) without autograd, and those with a `Differentiable` where autograd records
+the call (outputs and gradients), on new inputs, with poisoned allocations, against torch in float64; and no
+shortcut where the call differs (grad wanted where the first call had none, autocast, other arguments or
+strides)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,6 +46,34 @@ def test_repeat_call_takes_the_shortcut(name, taken, monkeypatch):
         assert out.stride() == out_first.stride(), f"{name}: the shortcut's output is laid out otherwise"
 
 
+NO_GRAD_SHORTCUT = ("attention", "rope", "swiglu_mlp", "sparse_linear", "sparse_conv2d")  # (their own Functions)
+
+
+@pytest.mark.parametrize("name", [n for n in PAIRS if n not in NO_GRAD_SHORTCUT])
+def test_repeat_call_with_autograd_takes_the_shortcut(name, taken, monkeypatch):
+    """The same where autograd records the calls (`_dispatch.Differentiable`): the repeat's outputs and the
+    gradients of its first n_grad inputs against torch in float64, its allocations NaN-filled."""
+    pair = PAIRS[name]
+
+    def leaves(inputs):
+        return [t.detach().requires_grad_(i < pair.n_grad) for i, t in enumerate(inputs)]
+    _tuple(pair.dropin(*leaves(pair.make())))
+    poison_allocations(monkeypatch)
+    inputs = pair.make()
+    ours, refs = leaves(inputs), leaves(map(_float64, inputs))
+    taken.clear()
+    outs = _tuple(pair.dropin(*ours))
+    assert taken and all(taken), f"{name}: the repeat call took no shortcut ({taken})"
+    ref_outs = _tuple(pair.torch(*refs))
+    ups = [torch.randn_like(o) for o in outs]
+    grads = torch.autograd.grad(outs, ours[:pair.n_grad], ups)
+    ref_grads = torch.autograd.grad(ref_outs, refs[:pair.n_grad], [u.cpu().double() for u in ups])
+    for out, ref in zip(outs, ref_outs):
+        assert_close(out, ref.to(out.device), out.dtype, "fwd", what=f"{name} through its shortcut")
+    for i, (g, ref) in enumerate(zip(grads, ref_grads)):
+        assert_close(g, ref.to(g.device), g.dtype, "bwd", what=f"{name}: gradient {i} through its shortcut")
+
+
 def test_no_shortcut_where_the_call_differs(taken):
     x, w, b = (torch.randn(*s, device=DEVICE) for s in ((2, 8, 6, 6), (8, 8, 3, 3), (8,)))
     with torch.no_grad():
@@ -64,7 +94,7 @@ def test_no_shortcut_where_the_call_differs(taken):
     taken.clear()
     w.requires_grad_(True)
     y_grad = dropin.conv2d(x, w, b, padding=1)
-    assert taken == [False] and y_grad.requires_grad, "a shortcut where autograd records the call"
+    assert taken == [False] and y_grad.requires_grad, "a no-grad call's shortcut where autograd records the call"
     with torch.no_grad():
         taken.clear()
         dropin.conv2d(x, w, b, padding=1)
