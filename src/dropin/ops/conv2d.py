@@ -1042,11 +1042,9 @@ def _derived(w: torch.Tensor, kind: str, make, traced: bool) -> torch.Tensor:
     parameters and `frozen` tensors in eager calls; made anew for any other (compiled code reuses its buffers and
     writes them without bumping their version: torch.compile of an injected CvT read a stale copy of a folded
     weight), traced (the copy is part of the compiled graph) and during a CUDA graph capture (the copy is
-    captured, so that each replay reads the weight as it is then: a kept one goes stale, or is freed), and where
-    autograd records the call on a weight that requires grad (training derives inside the step: FSDP2 gathers
-    each step's weights into the same tensor without bumping its version)."""
+    captured, so that each replay reads the weight as it is then: a kept one goes stale, or is freed)."""
     if not (isinstance(w, torch.nn.Parameter) or getattr(w, "_dropin_frozen", False)) or traced \
-            or _runtime.capturing() or (w.requires_grad and torch.is_grad_enabled()):
+            or _runtime.capturing():
         return make(w)
     key = (id(w), kind)
     hit = _DERIVED.get(key)
