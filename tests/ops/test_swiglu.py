@@ -166,9 +166,24 @@ def test_what_the_backward_keeps(recompute):
     with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(s) or s, lambda s: s):
         y = dropin.ops.swiglu_mlp(**t, recompute=recompute)
     assert len(saved) == 4 and {s.data_ptr() for s in saved} == {v.data_ptr() for v in t.values()}
-    node = y.grad_fn.next_functions[0][0]  # past the view back to the leading dims
+    node = y.grad_fn if hasattr(y.grad_fn, "pre_activations") else y.grad_fn.next_functions[0][0]  # (past a view)
     kept = [tuple(p.shape) for p in node.pre_activations or []]
     assert kept == ([] if recompute else [(6, 40), (6, 40)])
+
+
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "saved"])
+def test_repeat_calls_with_autograd_through_the_shortcut(recompute, monkeypatch):
+    """Repeat calls where autograd records them (2-D and 3-D x, a column slice, transposed weights) take their
+    signature's shortcut, forward and backward, and give what the op's own path gives, bit for bit
+    (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    def call(x, gate_weight, up_weight, down_weight):
+        return dropin.ops.swiglu_mlp(x, gate_weight, up_weight, down_weight, recompute=recompute)
+    t = leaves((2, 5, 24), 40)
+    weights = [t[k] for k in ("gate_weight", "up_weight", "down_weight")]
+    calls = [(call, (t["x"], *weights)), (call, (t["x"][1], *weights)),
+             (call, (torch.randn(2, 5, 48, device=DEVICE)[..., ::2], *weights)),
+             (call, (t["x"], *(w.t().contiguous().t() for w in weights)))]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
 def test_only_some_gradients():

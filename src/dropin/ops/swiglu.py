@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, Shortcuts, absent, aligned, plan, switch, torch_op
+from ._dispatch import Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op
 from .activations import activation_grad, apply_activation
 from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul
 
@@ -329,30 +329,36 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x, gate_weight, up_weight, down_weight = ctx.saved_tensors
-        need_x, need_g, need_u, need_d, _ = ctx.needs_input_grad
-        dg = matmul(dy, down_weight).contiguous()  # dh = dy @ D; it becomes dg in place
-        if not ctx.saved_mode:
-            h, du = _swiglu_bwd(x, gate_weight, up_weight, dg)
-        else:
-            if ctx.pre_activations is None:
-                raise RuntimeError("swiglu_mlp (recompute=False, the default): the backward turns the kept "
-                                   "pre-activations into its own buffers, so it runs once per forward "
-                                   "(retain_graph is not supported); use recompute=True")
-            (g, u), ctx.pre_activations = ctx.pre_activations, None
-            _swiglu_bwd_saved(g, u, dg)  # in place: g becomes h, u becomes du
-            h, du = g, u
-            del g, u
-        d_down = matmul(dy.mT, h) if need_d else None
-        del h
-        # dg's products first, then dg is freed: the weight gradients do not pile up on three [M, N] buffers
-        dx = matmul(dg, gate_weight) if need_x else None
-        d_gate = matmul(dg.mT, x) if need_g else None
-        del dg
-        if need_x:
-            dx.add_(matmul(du, up_weight))
-        d_up = matmul(du.mT, x) if need_u else None
-        return dx, d_gate, d_up, d_down, None
+        return *_backward(ctx, dy, ctx.needs_input_grad[:4]), None
+
+
+def _backward(ctx, dy, needs) -> tuple:
+    """The gradients of (x [M, K], gate_weight, up_weight, down_weight) where needs says, dy [M, K]; ctx holds the
+    forward's saved tensors (x, the weights), saved_mode and pre_activations."""
+    x, gate_weight, up_weight, down_weight = ctx.saved_tensors
+    need_x, need_g, need_u, need_d = needs
+    dg = matmul(dy, down_weight).contiguous()  # dh = dy @ D; it becomes dg in place
+    if not ctx.saved_mode:
+        h, du = _swiglu_bwd(x, gate_weight, up_weight, dg)
+    else:
+        if ctx.pre_activations is None:
+            raise RuntimeError("swiglu_mlp (recompute=False, the default): the backward turns the kept "
+                               "pre-activations into its own buffers, so it runs once per forward "
+                               "(retain_graph is not supported); use recompute=True")
+        (g, u), ctx.pre_activations = ctx.pre_activations, None
+        _swiglu_bwd_saved(g, u, dg)  # in place: g becomes h, u becomes du
+        h, du = g, u
+        del g, u
+    d_down = matmul(dy.mT, h) if need_d else None
+    del h
+    # dg's products first, then dg is freed: the weight gradients do not pile up on three [M, N] buffers
+    dx = matmul(dg, gate_weight) if need_x else None
+    d_gate = matmul(dg.mT, x) if need_g else None
+    del dg
+    if need_x:
+        dx.add_(matmul(du, up_weight))
+    d_up = matmul(du.mT, x) if need_u else None
+    return dx, d_gate, d_up, d_down
 
 
 # --- 6. Public function -------------------------------------------------------------------------------
@@ -403,6 +409,8 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     x2 = x.reshape(rows, K)
     if key is None or key[0] is not None:  # (no shortcut may serve the call, or autograd records it)
         y = _SwiGLUFunction.apply(x2, gate_weight, up_weight, down_weight, bool(recompute))
+        _shortcuts.keep(key, lambda: _SwiGLUShortcut.make(x2, gate_weight, up_weight, x, y, bool(recompute),
+                                                          key[0]), grad=True)
     else:  # no autograd: the forward's launch and the down projection
         h = _swiglu_fwd(x2, gate_weight, up_weight, False)[0]
         y = linear(h, down_weight)
@@ -424,3 +432,36 @@ def _swiglu_shortcut(x2, gate_weight, up_weight, h, x, y):
         run(x, gate_weight, up_weight, h, h, h, h, h)
         return linear(h, down_weight).view(shape)
     return shortcut
+
+
+class _SwiGLUShortcut(Differentiable):
+    """swiglu_mlp's later eager calls of this signature where autograd records them (`Differentiable`): the
+    forward's plan on x at its address (the pre-activations kept on ctx unless recompute), linear (its own shortcut)
+    into y's shape; the backward as the op's own (`_backward`), dx in x's shape."""
+
+    def __init__(self, run, h_shape, x_shape, save: bool, needs):
+        super().__init__()
+        self.run, self.h_shape, self.x_shape, self.save, self.needs = run, h_shape, x_shape, save, needs
+
+    @staticmethod
+    def make(x2, gate_weight, up_weight, x, y, recompute: bool, needs):
+        """The shortcut; None where x's rows are a copy or there is no work."""
+        if y.numel() == 0 or gate_weight.shape[0] == 0 or x2.data_ptr() != x.data_ptr():
+            return None
+        h = x2.new_empty((x2.shape[0], gate_weight.shape[0]))
+        save = not recompute
+        run = _launch_plan(x2, gate_weight, up_weight, h, None, None, h if save else None, h if save else None, save,
+                           None, False)[0]
+        return _SwiGLUShortcut(run, h.shape, x.shape, save, needs)
+
+    def forward(self, ctx, x, gate_weight, up_weight, down_weight):
+        h = torch.empty(self.h_shape, dtype=x.dtype, device=x.device)
+        g, u = (torch.empty_like(h), torch.empty_like(h)) if self.save else (h, h)
+        self.run(x, gate_weight, up_weight, h, h, h, g, u)
+        ctx.save_for_backward(x.view(self.h_shape[0], x.shape[-1]), gate_weight, up_weight, down_weight)
+        ctx.saved_mode, ctx.pre_activations = self.save, [g, u] if self.save else None
+        return linear(h, down_weight).view(self.x_shape)
+
+    def backward(self, ctx, dy):
+        dx, d_gate, d_up, d_down = _backward(ctx, dy.reshape(self.h_shape[0], self.x_shape[-1]), self.needs)
+        return None if dx is None else dx.view(self.x_shape), d_gate, d_up, d_down
