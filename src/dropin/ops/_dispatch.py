@@ -5,7 +5,9 @@ An op's work is one function, its impl: it allocates the outputs and launches th
 constexprs) made for the call's signature. The impl takes `traced`:
 - Eager (traced=False): the public function checks its arguments once per signature (`Checks`) and calls the
   impl directly, without torch.library's dispatch. `plan` makes a signature's plan once (tuning then) and returns it
-  on later calls; its `Launch`es re-launch the compiled kernel directly after their first call.
+  on later calls; its `Launch`es re-launch the compiled kernel directly after their first call. A repeat call
+  takes its signature's `Shortcuts` entry (allocate and launch; where autograd records the call a `Differentiable`,
+  one autograd node whose forward and backward run kept plans).
 - Captured (torch.cuda.graph, cudagraph trees): no launch keeps memory past the call (global scratch is allocated
   per launch), and a signature first met during a capture is planned without timing and not kept.
 - Compiled: the op is registered with `torch.library.triton_op`, whose body is the impl with traced=True: the plan is
@@ -222,7 +224,7 @@ class Differentiable:
         return _Node.apply(self, *tensors)
 
     def backward_plan(self, grads: tuple, make):
-        """make()'s backward plan for gradients of these layouts, made once."""
+        """make()'s backward plan for gradients of these layouts, made once (None, none: asked again each call)."""
         return plan(self._backward_plans, tuple(None if g is None else layout(g) for g in grads), make)
 
 
