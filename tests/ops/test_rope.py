@@ -192,6 +192,18 @@ def test_repeat_call_through_the_shortcut(inplace, monkeypatch):
     assert served[1:] == [True, True]
 
 
+def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch):
+    """Repeat calls out of place where autograd records them (HF's transposed views, with and without position_ids;
+    contiguous q and k) take their signature's shortcut, forward and backward, and give what the op's own path
+    gives, bit for bit (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    cos, sin = cos_sin(9, 8, torch.float32)
+    ids = torch.randint(0, 9, (2, 5), device=DEVICE)
+    q, k = (torch.randn(2, 5, h, 8, device=DEVICE).transpose(1, 2) for h in (4, 2))
+    calls = [(lambda q, k: dropin.ops.rope(q, k, cos, sin, ids), (q, k)),
+             (lambda q, k: dropin.ops.rope(q, k, cos[:5], sin[:5]), (q.contiguous(), k.contiguous()))]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 def test_torch_compile_fullgraph():
     torch._dynamo.reset()
 

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._dispatch import Checks, Launch, Shortcuts, absent, plan, switch, torch_op
+from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -291,7 +291,10 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if position_ids is not None:
         _check_positions(position_ids, cos)
     if grad and (q.requires_grad or k.requires_grad):
-        return _RopeFunction.apply(q, k, cos, sin, position_ids, bool(inplace))
+        out = _RopeFunction.apply(q, k, cos, sin, position_ids, bool(inplace))
+        if not inplace:
+            _shortcuts.keep(key, lambda: _RopeShortcut.make(q, k, cos, sin, position_ids, *out), grad=True)
+        return out
     # no autograd node (its cost is a small op's whole launch)
     if inplace:
         _rope_inplace(q, k, cos, sin, position_ids)
@@ -327,3 +330,42 @@ def _rope_shortcut(q, k, cos, sin, position_ids, q_out, k_out):
         run(q, k, cos, sin, position_ids, q_out, k_out)
         return q_out, k_out
     return rotated
+
+
+class _RopeShortcut(Differentiable):
+    """rope's later eager calls of this signature out of place where autograd records them (`Differentiable`): the
+    forward as `_rope_shortcut`'s (cos, sin and position_ids saved), the backward's plan (the transposed rotation)
+    for each layout of (dq, dk) into new gradients laid out as the op's own path lays them out."""
+
+    def __init__(self, forward_run):
+        super().__init__()
+        self.forward_run = forward_run
+
+    @staticmethod
+    def make(q, k, cos, sin, position_ids, q_out, k_out):
+        """The shortcut; None where there is no work."""
+        forward_run = _rope_shortcut(q, k, cos, sin, position_ids, q_out, k_out)
+        return None if forward_run is None else _RopeShortcut(forward_run)
+
+    def forward(self, ctx, q, k, cos, sin, position_ids):
+        ctx.save_for_backward(cos, sin, position_ids)
+        return self.forward_run(q, k, cos, sin, position_ids)
+
+    def backward(self, ctx, dq, dk):
+        cos, sin, position_ids = ctx.saved_tensors
+        run = self.backward_plan((dq, dk), lambda: _RopeShortcut._backward_run(dq, dk, cos, sin, position_ids))
+        return (*run(dq, dk, cos, sin, position_ids), None, None, None)
+
+    @staticmethod
+    def _backward_run(dq, dk, cos, sin, position_ids):
+        """run(dq, dk, cos, sin, position_ids) -> the gradients of q and k, for dq and dk of these layouts."""
+        dq_out, dk_out = torch.empty_like(dq), torch.empty_like(dk)  # (as `_rope_out_impl` lays them out)
+        rotate = _rope_plan(dq, dk, cos, sin, position_ids, dq_out, dk_out, True)
+        layouts = [(t.shape, t.stride(), t.dtype, t.device) for t in (dq_out, dk_out)]
+
+        def run(dq, dk, cos, sin, position_ids):
+            dq_out, dk_out = (torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                              for shape, strides, dtype, device in layouts)
+            rotate(dq, dk, cos, sin, position_ids, dq_out, dk_out)
+            return dq_out, dk_out
+        return run
