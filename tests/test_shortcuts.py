@@ -4,6 +4,9 @@ of `dropin bench overhead` (tiny shapes) without autograd, and those with a `Dif
 the call (outputs and gradients), on new inputs, with poisoned allocations, against torch in float64; and no
 shortcut where the call differs (grad wanted where the first call had none, autocast, other arguments or
 strides)."""
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -72,6 +75,23 @@ def test_repeat_call_with_autograd_takes_the_shortcut(name, taken, monkeypatch):
         assert_close(out, ref.to(out.device), out.dtype, "fwd", what=f"{name} through its shortcut")
     for i, (g, ref) in enumerate(zip(grads, ref_grads)):
         assert_close(g, ref.to(g.device), g.dtype, "bwd", what=f"{name}: gradient {i} through its shortcut")
+
+
+@pytest.mark.parametrize("name", [n for n in PAIRS if n not in NO_GRAD_SHORTCUT])
+def test_kept_shortcuts_hold_no_tensor(name, taken):
+    """A kept shortcut (and its backward plans) holds none of the tensors of the calls that made it: once the
+    caller lets go of its inputs, outputs and gradients, they are freed (the caches live as long as the process)."""
+    pair = PAIRS[name]
+    refs = []
+    for _ in range(3):  # the op's own path (keeps the shortcut), then twice through it (a backward plan kept)
+        leaves = [t.detach().requires_grad_(i < pair.n_grad) for i, t in enumerate(pair.make())]
+        outs = _tuple(pair.dropin(*leaves))
+        torch.autograd.grad(outs, leaves[:pair.n_grad], [torch.randn_like(o) for o in outs])
+        refs += [weakref.ref(t) for t in (*leaves, *outs, *(o._base for o in outs if o._base is not None))]
+        del leaves, outs
+    assert taken[-1], f"{name}: the last call took no shortcut"
+    gc.collect()
+    assert all(ref() is None for ref in refs), f"{name}: a kept shortcut holds a call's tensor"
 
 
 def test_no_shortcut_where_the_call_differs(taken):

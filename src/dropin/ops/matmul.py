@@ -215,16 +215,16 @@ class _ProductShortcut(Differentiable):
     """A product's later eager calls of this signature where autograd records them (`Differentiable`): given
     tensors (a, b[, bias]) that start where the product's operands do (`views` makes the operands of given tensors,
     `to_given` turns the i-th operand's gradient into the given tensor's, `from_out` the output's gradient into the
-    product's [B, M, N]). Forward: the plan on a new output laid out as the first call's (and the pre-activation,
-    saved, where an activation's gradient is wanted). Backward, for each layout of the output's gradient: the
-    activation's and bias's gradient, then one planned product per gradient wanted, into new tensors laid out as the
-    op's own path lays them out."""
+    product's [B, M, N]; none of them may hold a tensor: the shortcut lives in the op's cache). Forward: the plan on
+    a new output laid out as the first call's (and the pre-activation, saved, where an activation's gradient is
+    wanted). Backward, for each layout of the output's gradient: the activation's and bias's gradient, then one
+    planned product per gradient wanted, into new tensors laid out as the op's own path lays them out."""
 
     def __init__(self, needs, c, out, activation: str, views, to_given, from_out, mm):
         super().__init__()
-        self.needs, self.c, self.activation, self.mm = needs, c, activation, mm
+        self.needs, self.c_shape, self.activation, self.mm = needs, c.shape, activation, mm  # (no tensor kept)
         self.views, self.to_given = views, to_given
-        self.from_out = from_out or (lambda dy: dy.reshape(c.shape))
+        self.from_out = from_out or (lambda dy, shape=c.shape: dy.reshape(shape))
         self.out = out.shape, out.stride(), out.dtype, out.device
         self.save_preact = activation != "none" and any(needs)
 
@@ -244,7 +244,7 @@ class _ProductShortcut(Differentiable):
     def forward(self, ctx, a, b, bias=None, *unused):  # (unused: conv2d's residual and out, None)
         shape, strides, dtype, device = self.out
         y = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-        z = torch.empty(self.c.shape, dtype=dtype, device=device) if self.save_preact else None
+        z = torch.empty(self.c_shape, dtype=dtype, device=device) if self.save_preact else None
         self.mm(a, b, y, bias, z)
         ctx.save_for_backward(a, b, z)
         return y
