@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import dropin
-from dropin.bench.overhead import pairs
+from dropin.bench.overhead import Pair, pairs
 from _check import found_shortcuts, poison_allocations
 from _tol import DEVICE, assert_close
 
@@ -77,11 +77,16 @@ def test_repeat_call_with_autograd_takes_the_shortcut(name, taken, monkeypatch):
         assert_close(g, ref.to(g.device), g.dtype, "bwd", what=f"{name}: gradient {i} through its shortcut")
 
 
-@pytest.mark.parametrize("name", [n for n in PAIRS if n not in NO_GRAD_SHORTCUT])
+POINTWISE = Pair("conv2d 1x1", lambda: (torch.randn(2, 8, 3, 3, device=DEVICE).to(memory_format=torch.channels_last),
+                                        torch.randn(5, 8, 1, 1, device=DEVICE), torch.randn(5, device=DEVICE)),
+                 lambda x, w, b: dropin.conv2d(x, w, b, activation="silu"), None, 3)  # (matmul's product)
+
+
+@pytest.mark.parametrize("name", [n for n in PAIRS if n not in NO_GRAD_SHORTCUT] + [POINTWISE.name])
 def test_kept_shortcuts_hold_no_tensor(name, taken):
     """A kept shortcut (and its backward plans) holds none of the tensors of the calls that made it: once the
     caller lets go of its inputs, outputs and gradients, they are freed (the caches live as long as the process)."""
-    pair = PAIRS[name]
+    pair = POINTWISE if name == POINTWISE.name else PAIRS[name]
     refs = []
     for _ in range(3):  # the op's own path (keeps the shortcut), then twice through it (a backward plan kept)
         leaves = [t.detach().requires_grad_(i < pair.n_grad) for i, t in enumerate(pair.make())]
