@@ -160,16 +160,18 @@ class Shortcuts:
     runs its own path and `keep`s the shortcut that this call's path allows (the op's `*_shortcut` maker: None
     where a call does more than allocate and launch, e.g. a copy of an operand or a check of values). The key:
     whether autograd records the call, with each tensor's requires_grad then; each tensor's `layout`; the other
-    arguments with their types. No key (no shortcut, none kept) while torch.compile traces or under autocast (it
-    casts operands); none is kept during a CUDA graph capture (its plan is untimed); past MAX_PLANS signatures the
-    cache is emptied.
+    arguments with their types. No key (no shortcut, none kept) while torch.compile traces, under autocast (it
+    casts operands), or where autograd records the call of an op that keeps no `Differentiable`; none is kept
+    during a CUDA graph capture (its plan is untimed); past MAX_PLANS signatures the cache is emptied.
 
     A plan's launches read their tensors' addresses alone (a kernel argument is a pointer; the plan fixed the
     strides and dtypes): a shortcut may pass a tensor in place of a view of it that starts at the same address
     (a 1x1 convolution's input as the GEMM operand [1, N*H*W, C])."""
 
-    def __init__(self):
+    def __init__(self, differentiable: bool = False):
+        """differentiable: the op keeps `Differentiable`s; without, a call that autograd records gets no key."""
         self._runs: dict = {}
+        self.differentiable = differentiable
 
     def find(self, tensors: tuple, args: tuple):
         """(key, shortcut or None) for this call; key None where no shortcut may serve it."""
@@ -179,7 +181,10 @@ class Shortcuts:
             grads = None
             if torch.is_grad_enabled():
                 grads = tuple([t is not None and t.requires_grad for t in tensors])
-                grads = grads if True in grads else None
+                if True not in grads:
+                    grads = None
+                elif not self.differentiable:
+                    return None, None
             key = (grads, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
                             for t in tensors], *map(_typed, args))  # (`layout` inlined: every call builds it)
             return key, self._runs.get(key)

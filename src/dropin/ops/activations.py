@@ -226,7 +226,7 @@ def _act_grad_shortcut(x, out, act: str):
 
 
 _checked = Checks()
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def activation(input: torch.Tensor, activation: str) -> torch.Tensor:

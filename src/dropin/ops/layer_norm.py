@@ -299,7 +299,7 @@ class _LayerNormShortcut(Differentiable):
 
 
 _checked = Checks()
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,

@@ -522,7 +522,7 @@ def _autocast(*tensors):
                  else t for t in tensors)
 
 
-_shortcuts = Shortcuts()  # (one for matmul, bmm and linear: their keys name the op)
+_shortcuts = Shortcuts(differentiable=True)  # (one for matmul, bmm and linear: their keys name the op)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

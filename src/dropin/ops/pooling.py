@@ -422,7 +422,7 @@ def _adaptive_args(op: str, input, output_size) -> tuple:
 
 
 _checked = Checks()
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def _apply(key, input, *args):

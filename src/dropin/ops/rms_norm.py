@@ -272,7 +272,7 @@ def _check(x, weight, eps, residual):
 
 
 _checked = Checks()
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: Optional[torch.Tensor] = None):

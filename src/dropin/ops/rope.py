@@ -267,7 +267,7 @@ def _check_positions(position_ids, cos):
 
 
 _checked = Checks()
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

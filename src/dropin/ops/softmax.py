@@ -192,7 +192,7 @@ def _grad_shortcut(input, y, dim: int, log: bool):
 
 
 _checked = Checks()
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def _softmax(op: str, input: torch.Tensor, dim: int, log: bool) -> torch.Tensor:

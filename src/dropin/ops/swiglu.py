@@ -363,7 +363,7 @@ def _backward(ctx, dy, needs) -> tuple:
 
 # --- 6. Public function -------------------------------------------------------------------------------
 
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
