@@ -169,8 +169,11 @@ def run(name: str, mode: str, provider: str, args, device: torch.device) -> dict
         model.to(args.dtype)  # (FSDP2 keeps float32 parameters and casts them at each unshard)
     data = batches(name, args.tiny, args.steps, args.dtype, device, dist.get_rank())
     if provider == "dropin":
-        # verified on two samples (a training-mode BatchNorm needs more than one value per channel)
-        row["inject"] = dropin.inject_(model, example_inputs=next(iter(data[0].values()))[:2]).summary
+        # verified on two samples (a training-mode BatchNorm needs more than one value per channel), images in the
+        # parameters' dtype (FSDP2's model stays float32 until its mixed-precision policy casts at each unshard)
+        example = next(iter(data[0].values()))[:2]
+        example = example.to(next(model.parameters()).dtype) if example.is_floating_point() else example
+        row["inject"] = dropin.inject_(model, example_inputs=example).summary
     if device.type == "cuda":  # the training's peak (inject_'s verification held float64 copies of the model)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
