@@ -49,7 +49,7 @@ def test_repeat_call_takes_the_shortcut(name, taken, monkeypatch):
         assert out.stride() == out_first.stride(), f"{name}: the shortcut's output is laid out otherwise"
 
 
-NO_GRAD_SHORTCUT = ("attention", "sparse_linear", "sparse_conv2d")  # (their own Functions)
+NO_GRAD_SHORTCUT = ("sparse_linear", "sparse_conv2d")  # (their own Functions)
 
 
 @pytest.mark.parametrize("name", [n for n in PAIRS if n not in NO_GRAD_SHORTCUT])

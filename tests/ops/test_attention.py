@@ -256,6 +256,18 @@ def test_no_grad_and_output_layout():
     assert out.transpose(1, 2).is_contiguous(), "stored [B, L, H, E], as torch's flash attention stores it"
 
 
+def test_repeat_calls_with_autograd(monkeypatch):
+    """Repeat calls where autograd records them (no mask: causal, GQA, strided q) take their `Differentiable`
+    shortcut and give the outputs and gradients of the op's own path, bit for bit."""
+    strided_q = randn(2, 9, 3, 32).transpose(1, 2)  # [B, H, L, E] viewed from [B, L, H, E]
+    calls = [(lambda q, k, v: dropin.ops.attention(q, k, v, is_causal=True), list(qkv(2, 3, 3, 9, 20, 32,
+                                                                                     torch.float32).values())),
+             (lambda q, k, v: dropin.ops.attention(q, k, v, enable_gqa=True), list(qkv(2, 4, 2, 9, 20, 32,
+                                                                                      torch.float32).values())),
+             (dropin.ops.attention, [strided_q, randn(2, 3, 20, 32), randn(2, 3, 20, 32)])]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 CHUNKED = {  # id -> (B, H, HK, Lq, Lk, E, keyword arguments)
     "causal-gqa-d40": (2, 4, 2, 45, 37, 40, {"is_causal": True, "enable_gqa": True}),
     "mask-d64": (1, 2, 2, 33, 50, 64, {"attn_mask": "float"}),

@@ -24,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
 from . import _autotune
-from ._dispatch import Launch, Shortcuts, absent, aligned, plan, switch, torch_op
+from ._dispatch import Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op
 from .attention_decode import decode, decode_shortcut
 from .attention_kernels import delta_kernel, dkdv_kernel, dq_kernel, fwd_kernel
 from .attention_ranges import RANGE_ROWS, Summary
@@ -232,19 +232,32 @@ def _fwd_shortcut(q, k, v, out, stats, is_causal: bool, scale: float):
     return shortcut
 
 
+def _bwd_buffers(q, k) -> tuple:
+    """(dq, dk, dv, delta): the gradients, contiguous, shaped like q and k / v, and the fp32 rowsum(dO * O)."""
+    B, H, Lq, E = q.shape
+    dq = torch.empty((B, H, Lq, E), device=q.device, dtype=q.dtype)
+    dk = torch.empty((B, k.shape[1], k.shape[2], E), device=q.device, dtype=q.dtype)
+    return dq, dk, torch.empty_like(dk), torch.empty((B, H, Lq), device=q.device, dtype=torch.float32)
+
+
 def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: bool = False):
     """(dq, dk, dv), each shaped like its input; dq and dk / dv contiguous."""
+    dq, dk, dv, delta = _bwd_buffers(q, k)
+    if dq.numel() == 0 or k.shape[2] == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    run, mask_t, qk_scale = _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal, scale, traced)
+    run(grad_out, q, k, v, mask_t, out, stats, delta, dq, dk, dv, qk_scale, scale)
+    return dq, dk, dv
+
+
+def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal: bool, scale: float, traced: bool):
+    """(run, mask_t, qk_scale): the backward's plan for this signature, run(grad_out, q, k, v, mask_t, out, stats,
+    delta, dq, dk, dv, qk_scale, scale) (the tensors laid out as these), as `_fwd_plan`."""
     B, H, Lq, E = q.shape
     HK, Lk = k.shape[1], k.shape[2]
-    dq = torch.empty((B, H, Lq, E), device=q.device, dtype=q.dtype)
-    dk = torch.empty((B, HK, Lk, E), device=q.device, dtype=q.dtype)
-    dv = torch.empty_like(dk)
-    if dq.numel() == 0 or Lk == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
     mask_t, mask_strides, mask_kind = _mask_args(mask, q, traced)
     precision = _attention_precision(q, Lk)
     qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
-    delta = torch.empty((B, H, Lq), device=q.device, dtype=torch.float32)
 
     def make():  # sizes and strides are fixed by the plan's key: computed once
         fixed = (B, H, HK, Lq, Lk)
@@ -281,9 +294,7 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
         return run
 
     plan_key = ("bwd", _signature(grad_out, q, k, v, mask, out, traced=traced), q.device, is_causal, precision)
-    plan(_plans, plan_key, make, traced=traced)(
-        grad_out, q, k, v, mask_t, out, stats, delta, dq, dk, dv, qk_scale, scale)
-    return dq, dk, dv
+    return plan(_plans, plan_key, make, traced=traced), mask_t, qk_scale
 
 
 # --- 3. Registration as torch ops (what torch.compile traces: `_dispatch`) --------------------------------
@@ -320,6 +331,42 @@ class _AttentionFunction(torch.autograd.Function):
         q, k, v, mask, out, stats = ctx.saved_tensors
         dq, dk, dv = _bwd(grad_out, q, k, v, mask, out, stats, ctx.is_causal, ctx.scale)
         return dq, dk, dv, None, None, None
+
+
+class _AttentionShortcut(Differentiable):
+    """attention's later eager calls of this signature without a mask where autograd records them (`Shortcuts`):
+    the forward's plan, saving what `_AttentionFunction` saves, and the backward's plan for each layout of dO."""
+
+    def __init__(self, run, qk_scale: float, out: torch.Tensor, stats_shape, is_causal: bool, scale: float):
+        super().__init__()
+        self.run, self.qk_scale, self.is_causal, self.scale = run, qk_scale, is_causal, scale
+        self.out_layout = (out.shape, out.stride(), out.dtype, out.device)
+        self.stats_shape = stats_shape
+
+    @staticmethod
+    def make(q, k, v, out, is_causal: bool, scale: float):
+        """The shortcut of this call (out: its output); None where the call has no work."""
+        if out.numel() == 0 or k.shape[2] == 0:
+            return None
+        stats = torch.empty((*q.shape[:2], 2, q.shape[2]), device=q.device, dtype=torch.float32)
+        run, _, qk_scale = _fwd_plan(q, k, v, None, out, stats, is_causal, scale, False)
+        return _AttentionShortcut(run, qk_scale, out, stats.shape, is_causal, scale)
+
+    def forward(self, ctx, q, k, v, mask):
+        shape, strides, dtype, device = self.out_layout
+        out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        stats = torch.empty(self.stats_shape, device=device, dtype=torch.float32)
+        self.run(q, k, v, q, out, stats, self.qk_scale)
+        ctx.save_for_backward(q, k, v, mask, out, stats)
+        return out
+
+    def backward(self, ctx, grad_out):
+        q, k, v, mask, out, stats = ctx.saved_tensors
+        dq, dk, dv, delta = _bwd_buffers(q, k)
+        run = self.backward_plan((grad_out,), lambda: _bwd_plan(grad_out, q, k, v, None, out, stats, delta, dq, dk,
+                                                                dv, self.is_causal, self.scale, False)[0])
+        run(grad_out, q, k, v, q, out, stats, delta, dq, dk, dv, self.qk_scale, self.scale)
+        return dq, dk, dv, None
 
 
 # --- 5. Public function ----------------------------------------------------------------------------------
@@ -368,7 +415,7 @@ def _check_mask(attn_mask, q, shape, is_causal: bool) -> torch.Tensor:
                            f"broadcast to the attention shape {tuple(shape)}") from e
 
 
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
@@ -411,6 +458,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out = _AttentionFunction.apply(q, k, v, attn_mask, bool(is_causal), scale)
+        if attn_mask is None and not unbatched:
+            _shortcuts.keep(key, lambda: _AttentionShortcut.make(q, k, v, out, bool(is_causal), scale), grad=True)
     elif Lq == 1 and not is_causal:
         out = decode(q, k, v, attn_mask, scale)  # a decoding step: keys split over programs
         if not unbatched:
