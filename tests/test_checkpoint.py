@@ -48,13 +48,6 @@ OPS = {
     "layer_norm": (lambda x, w, b: dropin.ops.layer_norm(x, (24,), w, b), lambda x, w, b: F.layer_norm(x, (24,), w, b),
                    {"x": (3, 5, 24), "weight": (24,), "bias": (24,)}),
 }
-# The grad shortcuts (ops/_dispatch.Differentiable) save other tensors than the op's own path (linear: [1, M, K] and
-# [1, K, N] where the path saves x and the weight as given): the recomputation, served by the shortcut that the
-# checkpointed forward kept, fails torch.utils.checkpoint's metadata check on a signature's first step.
-SHORTCUT_SAVES_OTHER_TENSORS = pytest.mark.xfail(
-    strict=True, raises=torch.utils.checkpoint.CheckpointError,
-    reason="the grad shortcut kept by a signature's first call saves other tensors than the op's own path")
-FAILING = {"linear", "rms_norm"}
 
 
 def checkpointed(fn):
@@ -78,8 +71,7 @@ def assert_same_as_without_checkpointing(got: list, plain: list) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=SHORTCUT_SAVES_OTHER_TENSORS) if n in FAILING else n
-                                  for n in OPS])
+@pytest.mark.parametrize("name", list(OPS))
 def test_checkpointed_op(name, dtype):
     op, ref, shapes, *constant = OPS[name]
     constant = constant[0] if constant else ()
@@ -116,8 +108,7 @@ def injected_conv_bn(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("make", [pytest.param(injected_llama, marks=SHORTCUT_SAVES_OTHER_TENSORS), injected_conv_bn],
-                         ids=["llama", "conv_bn"])
+@pytest.mark.parametrize("make", [injected_llama, injected_conv_bn], ids=["llama", "conv_bn"])
 def test_checkpointed_injected_model(make, dtype):
     """A training step's output and parameter gradients (bench.models.train_step) through checkpointed injected
     modules, the model's first step: those of the injected model without checkpointing, and of the original in

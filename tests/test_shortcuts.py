@@ -10,6 +10,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 import dropin
 from dropin.bench.overhead import Pair, pairs
@@ -97,6 +98,38 @@ def test_kept_shortcuts_hold_no_tensor(name, taken):
     assert taken[-1], f"{name}: the last call took no shortcut"
     gc.collect()
     assert all(ref() is None for ref in refs), f"{name}: a kept shortcut holds a call's tensor"
+
+
+@pytest.mark.parametrize("name", [n for n in PAIRS if n not in NO_GRAD_SHORTCUT] + [POINTWISE.name])
+def test_checkpoint_recomputation_through_the_shortcut(name, monkeypatch):
+    """torch.utils.checkpoint (use_reentrant=False) compares what a recomputed forward saves with what the first
+    forward saved: the first call of a signature runs the op's own path (and keeps the shortcut), the backward's
+    recomputation takes the shortcut, which saves the same tensors (count, shapes, dtypes), giving the gradients of
+    the call without checkpointing."""
+    pair = POINTWISE if name == POINTWISE.name else PAIRS[name]
+    inputs = pair.make()
+    leaves = [t.detach().requires_grad_(i < pair.n_grad) for i, t in enumerate(inputs)]
+    outs = _tuple(pair.dropin(*leaves))
+    ups = [torch.randn_like(o) for o in outs]
+    want = torch.autograd.grad(outs, leaves[:pair.n_grad], ups)
+    from dropin.ops import _dispatch
+    find, calls = _dispatch.Shortcuts.find, []
+
+    def first_refused(self, tensors, args):  # (the first find gives the op's own path, which keeps a new shortcut)
+        key, run = find(self, tensors, args)
+        calls.append(run)
+        if len(calls) == 1:
+            self._runs.pop(key, None)
+            return key, None
+        return key, run
+    monkeypatch.setattr(_dispatch.Shortcuts, "find", first_refused)
+    leaves = [t.detach().requires_grad_(i < pair.n_grad) for i, t in enumerate(inputs)]
+    outs = _tuple(checkpoint(pair.dropin, *leaves, use_reentrant=False))
+    got = torch.autograd.grad(outs, leaves[:pair.n_grad], ups)
+    assert len(calls) == 1 or calls[-1] is not None, f"{name}: the recomputation took no shortcut"  # (1: nothing
+    # saved, as average pooling saves: nothing recomputed)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
 
 
 def test_no_shortcut_where_the_call_differs(taken):

@@ -488,7 +488,8 @@ class _BatchNormShortcut(Differentiable):
     def forward(self, ctx, x, rm, rv, weight, bias):
         y = torch.empty_strided(*self.y, dtype=x.dtype, device=x.device)
         center, invstd = self.forward_run(x, weight, bias, rm, rv, y)
-        ctx.save_for_backward(x, weight, center, invstd)
+        # weight flat, as the op's own path saves it (a checkpoint's recomputation served here saves the same)
+        ctx.save_for_backward(x, weight if self.shapes[0] is None else weight.view(-1), center, invstd)
         return y
 
     def backward(self, ctx, dy):

@@ -1731,7 +1731,6 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
                 rows, w_shape = operands[0].shape, weight.shape  # (the lambdas hold no tensor: they are kept)
                 _shortcuts.keep(key, lambda: _ProductShortcut.make(
                     operands, (x, weight, bias), key[0], product, y, act,
-                    lambda x, wt, *_: (x.permute(0, 2, 3, 1).reshape(rows), wt.reshape(cout, c).t()[None]),
                     lambda g, i: g.view(n, h, w, c).permute(0, 3, 1, 2) if i == 0 else g[0].t().reshape(w_shape)
                     if i == 1 else g, lambda dy: dy.permute(0, 2, 3, 1).reshape(rows[:2] + (cout,))), grad=True)
             else:

@@ -284,7 +284,8 @@ class _LayerNormShortcut(Differentiable):
     def forward(self, ctx, x, weight, bias):
         y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
         mean, rstd = self.forward_run(x, weight, bias, y)
-        ctx.save_for_backward(x, weight, mean, rstd)
+        # weight flat, as the op's own path saves it (a checkpoint's recomputation served here saves the same)
+        ctx.save_for_backward(x, weight if self.shapes[1] is None else weight.view(-1), mean, rstd)
         return y
 
     def backward(self, ctx, dy):

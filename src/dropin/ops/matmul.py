@@ -213,23 +213,24 @@ def _product_like_run(x, y, like):
 
 class _ProductShortcut(Differentiable):
     """A product's later eager calls of this signature where autograd records them (`Differentiable`): given
-    tensors (a, b[, bias]) that start where the product's operands do (`views` makes the operands of given tensors,
-    `to_given` turns the i-th operand's gradient into the given tensor's, `from_out` the output's gradient into the
-    product's [B, M, N]; none of them may hold a tensor: the shortcut lives in the op's cache). Forward: the plan on
+    tensors (a, b[, bias]) that start where the product's operands do (`to_given` turns the i-th operand's gradient
+    into the given tensor's, `from_out` the output's gradient into the product's [B, M, N]; neither may hold a
+    tensor: the shortcut lives in the op's cache). Forward: the plan on
     a new output laid out as the first call's (and the pre-activation, saved, where an activation's gradient is
     wanted). Backward, for each layout of the output's gradient: the activation's and bias's gradient, then one
     planned product per gradient wanted, into new tensors laid out as the op's own path lays them out."""
 
-    def __init__(self, needs, c, out, activation: str, views, to_given, from_out, mm):
+    def __init__(self, operands, needs, c, out, activation: str, to_given, from_out, mm):
         super().__init__()
+        self.operands = [(o.shape, o.stride()) for o in operands[:2]]  # (saved as the op's own path saves them)
         self.needs, self.c_shape, self.activation, self.mm = needs, c.shape, activation, mm  # (no tensor kept)
-        self.views, self.to_given = views, to_given
+        self.to_given = to_given
         self.from_out = from_out or (lambda dy, shape=c.shape: dy.reshape(shape))
         self.out = out.shape, out.stride(), out.dtype, out.device
         self.save_preact = activation != "none" and any(needs)
 
     @staticmethod
-    def make(operands, given, needs, c, out, activation: str, views, to_given, from_out=None):
+    def make(operands, given, needs, c, out, activation: str, to_given, from_out=None):
         """The shortcut; None where an operand is a copy or no product has work, or the product copies its
         operands (tf32)."""
         if any(o is not None and (o.data_ptr() != g.data_ptr() or o.numel() == 0 or o.numel() != g.numel())
@@ -239,20 +240,22 @@ class _ProductShortcut(Differentiable):
         mm = _mm_shortcut(*operands[:2], c, operands[2] if len(operands) > 2 else None, activation, save_preact)
         if mm is None or _precision(c.dtype) == "tf32":
             return None
-        return _ProductShortcut(needs, c, out, activation, views, to_given, from_out, mm)
+        return _ProductShortcut(operands, needs, c, out, activation, to_given, from_out, mm)
 
     def forward(self, ctx, a, b, bias=None, *unused):  # (unused: conv2d's residual and out, None)
         shape, strides, dtype, device = self.out
         y = torch.empty_strided(shape, strides, dtype=dtype, device=device)
         z = torch.empty(self.c_shape, dtype=dtype, device=device) if self.save_preact else None
         self.mm(a, b, y, bias, z)
-        ctx.save_for_backward(a, b, z)
+        # the operands' views (the tensors, shapes and order the op's own path saves: a checkpoint's recomputation
+        # served here saves what its first forward saved)
+        ctx.save_for_backward(*(t.as_strided(*layout) for t, layout in zip((a, b), self.operands)), z)
         return y
 
     def backward(self, ctx, dy):
-        a, b, z = ctx.saved_tensors
-        run = self.backward_plan((dy,), lambda: self._backward_run(dy, a, b, z))
-        return self._backward(dy, a, b, z) if run is None else run(dy, a, b, z)
+        a3, b3, z = ctx.saved_tensors
+        run = self.backward_plan((dy,), lambda: self._backward_run(dy, a3, b3, z))
+        return self._backward(dy, a3, b3, z) if run is None else run(dy, a3, b3, z)
 
     def _gradient_z(self, dy3, z):
         """(gz, gbias): the gradient of the pre-activation (dy3 itself without activation) and the bias's."""
@@ -262,23 +265,21 @@ class _ProductShortcut(Differentiable):
         gz, gbias = _act_grad_impl(dy3, z, self.activation, need_bias)
         return dy3 if self.activation == "none" else gz, gbias
 
-    def _backward(self, dy, a, b, z):
-        """The given tensors' gradients through the op's own functions (no plan kept)."""
+    def _backward(self, dy, a3, b3, z):
+        """The given tensors' gradients through the op's own functions (no plan kept), from the operands a3, b3."""
         need_a, need_b, need_bias = (*self.needs, False)[:3]
         gz, gbias = self._gradient_z(self.from_out(dy), z)
-        a3, b3 = self.views(a, b)[:2]
         return (self.to_given(_product_like(gz, b3.mT, a3), 0) if need_a else None,
                 self.to_given(_product_like(a3.mT, gz, b3), 1) if need_b else None,
                 self.to_given(gbias, 2) if need_bias else None, None, None)[:len(self.needs)]
 
-    def _backward_run(self, dy, a, b, z):
-        """run(dy, a, b, z) -> the given tensors' gradients, for a dy of this layout: planned products into new
+    def _backward_run(self, dy, a3, b3, z):
+        """run(dy, a3, b3, z) -> the given tensors' gradients, for a dy of this layout: planned products into new
         tensors laid out as `_backward`'s; None where a product copies its operands (tf32) or a gradient is no
         view of its product."""
         need_a, need_b, need_bias = (*self.needs, False)[:3]
         to_given, from_out, gradient_z, n = self.to_given, self.from_out, self._gradient_z, len(self.needs)
         gz = gradient_z(from_out(dy), z)[0]
-        a3, b3 = self.views(a, b)[:2]
         products = []
         for i, (x, y, like) in enumerate(((gz, b3.mT, a3), (a3.mT, gz, b3))):
             if not (need_a, need_b)[i]:
@@ -548,8 +549,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if product.requires_grad:
         shapes = a.shape, b.shape
         _shortcuts.keep(key, lambda: _ProductShortcut.make(
-            operands, (a, b), key[0], product, c, "none", lambda a, b: _matmul_operands(a, b)[0],
-            lambda g, i: g.reshape(shapes[i])), grad=True)
+            operands, (a, b), key[0], product, c, "none", lambda g, i: g.reshape(shapes[i])), grad=True)
     else:
         _shortcuts.keep(key, lambda: product_shortcut(operands, (a, b), product, "none", c))
     return c
@@ -591,7 +591,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     c = _product(a, b, None, "none")
     if c.requires_grad:
         _shortcuts.keep(key, lambda: _ProductShortcut.make(
-            (a, b), (a, b), key[0], c, c, "none", lambda a, b: (a, b), lambda g, i: g), grad=True)
+            (a, b), (a, b), key[0], c, c, "none", lambda g, i: g), grad=True)
     else:
         _shortcuts.keep(key, lambda: product_shortcut((a, b), (a, b), c, "none", c))
     return c
@@ -635,7 +635,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if c.requires_grad:
         shapes = x.shape, weight.shape, None if bias is None else bias.shape
         _shortcuts.keep(key, lambda: _ProductShortcut.make(
-            operands, (x, weight, bias), key[0], c, y, act, lambda x, w, *_: _linear_operands(x, w),
+            operands, (x, weight, bias), key[0], c, y, act,
             lambda g, i: g.squeeze(0).t().reshape(shapes[1]) if i == 1 else g.reshape(shapes[i])), grad=True)
     else:
         _shortcuts.keep(key, lambda: product_shortcut(operands, (x, weight, bias), c, act, y))

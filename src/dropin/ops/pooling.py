@@ -350,13 +350,14 @@ class _Pool2dFunction(torch.autograd.Function):
     def forward(ctx, x, *args):
         mode, kernel, stride, padding, dilation, out_hw, count_pad, divisor = args
         y, idx = _fwd(x, *args, mode == "max")
-        ctx.save_for_backward(idx)
+        ctx.save_for_backward(idx if mode == "max" else None)  # (as the grad shortcut saves: checkpointing compares)
         ctx.args = (list(x.shape), is_channels_last(x), mode, kernel, stride, padding, dilation, count_pad, divisor)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         (idx,) = ctx.saved_tensors
+        idx = dy.new_empty(0, dtype=torch.int32) if idx is None else idx
         return (_bwd(dy, idx, *ctx.args),) + (None,) * 8
 
 

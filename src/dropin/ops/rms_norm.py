@@ -345,14 +345,15 @@ class _RMSNormShortcut(Differentiable):
 
     def forward(self, ctx, x, weight, residual):
         out, rstd = self.forward_run(x, weight, residual)
-        ctx.save_for_backward(out[1] if self.residual else x, weight, rstd)
+        # [R, N] rows, as the op's own path saves them (a checkpoint's recomputation served here saves the same)
+        ctx.save_for_backward((out[1] if self.residual else x).view(self.rows, self.N), weight, rstd)
         return out
 
     def backward(self, ctx, dy, ds=None):
         x, weight, rstd = ctx.saved_tensors
         dy2, ds2 = (None if t is None else t.reshape(self.rows, self.N) for t in (dy, ds))
-        run = self.backward_plan((dy2, ds2), lambda: _bwd_plan(dy2, ds2, x.reshape(self.rows, self.N), weight, rstd))
+        run = self.backward_plan((dy2, ds2), lambda: _bwd_plan(dy2, ds2, x, weight, rstd))
         dx = torch.empty(dy.shape, device=x.device, dtype=x.dtype)
-        partial = run(dy2, ds2, x, weight, rstd, dx)  # (x, or s, where its rows start)
+        partial = run(dy2, ds2, x, weight, rstd, dx)  # (x's, or s's, rows)
         dw = column_sums(partial, torch.empty(self.N, device=x.device, dtype=weight.dtype)) if self.needs[1] else None
         return dx if self.needs[0] else None, dw, dx if self.needs[2] else None
