@@ -1,10 +1,12 @@
 """Device, architecture and version facts; the one place that branches on the Triton version.
 
 Importing this module switches Triton's interpreter on (TRITON_INTERPRET=1) when no CUDA device is
-present, so that every kernel runs on the CPU. It must therefore be imported before any kernel is defined.
+present, so that every kernel runs on the CPU. It must therefore be imported before any kernel is defined (triton
+itself may have been imported before: its own jit functions are then made interpreted ones).
 """
 import functools
 import os
+import sys
 
 import torch
 
@@ -13,8 +15,28 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402  (after the interpreter switch)
+from triton.runtime.jit import JITFunction  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false")
+
+
+def _interpret_triton_language() -> None:
+    """Makes the @triton.jit functions of triton.language (tl.cdiv, tl.sigmoid, tl.rand, ...) interpreted ones.
+
+    @triton.jit picks the interpreter when it decorates: where triton was imported before the switch above (by
+    torchvision, or by the user), triton.language's own functions are compiled-only ones, which an interpreted kernel
+    cannot call. Each is replaced in its module's namespace, which is also the globals the others call it through."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    for name, module in list(sys.modules.items()):
+        if name == "triton.language" or name.startswith("triton.language."):
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, JITFunction):
+                    setattr(module, attr, InterpretedFunction(value.fn))
+
+
+if INTERPRET:
+    _interpret_triton_language()
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 # Triton versions whose CompiledKernel.run(grid..., stream, function, metadata, hooks, *args) signature was
 # read and used (3.6 on the GPU, 3.8 in source) by ops/_dispatch.Launch; others take the ordinary
