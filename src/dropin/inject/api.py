@@ -18,8 +18,9 @@ class InjectError(RuntimeError):
 
 
 class VerificationError(InjectError):
-    """The injected model's output diverged from the original's; the model is reverted. `module`: the path of
-    the first replaced module (in execution order) whose own output diverged, or None."""
+    """The injected model's output diverged from the original's, or one of verification's runs raised (the
+    exception is the cause); the model is reverted. `module`: the path of the first replaced module (in execution
+    order) whose own output diverged, or of the innermost module running when one raised, or None."""
 
     def __init__(self, message: str, module: Optional[str]):
         super().__init__(message)
@@ -202,9 +203,10 @@ def _divergence(out, out_torch, out_64) -> Optional[str]:
     return None
 
 
-def _run(model: torch.nn.Module, inputs: tuple, names: list, seed: int):
-    """model(*inputs) and the outputs of the named modules (copies), with the names in the order they ran."""
-    seen, order = {}, []
+def _run(model: torch.nn.Module, inputs: tuple, names: list, seed: int, run: str):
+    """model(*inputs) and the outputs of the named modules (copies), with the names in the order they ran. An
+    exception raises VerificationError naming `run` and the innermost module that was running."""
+    seen, order, running = {}, [], []
 
     def keep(name):
         def hook(module, args, output):
@@ -212,15 +214,41 @@ def _run(model: torch.nn.Module, inputs: tuple, names: list, seed: int):
             order.append(name)
         return hook
 
+    def enter(name):
+        def hook(module, args):
+            running.append(name)
+        return hook
+
+    def leave(module, args, output):
+        running.pop()
+
     handles = [model.get_submodule(n).register_forward_hook(keep(n)) for n in names]
+    for name, module in model.named_modules():
+        handles += [module.register_forward_pre_hook(enter(name)), module.register_forward_hook(leave)]
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     try:
         with torch.random.fork_rng(devices=devices):  # the same dropout masks in every run
             torch.manual_seed(seed)
             return model(*inputs), seen, order
+    except Exception as e:
+        module = running[-1] if running else None
+        where = f"in module '{module or '<root>'}'" if running else "outside the model's modules"
+        raise VerificationError(f"inject_: verification's run of the {run} raised {where}, the model is reverted: "
+                                f"{type(e).__name__}: {e}", module) from e
     finally:
         for h in handles:
             h.remove()
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to `dtype` inside, the caller's restored after."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 @contextmanager
@@ -258,20 +286,37 @@ def _verify(model: torch.nn.Module, inputs: tuple, report: InjectReport) -> None
     reference = revert_(_deepcopy(model))
     seed = int(torch.randint(2**31, ()))
     with torch.no_grad(), _buffers_kept(model):
-        out, seen, order = _run(model, inputs, list(names), seed)
-        out_t, seen_t, _ = _run(reference, inputs, list(names.values()), seed)
-        out_64, seen_64, _ = _run(reference.double(), pytree.tree_map(to_float64, inputs), list(names.values()), seed)
+        out, seen, order = _run(model, inputs, list(names), seed, "injected model")
+        out_t, seen_t, _ = _run(reference, inputs, list(names.values()), seed, "original model")
+        with _default_dtype(torch.float64):  # tensors the forward creates match the reference's
+            out_64, seen_64, _ = _run(reference.double(), pytree.tree_map(to_float64, inputs), list(names.values()),
+                                      seed, "float64 reference (the original model in float64)")
     problem = _divergence(out, out_t, out_64)
     if problem is None:
         report.verification = "verified: output within tolerance of PyTorch's (float64 reference)"
         return
-    revert_(model)
     culprit = next(((name, why) for name in order
                     if (why := _divergence(seen[name], seen_t[names[name]], seen_64[names[name]]))), None)
     where = ("no replaced module's own output diverged" if culprit is None else
              f"first replaced module whose output diverged: '{culprit[0]}' ({culprit[1]})")
     raise VerificationError(f"inject_: verification failed, the model is reverted. Model output: {problem}; "
                             f"{where}", culprit and culprit[0])
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _unsupported_dtype(model: torch.nn.Module, inputs: Optional[tuple], config: InjectConfig) -> Optional[str]:
+    """Why no part of `model` can run on dropin's kernels (its floating tensors, or its example inputs', all of
+    dtypes outside config.dtypes: the modules without tensors would get them too), or None."""
+    for what, tensors in (("parameters and buffers", [*model.parameters(), *model.buffers()]),
+                          ("example inputs", pytree.tree_leaves(inputs))):
+        dtypes = {t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()}
+        if dtypes and not dtypes & set(config.dtypes):
+            return (f"its floating {what} are {', '.join(sorted(map(_dtype_name, dtypes)))}; dropin runs "
+                    f"{', '.join(map(_dtype_name, config.dtypes))} (InjectConfig.dtypes): the model is left whole")
+    return None
 
 
 def _sharded(model: torch.nn.Module) -> Optional[str]:
@@ -304,9 +349,13 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     Handlers are found by exact module type (dropin.inject.registry); torch classes are never changed.
     `example_inputs` (a tensor or a tuple of forward arguments) or `config.input_shape`: with verify, the
     injected model and a reverted copy run on them (and the copy in float64 as the reference) under no_grad, with
-    the same random seed and the model's buffers restored after; a divergence beyond the dtype's tolerance
-    reverts the model and raises VerificationError naming the first replaced module whose output diverged.
-    Without inputs nothing is verified (the report says so). coverage (with inputs): the report gives the share of
+    the same random seed and the model's buffers restored after (the float64 run with torch's default dtype
+    float64, so that tensors the forward creates match; the caller's is restored); a divergence beyond the dtype's
+    tolerance raises VerificationError naming the first replaced module whose output diverged, and an exception
+    in any of these runs raises VerificationError naming the module that raised. Any exception inside inject_
+    leaves the model reverted. A model whose floating tensors (or example inputs) are all of dtypes outside
+    config.dtypes (float64) is left whole, the report saying why. Without inputs nothing is verified (the report
+    says so). coverage (with inputs): the report gives the share of
     the FLOPs and of the GPU kernel time in dropin kernels on one forward, and the torch kernels that still ran
     (dropin.inject.coverage, measured with the torch profiler). strict: raise InjectError (model reverted) when any
     module that computes stays torch. Injecting an injected model again keeps its dropin modules (idempotent)
@@ -334,24 +383,30 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
         raise ValueError("inject_(coverage=True) measures one forward: pass example_inputs or "
                          "InjectConfig(input_shape=...)")
     report = InjectReport()
-    if model._modules:
-        _walk(model, "", config, report)
-    elif not isinstance(model, DropinModule) and not registry.is_passive(model):
-        report.left.append(Left("", type(model).__name__, "inject_ replaces children in place, not the root "
-                                                          "module itself: wrap it in an nn.Sequential"))
-    if report.replaced and _REFRESH_HOOK not in model.__dict__:
-        model.__dict__[_REFRESH_HOOK] = model.register_load_state_dict_post_hook(_refresh_after_load)
-    if strict and report.left:
+    unsupported = _unsupported_dtype(model, inputs, config)
+    try:  # whatever raises in here leaves the model reverted
+        if unsupported:
+            report.left.append(Left("", type(model).__name__, unsupported))
+        elif model._modules:
+            _walk(model, "", config, report)
+        elif not isinstance(model, DropinModule) and not registry.is_passive(model):
+            report.left.append(Left("", type(model).__name__, "inject_ replaces children in place, not the root "
+                                                              "module itself: wrap it in an nn.Sequential"))
+        if report.replaced and _REFRESH_HOOK not in model.__dict__:
+            model.__dict__[_REFRESH_HOOK] = model.register_load_state_dict_post_hook(_refresh_after_load)
+        if strict and report.left:
+            raise InjectError("inject_(strict=True): these modules would stay torch (the model is reverted):\n" +
+                              "\n".join(f"  {e.name or '<root>'} ({e.type}): {e.reason}" for e in report.left))
+        if verify and inputs is not None:
+            _verify(model, inputs, report)
+        elif verify:
+            report.verification = "NOT verified (pass example_inputs or InjectConfig(input_shape=...))"
+        else:
+            report.verification = "not verified (verify=False)"
+        if coverage:
+            with torch.no_grad(), _buffers_kept(model):
+                report.coverage = measure(model, revert_(_deepcopy(model)), lambda m: m(*inputs))
+    except BaseException:
         revert_(model)
-        raise InjectError("inject_(strict=True): these modules would stay torch (the model is reverted):\n" +
-                          "\n".join(f"  {e.name or '<root>'} ({e.type}): {e.reason}" for e in report.left))
-    if verify and inputs is not None:
-        _verify(model, inputs, report)
-    elif verify:
-        report.verification = "NOT verified (pass example_inputs or InjectConfig(input_shape=...))"
-    else:
-        report.verification = "not verified (verify=False)"
-    if coverage:
-        with torch.no_grad(), _buffers_kept(model):
-            report.coverage = measure(model, revert_(_deepcopy(model)), lambda m: m(*inputs))
+        raise
     return report

@@ -1,0 +1,87 @@
+"""inject_'s guarantees around verification: a model it cannot run is left whole, and an exception reverts it."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import dropin
+from dropin.inject import InjectError, VerificationError
+from dropin.inject.api import _REFRESH_HOOK
+from dropin.nn import DropinModule
+from _models import mlp
+from _tol import DEVICE
+
+
+def assert_whole(model: nn.Module, children: list) -> None:
+    """`model` holds the given children (the same objects) and nothing of dropin."""
+    assert list(model.children()) == children
+    assert all(a is b for a, b in zip(model.children(), children))
+    assert not any(isinstance(m, DropinModule) for m in model.modules())
+    assert _REFRESH_HOOK not in model.__dict__
+
+
+def test_exception_in_verification_reverts_and_names_the_module(monkeypatch):
+    probe = mlp()
+    dropin.inject_(probe, verify=False)
+    linear_dropin = type(probe[2])
+
+    def broken(self, *args):
+        raise RuntimeError("kernel failure")
+
+    monkeypatch.setattr(linear_dropin, "forward", broken)
+    model = mlp().eval()
+    children = list(model.children())
+    with pytest.raises(VerificationError, match=r"'0'.*RuntimeError: kernel failure") as e:
+        dropin.inject_(model, example_inputs=torch.randn(4, 16, device=DEVICE))
+    assert e.value.module == "0" and isinstance(e.value.__cause__, RuntimeError)
+    assert_whole(model, children)
+
+
+class PositionFeatures(nn.Module):
+    """A GPT-like block whose forward builds float tensors with the default dtype: position features for a
+    Linear and a causal mask."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.position = nn.Linear(1, dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        seq = x.shape[1]
+        x = x + self.position(torch.linspace(0, 1, seq, device=x.device)[:, None])
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        mask = torch.full((seq, seq), -math.inf, device=x.device).triu(1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + mask
+        return x + self.out(scores.softmax(-1) @ v)
+
+
+def test_forward_that_builds_tensors_verifies():
+    model = nn.Sequential(PositionFeatures(), PositionFeatures()).to(DEVICE).eval()
+    report = dropin.inject_(model, example_inputs=torch.randn(2, 8, 16, device=DEVICE))
+    assert report.verification.startswith("verified") and report.replaced
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_default_dtype_kept_when_verification_raises(monkeypatch):
+    """The float64 reference's default dtype does not outlive a reference that raises."""
+    monkeypatch.setattr(PositionFeatures, "forward", lambda self, x: self.qkv(x.float()))
+    model = nn.Sequential(PositionFeatures()).to(DEVICE).eval()
+    with pytest.raises(VerificationError, match="float64 reference"):
+        dropin.inject_(model, example_inputs=torch.randn(2, 8, 16, device=DEVICE))
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_float64_model_left_whole_with_the_reason():
+    model = mlp().double().eval()
+    children = list(model.children())
+    x = torch.randn(4, 16, device=DEVICE, dtype=torch.float64)
+    expected = model(x)
+    report = dropin.inject_(model, example_inputs=x)
+    assert_whole(model, children)
+    assert [(e.name, e.type) for e in report.left] == [("", "Sequential")]
+    assert "float64" in report.left[0].reason and "float64" in str(report)
+    assert torch.equal(model(x), expected)
+    with pytest.raises(InjectError, match="float64"):
+        dropin.inject_(model, example_inputs=x, strict=True)
+    assert_whole(model, children)
