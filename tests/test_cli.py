@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
+import dropin
 from dropin import _runtime
-from dropin.cli import SUITES, main
+from dropin.cli import SUITES, load_suite, main
 
 FAST = ["--warmup", "1", "--rep", "1"]
 
@@ -33,6 +34,7 @@ def test_bench_matmul_quick(tmp_path, capsys, monkeypatch):
     assert "[PASSED]" in out or "[FAILED]" in out
     assert rc == (1 if "[FAILED]" in out else 0)
     assert not any(tmp_path.iterdir())  # --no-save
+    assert ("timings and speed-ups are not meaningful" in out) == _runtime.INTERPRET
 
 
 def test_bench_bmm_files_and_filter(tmp_path, capsys):
@@ -47,9 +49,22 @@ def test_bench_bmm_files_and_filter(tmp_path, capsys):
     assert rc == (1 if "[FAILED]" in out else 0)
 
 
-def test_bench_no_matching_case(capsys):
+def test_bench_no_matching_case_lists_the_cases(capsys):
     assert main(["bench", "matmul", "--quick", "--no-save", "--cases", "no-such-case"]) == 2
-    assert "no case" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    names = [c.name for c in load_suite("matmul")(quick=True)]
+    assert "no case" in err and names and all(f"\n  {name}" in err for name in names)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["inject", "--help"], ["--version"]])
+def test_help_and_version_import_no_torch(argv):
+    """Help and --version are quick: neither imports torch nor dropin's kernels."""
+    code = (f"import sys; from dropin.cli import main\n"
+            f"try: main({argv!r})\nexcept SystemExit as e: assert e.code == 0\n"
+            "assert not {'torch', 'triton', 'dropin.ops'} & set(sys.modules), 'imported'")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (f"dropin {dropin.__version__}" if argv == ["--version"] else "usage: dropin") in run.stdout
 
 
 @pytest.mark.parametrize("suite", ["swiglu", "rms_norm", "rope"])

@@ -161,9 +161,28 @@ def test_inject_resnet_weights_loaded(monkeypatch, tmp_path):
     monkeypatch.setattr(torchvision.models, "resnet18", _tiny_cnn)
     torch.save(_tiny_cnn().state_dict(), tmp_path / "w.pt")
     assert main(["inject", "resnet18", "--image-size", "8", "--weights", str(tmp_path / "w.pt")]) == 0
-    torch.save(nn.Linear(2, 2).state_dict(), tmp_path / "other.pt")
-    with pytest.raises(RuntimeError, match="state_dict"):
-        main(["inject", "resnet18", "--image-size", "8", "--weights", str(tmp_path / "other.pt")])
+
+
+@pytest.mark.parametrize("contents", ["another model's state_dict", "not a checkpoint"])
+def test_inject_resnet_weights_that_do_not_load(capsys, monkeypatch, tmp_path, contents):
+    """A --weights file that is not this model's state_dict: one line naming it, exit code 2."""
+    torchvision = pytest.importorskip("torchvision")
+    monkeypatch.setattr(torchvision.models, "resnet18", _tiny_cnn)
+    path = tmp_path / "w.pt"
+    if contents == "not a checkpoint":
+        path.write_text(contents)
+    else:
+        torch.save(nn.Linear(2, 2).state_dict(), path)
+    assert main(["inject", "resnet18", "--image-size", "8", "--weights", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dropin inject: --weights {path}: cannot load it into resnet18: ") and err.count("\n") == 1
+
+
+def test_inject_llama_weights_directory_without_a_model(capsys, tmp_path):
+    pytest.importorskip("transformers")
+    assert main(["inject", "llama", "--weights", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dropin inject: --weights {tmp_path}: cannot load it into llama: ") and err.count("\n") == 1
 
 
 def test_inject_pruned_llama_runs_sparse(capsys):

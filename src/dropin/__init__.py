@@ -1,10 +1,31 @@
-"""dropin: fast, correct, drop-in Triton kernels for PyTorch."""
+"""dropin: fast, correct, drop-in Triton kernels for PyTorch.
+
+The names below load on first use, so that `dropin --help` and `dropin --version` need not import torch. Whatever
+loads dropin's kernels imports dropin._runtime first, which switches the Triton interpreter on without a GPU.
+"""
+import importlib
+
 __version__ = "0.1.0"
 
-from . import _runtime  # noqa: F401  (switches the Triton interpreter on when there is no GPU)
-from . import nn, ops
-from .inject import InjectConfig, inject_, refresh_, revert_
-from .ops import attention, bmm, conv2d, linear, matmul, rms_norm, rope, swiglu_mlp
+# Public name -> the submodule that defines it (a submodule names itself).
+_SOURCES = {"ops": ".ops", "nn": ".nn", "inject": ".inject",
+            **dict.fromkeys(["inject_", "revert_", "refresh_", "InjectConfig"], ".inject"),
+            **dict.fromkeys(["matmul", "bmm", "linear", "conv2d", "attention", "rms_norm", "rope", "swiglu_mlp"],
+                            ".ops")}
 
 __all__ = ["ops", "nn", "matmul", "bmm", "linear", "conv2d", "attention", "rms_norm", "rope", "swiglu_mlp",
            "inject_", "revert_", "refresh_", "InjectConfig", "__version__"]
+
+
+def __getattr__(name: str):
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    importlib.import_module("._runtime", __name__)  # the interpreter switch, before any kernel is defined
+    module = importlib.import_module(_SOURCES[name], __name__)
+    value = module if _SOURCES[name] == f".{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *_SOURCES})

@@ -1,14 +1,13 @@
-"""Command line: `dropin info`, `dropin bench SUITE [options]`, `dropin inject MODEL [options]`."""
+"""Command line: `dropin info`, `dropin bench SUITE [options]`, `dropin inject MODEL [options]`.
+
+torch and dropin's kernels are imported by the commands that use them, so that `--help` and `--version` are quick.
+"""
 import argparse
-import copy
 import importlib
 import os
 import sys
 
-import torch
-
-from dropin import _runtime
-from dropin._tolerance import limit
+import dropin
 
 # Suite name -> "module:function"; the function takes `quick` and returns a list of harness.Case.
 SUITES = {
@@ -37,22 +36,40 @@ LLAMA_TINY = {"layers": 1, "hidden": 64, "heads": 2, "kv_heads": 2, "intermediat
 CVT_TINY = {"embed_dim": [8, 16, 32], "num_heads": [1, 2, 2], "depth": [1, 2, 3]}
 
 
+class WeightsError(Exception):
+    """--weights exists but could not be loaded into the model."""
+
+
+def _load_weights(args, load):
+    """load(): what it returns; what it raises becomes a one-line WeightsError naming --weights."""
+    try:
+        return load()
+    except Exception as e:
+        reason = " ".join(str(e).split())
+        raise WeightsError(f"--weights {args.weights}: cannot load it into {args.model}: {type(e).__name__}: "
+                           f"{reason[:300]}{'...' if len(reason) > 300 else ''}") from e
+
+
 def _pretrained(cls, args, **kwargs):
     """cls.from_pretrained(--weights) (a save_pretrained directory), or None without --weights."""
-    return args.weights and cls.from_pretrained(args.weights, **kwargs)
+    return args.weights and _load_weights(args, lambda: cls.from_pretrained(args.weights, **kwargs))
 
 
 def _torchvision(args):
+    import torch
     import torchvision
 
     model = getattr(torchvision.models, args.model)()  # random weights
     if args.weights:
-        model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+        _load_weights(args, lambda: model.load_state_dict(torch.load(args.weights, map_location="cpu",
+                                                                     weights_only=True)))
     return model
 
 
 def _cvt(args):
     from transformers import CvtConfig, CvtForImageClassification
+
+    from dropin import _runtime
 
     # --train: stochastic depth off (CvT-13 drops stage 3's residual branches at random, with masks that differ
     # between dtypes and under torch.compile: no two runs of a step could be compared)
@@ -80,6 +97,10 @@ MODELS = {"resnet18": _torchvision, "resnet50": _torchvision, "cvt-13": _cvt, "l
 
 def _inputs(args, model) -> tuple:
     """The forward arguments: random token ids [batch, seq] for llama, random images otherwise."""
+    import torch
+
+    from dropin import _runtime
+
     if args.model == "llama":
         return (torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device=_runtime.KERNEL_DEVICE),)
     x = torch.randn(args.batch, 3, args.image_size, args.image_size, device=_runtime.KERNEL_DEVICE,
@@ -89,6 +110,8 @@ def _inputs(args, model) -> tuple:
 
 def _check_inject_args(args):
     """Fills in the defaults that depend on the model and the interpreter; the problem with the arguments, or None."""
+    from dropin import _runtime
+
     args.batch = args.batches[0] if args.batches else None
     bad = [f"--batch {b}" for b in args.batches or () if b <= 0]
     bad += [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
@@ -159,21 +182,27 @@ def load_suite(name: str):
 
 
 def _info(args) -> int:
+    from dropin import _runtime
+
     for key, value in _runtime.info().items():
         print(f"{key}: {value}")
     return 0
 
 
 def _bench(args) -> int:
+    from dropin import _runtime
     from dropin.bench import harness
 
     if args.suite in RUNNERS:
         module, function = RUNNERS[args.suite].split(":")
         return getattr(importlib.import_module(module), function)(args)
-    cases = load_suite(args.suite)(quick=args.quick or _runtime.INTERPRET)
-    cases = [c for c in cases if args.cases is None or args.cases in c.name]
+    quick = args.quick or _runtime.INTERPRET
+    known = load_suite(args.suite)(quick=quick)
+    cases = [c for c in known if args.cases is None or args.cases in c.name]
     if not cases:
-        print(f"dropin bench: no case of suite '{args.suite}' matches --cases {args.cases!r}", file=sys.stderr)
+        names = "\n  ".join(c.name for c in known)
+        print(f"dropin bench: no case of suite '{args.suite}' matches --cases {args.cases!r}; the suite's "
+              f"{'quick ' if quick else ''}cases:\n  {names}", file=sys.stderr)
         return 2
     result = harness.run_suite(
         args.suite, cases, results_dir=args.results_dir, save=not args.no_save, json_path=args.json,
@@ -183,11 +212,14 @@ def _bench(args) -> int:
 
 
 def _describe(args, model) -> str:
+    from dropin import _runtime
+
     if args.model == "llama":
         c = model.config
         return (f"llama ({type(model).__name__}): {c.num_hidden_layers} layer(s), hidden {c.hidden_size}, "
-                f"{c.num_attention_heads} heads ({c.num_key_value_heads} kv) of {c.hidden_size // c.num_attention_heads}, intermediate "
-                f"{c.intermediate_size}, vocab {c.vocab_size}; token ids [{args.batch}, {args.seq}]")
+                f"{c.num_attention_heads} heads ({c.num_key_value_heads} kv) of "
+                f"{c.hidden_size // c.num_attention_heads}, intermediate {c.intermediate_size}, vocab {c.vocab_size}; "
+                f"token ids [{args.batch}, {args.seq}]")
     reduced = " (reduced under the interpreter: " + ", ".join(f"{k} {v}" for k, v in CVT_TINY.items()) + ")"
     no_drop_path = ", stochastic depth off" if args.model == "cvt-13" and args.train else ""
     return (f"{args.model}{reduced if args.model == 'cvt-13' and _runtime.INTERPRET and not args.weights else ''}"
@@ -200,6 +232,7 @@ def _train(original, model, inputs, grad, reference) -> bool:
     """One training step (upstream gradient `grad`) on each model; prints their errors against `reference` (the
     float64 step) and whether dropin's stay within the limit (for each parameter and the output: the dtype's
     backward tolerance or 2x PyTorch's own error there, whichever is larger). Returns whether they do."""
+    from dropin._tolerance import limit
     from dropin.bench import models
 
     theirs = models.step_errors(models.train_step(original, original, inputs, grad), reference)
@@ -237,6 +270,12 @@ def _bench_processes(args) -> list[list[dict]]:
 
 
 def _inject(args) -> int:
+    import copy
+
+    import torch
+
+    from dropin import _runtime
+    from dropin._tolerance import limit
     from dropin.inject import InjectConfig, VerificationError, inject_
 
     problem = _check_inject_args(args)
@@ -247,7 +286,11 @@ def _inject(args) -> int:
         print("dropin inject: no GPU, kernels run under the Triton interpreter on the CPU (small sizes; "
               "torch.compile rows skipped)")
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = MODELS[args.model](args).train(args.train)
+    try:
+        model = MODELS[args.model](args).train(args.train)
+    except WeightsError as e:
+        print(f"dropin inject: {e}", file=sys.stderr)
+        return 2
     if args.prune:  # (before channels_last: torch's global pruning flattens the weights with view)
         _prune(model, args.prune, mlp_only=args.model == "llama")
     model = model.to(_runtime.KERNEL_DEVICE, getattr(torch, args.dtype), memory_format=memory_format)
@@ -304,6 +347,7 @@ def _sizes(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dropin", description="dropin: drop-in Triton kernels for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"dropin {dropin.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="GPU, versions, interpreter on/off").set_defaults(func=_info)
     bench = commands.add_parser(

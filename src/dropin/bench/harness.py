@@ -450,6 +450,9 @@ def format_table(rows: list[dict], env: dict) -> str:
         lines.append(line)
     failed = failed_cases(rows)
     lines.append(f"Passed: {len(cases) - len(failed)} | Failed: {len(failed)}")
+    if env.get("interpreter"):
+        lines.append("  note: Triton interpreter on the CPU (no GPU): timings and speed-ups are not meaningful here, "
+                     "the checks are")
     for r in rows:
         if r["correct"] is False:
             why = one_line(r["error"]) if "error" in r else f"rel_err {r['rel_err']:.2e} > tol {r['tol']:g}"
