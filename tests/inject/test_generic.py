@@ -250,7 +250,7 @@ def test_unsupported_modules_and_root_are_reported():
                           nn.BatchNorm2d(4), nn.Identity(), nn.Tanh(), nn.Conv1d(4, 4, 1)).to(DEVICE).eval()
     left = {e.name: e.reason for e in dropin.inject_(model, verify=False).left}
     assert set(left) == {"0", "4", "5"}  # eval Dropout and Identity compute nothing; BatchNorm: its own kernel
-    assert "padding_mode 'reflect'" in left["0"] and "no dropin handler for Tanh" in left["4"]
+    assert "padding_mode 'reflect'" in left["0"] and "no Tanh kernel" in left["4"]
     model.train()
     assert "1" in {e.name for e in dropin.inject_(model, verify=False).left}  # training Dropout computes
     report = dropin.inject_(nn.Linear(4, 4).to(DEVICE), verify=False)

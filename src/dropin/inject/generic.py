@@ -1,6 +1,7 @@
 """Handlers for torch.nn layers: Linear (+ activation), Conv2d (+ BatchNorm2d) (+ activation), and the layers
-that are one functional op: BatchNorm2d (not folded: training mode, or not after a conv), the activations,
-max / average / adaptive average pooling, LayerNorm.
+that are one functional op: BatchNorm2d (not folded: training mode, or not after a conv), the activations (ReLU,
+ReLU6 and Hardtanh(0, 6), GELU, SiLU; the others are named with the reason they stay torch), max / average /
+adaptive average pooling, LayerNorm. Subclasses that keep their base's forward are handled as the base.
 
 Fusions take the siblings that follow in an nn.Sequential (see Site.following).
 """
@@ -10,20 +11,28 @@ from torch import nn
 
 from .. import nn as dnn
 from .. import ops
-from .registry import passive, register
+from ..ops.activations import ACTIVATIONS
+from .registry import computes_as, passive, register
 
 passive(nn.Identity, nn.Flatten, nn.Unflatten, dnn.Derived)
 passive(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
         when=lambda m: not m.training or m.p == 0)
 
-_ACTIVATIONS = {nn.ReLU: "relu", nn.SiLU: "silu"}
+_ACTIVATIONS = {  # module type -> fn(module) -> the dropin activation it computes, or None
+    nn.ReLU: lambda m: "relu",
+    nn.SiLU: lambda m: "silu",
+    nn.GELU: lambda m: {"none": "gelu", "tanh": "gelu_tanh"}.get(m.approximate),
+    nn.Hardtanh: lambda m: "relu6" if (m.min_val, m.max_val) == (0.0, 6.0) else None,  # nn.ReLU6 too
+}
+_NO_KERNEL = (nn.Hardswish, nn.Hardsigmoid, nn.Mish, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.Sigmoid, nn.Tanh,
+              nn.Softplus, nn.PReLU)
 
 
 def activation_name(module: nn.Module) -> Optional[str]:
-    """The dropin activation name computed by `module`, or None."""
-    if type(module) is nn.GELU:
-        return {"none": "gelu", "tanh": "gelu_tanh"}[module.approximate]
-    return _ACTIVATIONS.get(type(module))
+    """The dropin activation name computed by `module` (an activation module or a subclass that keeps its
+    forward), or None."""
+    base = next((t for t in type(module).__mro__ if t in _ACTIVATIONS), None)
+    return _ACTIVATIONS[base](module) if base is not None and computes_as(module, base) else None
 
 
 def _activation(following: list, config) -> tuple:
@@ -37,8 +46,8 @@ def _activation(following: list, config) -> tuple:
 
 
 def conv_reason(conv: nn.Module) -> Optional[str]:
-    if type(conv) is not nn.Conv2d:
-        return f"{type(conv).__name__} is not an nn.Conv2d"
+    if not computes_as(conv, nn.Conv2d):
+        return f"{type(conv).__name__} does not compute as an nn.Conv2d"
     if conv.padding_mode != "zeros":
         return f"padding_mode '{conv.padding_mode}': dropin conv2d pads with zeros only"
     return None
@@ -46,8 +55,8 @@ def conv_reason(conv: nn.Module) -> Optional[str]:
 
 def fold_reason(bn: nn.Module, conv: Optional[nn.Module] = None) -> Optional[str]:
     """Why `bn` cannot fold into `conv` now, or None."""
-    if type(bn) is not nn.BatchNorm2d:
-        return f"{type(bn).__name__} is not an nn.BatchNorm2d"
+    if not computes_as(bn, nn.BatchNorm2d):
+        return f"{type(bn).__name__} does not compute as an nn.BatchNorm2d"
     if bn.training:
         return "training mode: BatchNorm normalizes with batch statistics, which do not fold into a conv"
     if bn.running_mean is None or bn.running_var is None:
@@ -89,6 +98,9 @@ def sparse_layers_reason(layers: list, config, what: str, kernel: str) -> Option
 def linear(module: nn.Linear, site):
     """Sparse kernels where the config's threshold asks for them and the weight is frozen, else dense (with the
     sparsity and the reason in the kernel's description when the config has a threshold)."""
+    if computes_as(site.parent, nn.MultiheadAttention):
+        return ("nn.MultiheadAttention's forward reads this projection's weight and bias itself "
+                "(F.multi_head_attention_forward): it never calls the module")
     done, note = _sparse_or_pruned(module, site, dnn.SparsifiedLinear)
     if done is not None:
         return done
@@ -140,10 +152,17 @@ def batch_norm2d(module: nn.BatchNorm2d, site):
     return dnn.Op(module, "batch_norm", _batch_norm)
 
 
-@register(nn.ReLU, nn.GELU, nn.SiLU, op="activation")
+@register(*_ACTIVATIONS, op="activation")
 def activation(module: nn.Module, site):
     name = activation_name(module)
+    if name is None:
+        return f"{module}: dropin's activations are {', '.join(ACTIVATIONS)}"
     return dnn.Op(module, name, lambda m, x: ops.activation(x, name))
+
+
+@register(*_NO_KERNEL, op=None)
+def activation_without_kernel(module: nn.Module, site):
+    return f"dropin has no {type(module).__name__} kernel (its activations: {', '.join(ACTIVATIONS)})"
 
 
 @register(nn.MaxPool2d, op="max_pool2d")

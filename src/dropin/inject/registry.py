@@ -1,9 +1,10 @@
 """Handlers keyed by module type: each turns one torch module into a dropin module, or says why it cannot.
 
 A handler is `fn(module, site) -> DropinModule | str` (the str is the reason the module stays torch), registered
-for exact types with `@register(Type, ..., op="conv2d")` in the file of its model family. `op` names the dropin
+for types with `@register(Type, ..., op="conv2d")` in the file of its model family. `op` names the dropin
 op the handler uses (InjectConfig.ops can switch it off); op=None marks a handler that only explains why a type
-stays torch. Exact types: a subclass may have a forward of its own, so it is not taken for its base.
+stays torch. A subclass without a handler of its own is handled as its nearest registered base where it computes
+as that base (`computes_as`: the same forward, whatever the class's name), else stays torch.
 """
 import sys
 from dataclasses import dataclass
@@ -66,15 +67,25 @@ def _tensor_reason(module: torch.nn.Module, config) -> Optional[str]:
     return None
 
 
+_FORWARDS = ("forward", "_conv_forward")  # the methods through which torch.nn's layers compute
+
+
+def computes_as(module: torch.nn.Module, base: type) -> bool:
+    """Whether `module` is a `base` whose class keeps base's forward (and the helper it calls: Conv2d's
+    _conv_forward), e.g. nn.MultiheadAttention's NonDynamicallyQuantizableLinear for nn.Linear."""
+    kind = type(module)
+    return isinstance(module, base) and all(getattr(kind, f, None) is getattr(base, f, None) for f in _FORWARDS)
+
+
 def handle(module: torch.nn.Module, site: Site) -> Union[torch.nn.Module, str]:
     """The dropin module for `module` at `site`, or the reason it stays torch."""
     kind = type(module)
-    if kind not in HANDLERS:
-        bases = [t.__name__ for t in HANDLERS if isinstance(module, t)]
-        if bases:
-            return f"a subclass of {bases[0]} (its forward may differ): no handler for {kind.__name__} itself"
+    base = next((t for t in kind.__mro__ if t in HANDLERS), None)
+    if base is None:
         return f"no dropin handler for {kind.__name__}"
-    op, fn = HANDLERS[kind]
+    if not computes_as(module, base):
+        return f"a subclass of {base.__name__} with a forward of its own: no handler for {kind.__name__} itself"
+    op, fn = HANDLERS[base]
     if op is not None:
         if not site.config.uses(op):
             return f"op '{op}' is switched off by the config"

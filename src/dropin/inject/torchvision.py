@@ -3,14 +3,14 @@ stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses 
 from torch import nn
 
 from .. import nn as dnn
-from .generic import conv_reason, fold_reason, sparse_layers_reason
+from .generic import activation_name, conv_reason, fold_reason, sparse_layers_reason
 from .registry import chain, register
 
 
 def _block_reason(block: nn.Module, pairs: list, config):
     if not config.fusions:
         return "fusions are off in the config"
-    if type(block.relu) is not nn.ReLU:
+    if activation_name(block.relu) != "relu":
         return f"its activation is {type(block.relu).__name__}, not nn.ReLU"
     convs = [(getattr(block, conv), getattr(block, bn)) for conv, bn in pairs]
     shortcut = block.downsample

@@ -51,6 +51,19 @@ class DropinModule(torch.nn.Module):
         self.absorbs = tuple(absorbs)
         self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module.refresh_())
 
+    def __getattr__(self, name: str):
+        """The original's public attributes that the drop-in lacks (a user's forward may read `norm.eps` or
+        `proj.in_features` and call a functional op itself): read from the original. Private names and the
+        original's children are not forwarded: torch's and other libraries' probes of a module's own state stay the
+        drop-in's, and a drop-in that adopts the original's children registers them under their names."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("original")
+            if original is None or name.startswith("_") or name in original._modules:
+                raise
+            return getattr(original, name)
+
     def refresh_(self) -> None:
         """Recomputes the values this module derives from the original's tensors, in place (none here)."""
 

@@ -1,7 +1,8 @@
 """Activation functions shared by the fused epilogues (linear, conv, swiglu): Triton helpers and references;
 and the standalone elementwise op (`activation`, `relu`, `gelu`, `silu`), forward and backward, one kernel.
 
-Names: "relu", "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "silu". Inside kernels the
+Names: "relu", "relu6" (min(max(x, 0), 6)), "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "silu". Inside
+kernels the
 activation is a `tl.constexpr` string; "none" is the identity.
 """
 from typing import Optional
@@ -15,10 +16,11 @@ from .. import _runtime
 from ._common import check_float, joint_dims, merge_dims
 from ._dispatch import Checks, Launch, Shortcuts, Unary, absent, plan, switch, torch_op, writing
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+ACTIVATIONS = ("relu", "relu6", "gelu", "gelu_tanh", "silu")
 
 _REFS = {
     "relu": F.relu,
+    "relu6": F.relu6,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
@@ -49,6 +51,8 @@ def apply_activation(z, ACT: tl.constexpr):
     """act(z) for an fp32 tensor z."""
     if ACT == "relu":
         y = tl.where(z < 0.0, 0.0, z)  # NaN stays NaN, as in torch
+    elif ACT == "relu6":
+        y = tl.where(z < 0.0, 0.0, tl.where(z > 6.0, 6.0, z))  # NaN stays NaN, as in torch
     elif ACT == "gelu":
         y = 0.5 * z * (1.0 + tl.math.erf(z * _SQRT1_2))
     elif ACT == "gelu_tanh":
@@ -66,6 +70,8 @@ def activation_grad(z, ACT: tl.constexpr):
     """d act(z) / dz for an fp32 tensor z."""
     if ACT == "relu":
         d = tl.where(z > 0.0, 1.0, 0.0)
+    elif ACT == "relu6":
+        d = tl.where((z > 0.0) & (z < 6.0), 1.0, 0.0)  # 0 at both kinks, as torch's hardtanh_backward
     elif ACT == "gelu":
         d = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2)) + z * _INV_SQRT_2PI * tl.exp(-0.5 * z * z)
     elif ACT == "gelu_tanh":
@@ -230,8 +236,8 @@ _shortcuts = Shortcuts(differentiable=True)
 
 
 def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
-    """`activation(input)` elementwise, for activation "relu", "gelu" (exact, erf), "gelu_tanh" or "silu",
-    as torch's F.relu / F.gelu / F.gelu(approximate="tanh") / F.silu; fp32 math, backward included.
+    """`activation(input)` elementwise, for activation "relu", "relu6", "gelu" (exact, erf), "gelu_tanh" or "silu",
+    as torch's F.relu / F.relu6 / F.gelu / F.gelu(approximate="tanh") / F.silu; fp32 math, backward included.
     input of any shape and strides, float32 / float16 / bfloat16, read through its strides; the output is
     `torch.empty_like(input)` (a dense input's own layout: channels_last stays channels_last), as torch's."""
     key, shortcut = _shortcuts.find((input,), (activation,))

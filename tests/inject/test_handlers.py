@@ -1,0 +1,205 @@
+"""Handlers for models written in plain torch.nn (issue 26): ReLU6 as a drop-in and as a conv / linear epilogue,
+activations without a kernel named, subclasses that keep their base's forward, nn.MultiheadAttention's out_proj,
+a CvT-style block whose forward reads its children's attributes, Dropout and Identity in eval."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dropin
+from dropin import ops
+from _check import check
+from _tol import DEVICE, assert_close
+
+from _models import check_backward, check_forward, injected_pair, randomize_batchnorms
+
+
+def test_relu6_op_against_torch():
+    """Values on both sides of both kinks (x * 4 reaches past 6), forward and backward; NaN stays NaN and the
+    gradient at 0 and 6 is 0, as torch's."""
+    check(lambda x: ops.activation(x, "relu6"), F.relu6, {"x": torch.randn(3, 7, 33, device=DEVICE) * 4})
+    x = torch.tensor([float("nan"), 0.0, 6.0, -1.0, 3.0, 7.0], device=DEVICE, requires_grad=True)
+    out = ops.activation(x, "relu6")
+    assert_close(out, F.relu6(x.double()), x.dtype, "fwd")
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    assert torch.equal(grad[1:], torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0], device=DEVICE))
+
+
+def test_relu6_epilogues_of_linear_and_conv():
+    """The fused epilogue's forward and backward (the activation's gradient inside the products' backward)."""
+    check(lambda x, w, b: ops.linear(x, w, b, activation="relu6"), lambda x, w, b: F.relu6(F.linear(x, w, b)),
+          {"x": torch.randn(5, 16, device=DEVICE) * 2, "w": torch.randn(8, 16, device=DEVICE),
+           "b": torch.randn(8, device=DEVICE)})
+    check(lambda x, w, b: ops.conv2d(x, w, b, padding=1, activation="relu6"),
+          lambda x, w, b: F.relu6(F.conv2d(x, w, b, padding=1)),
+          {"x": torch.randn(2, 3, 5, 5, device=DEVICE) * 2, "w": torch.randn(4, 3, 3, 3, device=DEVICE),
+           "b": torch.randn(4, device=DEVICE)})
+
+
+def _mobilenet_style():
+    """MobileNetV2's pattern: conv -> BN -> ReLU6 (dense and depthwise), a linear + ReLU6 head."""
+    return randomize_batchnorms(nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(inplace=True),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
+        nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4), nn.AdaptiveAvgPool2d(1), nn.ReLU6(), nn.Flatten(), nn.Dropout(0.2),
+        nn.Linear(4, 8), nn.Hardtanh(0.0, 6.0), nn.Linear(8, 4),
+    )).to(DEVICE)
+
+
+def test_mobilenet_style_relu6_fused_into_conv_and_linear():
+    x = torch.randn(2, 3, 6, 6, device=DEVICE) * 4  # past ReLU6's upper kink: a plain ReLU would not match
+    model = _mobilenet_style().eval()
+    params = dict(model.named_parameters())
+    injected, original, report = injected_pair(lambda: model, example_inputs=x)
+    assert [(r.name, r.kernel, r.fused) for r in report.replaced] == [
+        ("0", "conv2d+bn+relu6", ("1", "2")), ("3", "conv2d+bn+relu6", ("4", "5")), ("6", "conv2d+bn", ("7",)),
+        ("8", "adaptive_avg_pool2d", ()), ("9", "relu6", ()), ("12", "linear+relu6", ("13",)), ("14", "linear", ())]
+    assert report.left == [] and report.verification.startswith("verified")
+    assert all(p is params[name] for name, p in injected.named_parameters()) and len(params) == len(
+        list(injected.parameters()))
+    check_forward(injected, original, x)
+    check_backward(injected, original, x)
+
+
+def test_activations_without_a_kernel_are_named():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Hardswish(), nn.Linear(8, 8), nn.Sigmoid(), nn.Hardtanh(-1.0, 1.0),
+                          nn.LeakyReLU(), nn.Tanh()).to(DEVICE)
+    x = torch.randn(4, 8, device=DEVICE)
+    injected, original, report = injected_pair(lambda: model, example_inputs=x)
+    assert [(r.name, r.kernel) for r in report.replaced] == [("0", "linear"), ("2", "linear")]
+    left = {e.name: e.reason for e in report.left}
+    assert set(left) == {"1", "3", "4", "5", "6"} and "relu6" in left["4"]
+    for name, kind in (("1", "Hardswish"), ("3", "Sigmoid"), ("5", "LeakyReLU"), ("6", "Tanh")):
+        assert f"no {kind} kernel" in left[name]
+    check_forward(injected, original, x)
+
+
+class _KeptLinear(nn.Linear):
+    """A subclass that only renames: it computes as nn.Linear."""
+
+
+class _KeptConv(nn.Conv2d):
+    pass
+
+
+class _KeptReLU(nn.ReLU):
+    pass
+
+
+class _ScaledLinear(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def test_subclasses_that_keep_the_forward_are_handled_as_their_base():
+    def model():
+        return randomize_batchnorms(nn.Sequential(
+            _KeptConv(3, 4, 3, padding=1), nn.BatchNorm2d(4), _KeptReLU(), nn.Flatten(),
+            _KeptLinear(4 * 4 * 4, 8), nn.ReLU(), _ScaledLinear(8, 4))).to(DEVICE).eval()
+    x = torch.randn(2, 3, 4, 4, device=DEVICE)
+    injected, original, report = injected_pair(model, example_inputs=x)
+    assert [(r.name, r.original, r.kernel) for r in report.replaced] == [
+        ("0", "_KeptConv", "conv2d+bn+relu"), ("4", "_KeptLinear", "linear+relu")]
+    assert [(e.name, e.type) for e in report.left] == [("6", "_ScaledLinear")]
+    assert "forward of its own" in report.left[0].reason
+    check_forward(injected, original, x)
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.attn(x, x, x, need_weights=False)[0])
+
+
+def test_multihead_attention_out_proj_is_named_not_replaced():
+    """nn.MultiheadAttention reads its out_proj's tensors itself: a drop-in there would never run."""
+    x = torch.randn(2, 5, 8, device=DEVICE)
+    injected, original, report = injected_pair(lambda: _SelfAttention().to(DEVICE).eval(), example_inputs=x)
+    assert [r.name for r in report.replaced] == ["head"]
+    assert [e.name for e in report.left] == ["attn.out_proj"] and "never calls" in report.left[0].reason
+    check_forward(injected, original, x)
+
+
+class _ConvProjection(nn.Module):
+    """CvT's query / key / value projection: tokens -> image -> depthwise conv + BatchNorm -> tokens."""
+
+    def __init__(self, dim, stride):
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim, 3, stride, 1, groups=dim, bias=False)
+        self.bn = nn.BatchNorm2d(dim)
+
+    def forward(self, x, h, w):
+        b, n, c = x.shape
+        return self.bn(self.conv(x.transpose(1, 2).reshape(b, c, h, w))).flatten(2).transpose(1, 2)
+
+
+class _ConvAttention(nn.Module):
+    """Attention in einsum and softmax; it reads its projections' attributes (out_features, eps)."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.conv_q, self.conv_k, self.conv_v = _ConvProjection(dim, 1), _ConvProjection(dim, 2), _ConvProjection(
+            dim, 2)
+        self.proj_q, self.proj_k, self.proj_v, self.proj = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x, h, w):
+        b, n, c = x.shape
+        head_dim = self.proj_q.out_features // self.heads
+        q, k, v = (proj(conv(x, h, w)).reshape(b, -1, self.heads, head_dim).transpose(1, 2) for proj, conv in (
+            (self.proj_q, self.conv_q), (self.proj_k, self.conv_k), (self.proj_v, self.conv_v)))
+        attn = (torch.einsum("bhld,bhtd->bhlt", q, k) * self.scale).softmax(-1)
+        return self.proj(torch.einsum("bhlt,bhtd->bhld", attn, v).transpose(1, 2).reshape(b, n, c))
+
+
+class _PlainCvt(nn.Module):
+    """A CvT stage in plain torch.nn: conv embedding, LayerNorms (one applied with F.layer_norm on the module's
+    own attributes), conv-projection attention, an MLP."""
+
+    def __init__(self, dim=8, heads=2):
+        super().__init__()
+        self.embed, self.embed_norm = nn.Conv2d(3, dim, 3, 2, 1), nn.LayerNorm(dim)
+        self.norm1, self.attn, self.norm2 = nn.LayerNorm(dim, eps=1e-6), _ConvAttention(dim, heads), nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Dropout(0.1), nn.Linear(2 * dim, dim))
+
+    def forward(self, img):
+        x = self.embed(img)
+        b, c, h, w = x.shape
+        x = self.embed_norm(x.flatten(2).transpose(1, 2))
+        norm = self.norm1
+        x = x + self.attn(F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps), h, w)
+        return x + self.mlp(self.norm2(x))
+
+
+def test_plain_torch_cvt_block_injects_and_verifies():
+    """Its forward reads the attributes of children that became drop-ins: they answer as the originals."""
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    model = randomize_batchnorms(_PlainCvt()).to(DEVICE).eval()
+    params = dict(model.named_parameters())
+    injected, original, report = injected_pair(lambda: model, example_inputs=x)
+    assert report.left == [] and report.verification.startswith("verified")
+    kernels = {r.name: r.kernel for r in report.replaced}
+    assert kernels["attn.conv_q.conv"] == "conv2d" and kernels["attn.conv_q.bn"] == "batch_norm"
+    assert kernels["mlp.0"] == "linear+gelu" and kernels["norm2"] == "layer_norm"
+    assert injected.norm1.eps == 1e-6 and injected.attn.proj_q.out_features == 8
+    assert isinstance(injected.norm1, dropin.nn.DropinModule)
+    with pytest.raises(AttributeError):
+        injected.norm1._not_an_attribute  # private names stay the drop-in's own
+    assert all(p is params[name] for name, p in injected.named_parameters())
+    check_forward(injected, original, x)
+
+
+def test_dropout_and_identity_pass_through_in_eval():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.3), nn.Identity(), nn.ReLU6(), nn.Dropout1d(0.1),
+                          nn.Linear(8, 4)).to(DEVICE)
+    x = torch.randn(4, 8, device=DEVICE)
+    injected, original, report = injected_pair(lambda: model.eval(), example_inputs=x)
+    assert [(r.name, r.kernel) for r in report.replaced] == [("0", "linear"), ("3", "relu6"), ("5", "linear")]
+    assert report.left == [] and "Dropout" not in str(report) and "Identity" not in str(report)
+    check_forward(injected, original, x)
+    report = dropin.inject_(model.train(), verify=False)
+    assert [e.name for e in report.left] == ["1", "4"]  # dropout computes in training mode
