@@ -77,9 +77,6 @@ def test_torch_save_and_load_the_state_dict(name, tmp_path):
         assert torch.equal(fresh(x), model(x))
 
 
-@pytest.mark.xfail(raises=AttributeError, strict=True, reason="drop-ins hold local functions that pickle cannot "
-                   "save: DropinModule's load_state_dict post-hook (a lambda, src/dropin/nn/module.py) and Op's "
-                   "(max_pool2d.<locals>.<lambda>)")
 @pytest.mark.parametrize("name", list(MODELS))
 def test_torch_save_and_load_the_whole_model(name, tmp_path):
     """torch.save / torch.load(weights_only=False) of the injected model: the same output, and it reverts."""

@@ -213,8 +213,8 @@ def test_config_ops_fusions_dtypes():
                                                   "linear"]  # no fusion: the activations run standalone
     assert isinstance(model[1], dnn.Op)
     report = dropin.inject_(mlp().half(), InjectConfig(dtypes=(torch.float32,)), verify=False)
-    assert "torch.float16" in report.left[0].reason and {e.type for e in report.left} == {"Linear"}
-    assert [r.kernel for r in report.replaced] == ["relu", "gelu_tanh", "silu"]  # no tensors: no dtype to filter
+    # a model whose tensors are all of an excluded dtype stays whole (its activations too), the dtype named
+    assert "float16" in report.left[0].reason and "left whole" in report.left[0].reason and not report.replaced
     with pytest.raises(ValueError, match="'pooling'"):
         dropin.inject_(mlp(), InjectConfig(ops={"linear", "pooling"}))
 

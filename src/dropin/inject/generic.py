@@ -5,6 +5,7 @@ adaptive average pooling, LayerNorm. Subclasses that keep their base's forward a
 
 Fusions take the siblings that follow in an nn.Sequential (see Site.following).
 """
+import functools
 from typing import Optional
 
 from torch import nn
@@ -147,6 +148,29 @@ def _batch_norm(m, x):
                           training, momentum, bn.eps)
 
 
+# The functions an Op runs (module level, so that a whole injected model pickles: torch.save(model))
+def _activation_op(m, x, name: str):
+    return ops.activation(x, name)
+
+
+def _max_pool2d(m, x):
+    o = m.original
+    return ops.max_pool2d(x, o.kernel_size, o.stride, o.padding, o.dilation, o.ceil_mode)
+
+
+def _avg_pool2d(m, x):
+    o = m.original
+    return ops.avg_pool2d(x, o.kernel_size, o.stride, o.padding, o.ceil_mode, o.count_include_pad, o.divisor_override)
+
+
+def _adaptive_avg_pool2d(m, x):
+    return ops.adaptive_avg_pool2d(x, m.original.output_size)
+
+
+def _layer_norm(m, x):
+    return ops.layer_norm(x, m.original.normalized_shape, m.weight, m.bias, m.original.eps)
+
+
 @register(nn.BatchNorm2d, op="batch_norm")
 def batch_norm2d(module: nn.BatchNorm2d, site):
     return dnn.Op(module, "batch_norm", _batch_norm)
@@ -157,7 +181,7 @@ def activation(module: nn.Module, site):
     name = activation_name(module)
     if name is None:
         return f"{module}: dropin's activations are {', '.join(ACTIVATIONS)}"
-    return dnn.Op(module, name, lambda m, x: ops.activation(x, name))
+    return dnn.Op(module, name, functools.partial(_activation_op, name=name))
 
 
 @register(*_NO_KERNEL, op=None)
@@ -169,23 +193,19 @@ def activation_without_kernel(module: nn.Module, site):
 def max_pool2d(module: nn.MaxPool2d, site):
     if module.return_indices:
         return "return_indices=True: dropin max_pool2d returns no indices"
-    return dnn.Op(module, "max_pool2d", lambda m, x: ops.max_pool2d(
-        x, m.original.kernel_size, m.original.stride, m.original.padding, m.original.dilation, m.original.ceil_mode))
+    return dnn.Op(module, "max_pool2d", _max_pool2d)
 
 
 @register(nn.AvgPool2d, op="avg_pool2d")
 def avg_pool2d(module: nn.AvgPool2d, site):
-    return dnn.Op(module, "avg_pool2d", lambda m, x: ops.avg_pool2d(
-        x, m.original.kernel_size, m.original.stride, m.original.padding, m.original.ceil_mode,
-        m.original.count_include_pad, m.original.divisor_override))
+    return dnn.Op(module, "avg_pool2d", _avg_pool2d)
 
 
 @register(nn.AdaptiveAvgPool2d, op="adaptive_avg_pool2d")
 def adaptive_avg_pool2d(module: nn.AdaptiveAvgPool2d, site):
-    return dnn.Op(module, "adaptive_avg_pool2d", lambda m, x: ops.adaptive_avg_pool2d(x, m.original.output_size))
+    return dnn.Op(module, "adaptive_avg_pool2d", _adaptive_avg_pool2d)
 
 
 @register(nn.LayerNorm, op="layer_norm")
 def layer_norm(module: nn.LayerNorm, site):
-    return dnn.Op(module, "layer_norm", lambda m, x: ops.layer_norm(
-        x, m.original.normalized_shape, m.weight, m.bias, m.original.eps))
+    return dnn.Op(module, "layer_norm", _layer_norm)

@@ -23,6 +23,11 @@ class Derived(torch.nn.Module):
         raise RuntimeError("Derived holds a drop-in's derived tensors; it is not called")
 
 
+def _refresh_after_load(module, incompatible_keys) -> None:
+    """load_state_dict's post-hook of a drop-in (module level: an injected model pickles with torch.save)."""
+    module.refresh_()
+
+
 class DropinModule(torch.nn.Module):
     """A drop-in for one torch module (`original`), which it keeps for `revert_` without registering it.
 
@@ -49,7 +54,7 @@ class DropinModule(torch.nn.Module):
         self._version = original._version  # state_dict metadata as the original writes it
         self.training = original.training
         self.absorbs = tuple(absorbs)
-        self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module.refresh_())
+        self.register_load_state_dict_post_hook(_refresh_after_load)
 
     def __getattr__(self, name: str):
         """The original's public attributes that the drop-in lacks (a user's forward may read `norm.eps` or
