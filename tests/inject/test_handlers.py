@@ -115,11 +115,14 @@ class _SelfAttention(nn.Module):
         return self.head(self.attn(x, x, x, need_weights=False)[0])
 
 
-def test_multihead_attention_out_proj_is_named_not_replaced():
-    """nn.MultiheadAttention reads its out_proj's tensors itself: a drop-in there would never run."""
+def test_multihead_attention_out_proj_is_named_where_the_attention_stays_torch():
+    """With op 'attention' off, nn.MultiheadAttention stays torch and reads its out_proj's tensors itself: a drop-in
+    there would never run. (With it on, tests/inject/test_attention_modules.py.)"""
     x = torch.randn(2, 5, 8, device=DEVICE)
-    injected, original, report = injected_pair(lambda: _SelfAttention().to(DEVICE).eval(), example_inputs=x)
+    injected, original, report = injected_pair(lambda: _SelfAttention().to(DEVICE).eval(), example_inputs=x,
+                                               config=dropin.InjectConfig(ops={"linear"}))
     assert [r.name for r in report.replaced] == ["head"]
+    assert [e.name for e in report.notes] == ["attn"] and "'attention' is switched off" in report.notes[0].reason
     assert [e.name for e in report.left] == ["attn.out_proj"] and "never calls" in report.left[0].reason
     check_forward(injected, original, x)
 

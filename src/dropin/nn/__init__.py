@@ -8,7 +8,8 @@ from .resnet import ResidualBlock
 from .rms_norm import RMSNorm
 from .sparse import SparseConv2d, SparseLinear, SparsifiedConv2d, SparsifiedLinear
 from .swiglu import SwiGLUMLP
+from .transformer import MultiheadAttention, TransformerEncoderLayer
 
 __all__ = ["Adopted", "Conv2d", "ConvBNAct", "CvtSelfAttention", "Derived", "DropinModule", "Folded", "Linear",
-           "LlamaAttention", "ResidualBlock", "RMSNorm", "SparseConv2d", "SparseLinear", "SparsifiedConv2d",
-           "SparsifiedLinear", "SwiGLUMLP"]
+           "LlamaAttention", "MultiheadAttention", "ResidualBlock", "RMSNorm", "SparseConv2d", "SparseLinear",
+           "SparsifiedConv2d", "SparsifiedLinear", "SwiGLUMLP", "TransformerEncoderLayer"]

@@ -1,0 +1,235 @@
+"""nn.MultiheadAttention and nn.TransformerEncoderLayer injected (issue 26): dropin linear + attention against torch
+in float64, with masks (bool and float, merged as torch merges them), batch first or not, batched or not, cross
+attention; calls that ask for the attention weights run torch; what stays torch is named with its reason."""
+import pytest
+import torch
+from torch import nn
+
+import dropin
+from _tol import DEVICE, assert_close
+
+from _models import check_backward, check_forward, injected_pair
+
+E, H, L, B = 8, 2, 5, 2  # embed dim, heads, tokens, batch
+
+
+class _Attend(nn.Module):
+    """Self-attention (or cross attention on `memory`) through an nn.MultiheadAttention with fixed masks (buffers:
+    .double() converts the float ones with the model) and call arguments."""
+
+    def __init__(self, attention: nn.MultiheadAttention, attn_mask=None, key_padding_mask=None, memory=None,
+                 **call):
+        super().__init__()
+        self.attn, self.call = attention, call
+        self.register_buffer("attn_mask", attn_mask)
+        self.register_buffer("key_padding_mask", key_padding_mask)
+        self.register_buffer("memory", memory)
+
+    def forward(self, x):
+        kv = x if self.memory is None else self.memory
+        out = self.attn(x, kv, kv, attn_mask=self.attn_mask, key_padding_mask=self.key_padding_mask, **self.call)
+        return out if self.call.get("need_weights", True) else out[0]
+
+
+def _masks(kind: str, batch: int = B) -> dict:
+    """Masks for L queries over L keys: each query keeps itself, the last key of batch 0 is padding (the fixed seed
+    leaves no row masked whole)."""
+    gen = torch.Generator().manual_seed(0)
+    blocked = (torch.rand(L, L, generator=gen) > 0.6) & ~torch.eye(L, dtype=torch.bool)
+    padding = torch.zeros(batch, L, dtype=torch.bool)
+    padding[0, -1] = True
+    causal = nn.Transformer.generate_square_subsequent_mask(L)
+    per_head = torch.randn(batch * H, L, L, generator=gen)
+    masks = {
+        "none": {},
+        "key_padding_bool": dict(key_padding_mask=padding),
+        "attn_bool": dict(attn_mask=blocked),
+        "both_bool": dict(attn_mask=blocked, key_padding_mask=padding),
+        "both_float_per_head": dict(attn_mask=per_head, key_padding_mask=padding.float() * -1e4),
+        "causal_hint": dict(attn_mask=causal, is_causal=True),
+        "causal_hint_with_padding": dict(attn_mask=causal, key_padding_mask=padding.float() * -1e9, is_causal=True),
+    }[kind]
+    return {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in masks.items()}
+
+
+def _attend(batch_first=True, masks="none", need_weights=False, **mha):
+    return lambda: _Attend(nn.MultiheadAttention(E, H, batch_first=batch_first, **mha),
+                           need_weights=need_weights, **_masks(masks)).to(DEVICE)
+
+
+def _tokens(batch_first=True):
+    return torch.randn(*((B, L) if batch_first else (L, B)), E, device=DEVICE)
+
+
+@pytest.mark.parametrize("masks", ["none", "key_padding_bool", "attn_bool", "both_bool", "both_float_per_head",
+                                   "causal_hint", "causal_hint_with_padding"])
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
+def test_multihead_attention_against_torch(batch_first, masks):
+    x = _tokens(batch_first)
+    injected, original, report = injected_pair(_attend(batch_first, masks), example_inputs=x)
+    assert [(r.name, r.original) for r in report.replaced] == [("attn", "MultiheadAttention")]
+    assert report.left == [] and report.verification.startswith("verified")
+    assert isinstance(injected.attn, dropin.nn.MultiheadAttention)
+    check_forward(injected, original, x)
+
+
+@pytest.mark.parametrize("masks", ["both_bool", "causal_hint"])
+def test_multihead_attention_gradients_in_training_mode(masks):
+    """dropout=0 (the default): the input's and every parameter's gradient (in_proj, out_proj) against float64."""
+    x = _tokens()
+    injected, original, report = injected_pair(_attend(masks=masks), train=True)
+    assert [r.name for r in report.replaced] == ["attn"]
+    check_backward(injected, original, x)
+
+
+def test_multihead_attention_unbatched_and_without_bias():
+    x = torch.randn(L, E, device=DEVICE)
+    make = lambda: _Attend(nn.MultiheadAttention(E, H, bias=False), attn_mask=_masks("attn_bool")["attn_mask"],
+                           key_padding_mask=_masks("key_padding_bool", 1)["key_padding_mask"][0],
+                           need_weights=False).to(DEVICE)  # noqa: E731
+    injected, original, report = injected_pair(make, example_inputs=x)
+    assert [r.name for r in report.replaced] == ["attn"] and report.verification.startswith("verified")
+    check_forward(injected, original, x)
+
+
+def test_multihead_attention_cross_attention_with_own_key_and_value_dims():
+    """Queries over another sequence of another length, keys and values of their own widths (kdim, vdim: the
+    module's q/k/v_proj_weight): one linear per projection."""
+    memory = torch.randn(B, L + 2, 6, device=DEVICE)
+    make = lambda: _Attend(nn.MultiheadAttention(E, H, batch_first=True, kdim=6, vdim=6), memory=memory,
+                           need_weights=False).to(DEVICE)  # noqa: E731
+    x = _tokens()
+    injected, original, report = injected_pair(make, train=True)
+    assert [r.name for r in report.replaced] == ["attn"]
+    check_backward(injected, original, x)
+
+
+def test_multihead_attention_keeps_parameters_and_state_dict_keys():
+    model = _attend()()
+    params, keys = dict(model.named_parameters()), list(model.state_dict())
+    dropin.inject_(model, verify=False)
+    assert list(model.state_dict()) == keys
+    assert dict(model.named_parameters()).keys() == params.keys()
+    assert all(p is params[name] for name, p in model.named_parameters())
+    dropin.revert_(model)
+    assert type(model.attn) is nn.MultiheadAttention and list(model.state_dict()) == keys
+
+
+def test_multihead_attention_calls_that_need_weights_run_torch(monkeypatch):
+    """need_weights=True (the module's default) returns torch's output and weights: dropin attention has none."""
+    x = _tokens()
+    injected, original, report = injected_pair(_attend(masks="both_bool", need_weights=True, dropout=0.0),
+                                               example_inputs=x)
+    assert [r.name for r in report.replaced] == ["attn"] and "need_weights=True" in report.replaced[0].kernel
+    monkeypatch.setattr(dropin.nn.transformer, "attention", None)  # dropin attention is not called
+    with torch.no_grad():
+        (out, weights), (ref, ref_weights) = injected(x), original(x)
+    assert torch.equal(out, ref) and torch.equal(weights, ref_weights)
+
+
+@pytest.mark.parametrize("mha, train, reason", [
+    (dict(add_bias_kv=True), False, "add_bias_kv"),
+    (dict(add_zero_attn=True), False, "add_zero_attn"),
+    (dict(dropout=0.1), True, "dropout 0.1 in training mode"),
+])
+def test_multihead_attention_left_to_torch_with_reason(mha, train, reason):
+    x = _tokens()
+    injected, original, report = injected_pair(_attend(**mha), train=train, verify=False)
+    assert report.replaced == []
+    assert [e.name for e in report.notes] == ["attn"] and reason in report.notes[0].reason
+    assert [e.name for e in report.left] == ["attn.out_proj"]  # read by torch's forward, never called
+    torch.manual_seed(0)
+    out = injected(x)
+    torch.manual_seed(0)
+    assert torch.equal(out, original(x))
+
+
+class _TinyViT(nn.Module):
+    """A ViT on nn.MultiheadAttention, as torchvision's EncoderBlock: patches, pre-norm attention and MLP."""
+
+    def __init__(self, dim=E, heads=H, patch=2, classes=3):
+        super().__init__()
+        self.patches = nn.Conv2d(3, dim, patch, patch)
+        self.norm1, self.norm2, self.norm = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Dropout(0.0), nn.Linear(2 * dim, dim))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, img):
+        x = self.patches(img).flatten(2).transpose(1, 2)
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        x = x + self.mlp(self.norm2(x))
+        return self.head(self.norm(x).mean(1))
+
+
+def test_vit_on_multihead_attention_runs_attention_in_dropin():
+    img = torch.randn(2, 3, 4, 4, device=DEVICE)
+    injected, original, report = injected_pair(lambda: _TinyViT().to(DEVICE).eval(), example_inputs=img)
+    assert report.left == [] and report.verification.startswith("verified")
+    kernels = {r.name: r.kernel for r in report.replaced}
+    assert kernels["attn"].startswith("linear(q, k, v) + attention") and kernels["mlp.0"] == "linear+gelu"
+    check_forward(injected, original, img)
+    injected.train()
+    check_backward(injected, original.train(), img)
+
+
+class _Encoder(nn.Module):
+    def __init__(self, norm_first: bool, activation="relu", masks="none"):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(E, H, dim_feedforward=16, dropout=0.0, activation=activation,
+                                                batch_first=True, norm_first=norm_first)
+        masks = _masks(masks)
+        self.register_buffer("src_mask", masks.get("attn_mask"))
+        self.register_buffer("src_key_padding_mask", masks.get("key_padding_mask"))
+
+    def forward(self, x):
+        return self.layer(x, self.src_mask, self.src_key_padding_mask)
+
+
+@pytest.mark.parametrize("norm_first, activation, masks", [(False, "relu", "key_padding_bool"),
+                                                          (True, "gelu", "both_bool")])
+def test_transformer_encoder_layer_runs_dropin_not_torch_fused_kernel(norm_first, activation, masks, monkeypatch):
+    """In eval mode without autograd the original takes torch's fused kernel (torch._transformer_encoder_layer_fwd);
+    the injected layer runs its eager path on its drop-ins, and matches in float64, gradients too."""
+    x = _tokens()
+    injected, original, report = injected_pair(lambda: _Encoder(norm_first, activation, masks).to(DEVICE).eval(),
+                                               example_inputs=x)
+    assert report.left == [] and report.verification.startswith("verified")
+    kernels = {r.name: r.kernel for r in report.replaced}
+    assert set(kernels) == {"layer", "layer.self_attn", "layer.linear1", "layer.linear2", "layer.norm1",
+                            "layer.norm2"}
+    fused_calls = []
+    fused = torch._transformer_encoder_layer_fwd
+    monkeypatch.setattr(torch, "_transformer_encoder_layer_fwd", lambda *a: fused_calls.append(1) or fused(*a))
+    with torch.no_grad():
+        original(x)
+        assert fused_calls == [1]  # the original's path
+        injected(x)
+        assert fused_calls == [1]  # not the injected one's
+    check_forward(injected, original, x)
+    check_backward(injected.train(), original.train(), x)
+
+
+def test_transformer_encoder_stack_and_revert():
+    """nn.TransformerEncoder of injected layers (its own nested-tensor path needs torch's layer class: it runs
+    each layer instead); revert_ puts the torch layers back."""
+    x = _tokens()
+    make = lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(E, H, 16, 0.0, batch_first=True),  # noqa: E731
+                                         num_layers=2, enable_nested_tensor=False).to(DEVICE).eval()
+    injected, original, report = injected_pair(make, example_inputs=x)
+    assert report.left == [] and {"layers.0", "layers.1.self_attn"} <= {r.name for r in report.replaced}
+    check_forward(injected, original, x)
+    dropin.revert_(injected)
+    assert all(type(m) is nn.TransformerEncoderLayer for m in injected.layers)
+    assert type(injected.layers[0].self_attn) is nn.MultiheadAttention
+
+
+def test_transformer_encoder_layer_float_masks_in_training_mode():
+    """Float masks checked where the original runs its eager path (torch's fused CPU kernel returns NaN for a
+    float mask with nonzero entries, torch 2.14)."""
+    x = _tokens()
+    injected, original, report = injected_pair(lambda: _Encoder(True, "gelu", "both_float_per_head").to(DEVICE),
+                                               train=True)
+    assert report.left == [] and [r.name for r in report.replaced][:2] == ["layer", "layer.self_attn"]
+    check_backward(injected, original, x)
