@@ -6,7 +6,7 @@ adaptive average pooling, LayerNorm. Subclasses that keep their base's forward a
 Fusions take the siblings that follow in an nn.Sequential (see Site.following).
 """
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 from torch import nn
 
@@ -182,6 +182,13 @@ def activation(module: nn.Module, site):
     if name is None:
         return f"{module}: dropin's activations are {', '.join(ACTIVATIONS)}"
     return dnn.Op(module, name, functools.partial(_activation_op, name=name))
+
+
+def activation_module(kind: type, name_of: Callable) -> None:
+    """Registers another library's activation module type: name_of(module) is the dropin activation it computes (or
+    None); it runs as dropin's activation op and fuses into a preceding conv / linear as torch's activations do."""
+    _ACTIVATIONS[kind] = name_of
+    register(kind, op="activation")(activation)
 
 
 @register(*_NO_KERNEL, op=None)

@@ -1,0 +1,48 @@
+"""Handlers for the HF modules that many families share: transformers.activations' activation modules, mapped to
+dropin's activations by what each forward computes (GELUActivation, GELUTanh / PytorchGELUTanh, NewGELUActivation,
+FastGELUActivation, AccurateGELUActivation, SiLUActivation); those without a dropin kernel (QuickGELUActivation, ...)
+are named with the reason, and LinearActivation (the identity) is passive."""
+import functools
+
+import torch.nn.functional as F
+
+from .generic import activation_module, activation_without_kernel
+from .registry import passive, register, when_imported
+
+_TANH_FORMULAS = ("NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation")  # 0.5 x (1 + tanh(...))
+_WITHOUT_KERNEL = ("QuickGELUActivation", "ClippedGELUActivation", "MishActivation", "LaplaceActivation",
+                   "ReLUSquaredActivation", "SqrtSoftplusActivation", "XIELUActivation")
+
+
+def _own_forward(name_of):
+    """name_of, or None for a module whose forward is replaced on the instance (kernels' kernelize)."""
+    return lambda m: None if "forward" in vars(m) else name_of(m)
+
+
+def _calls_method(act, method) -> bool:
+    return getattr(act, "__func__", None) is method
+
+
+@when_imported("transformers.activations")
+def _register():
+    from transformers import activations as hf
+
+    def gelu(m):  # its forward calls self.act: F.gelu, or the erf formula in Python
+        return "gelu" if m.act is F.gelu or _calls_method(m.act, hf.GELUActivation._gelu_python) else None
+
+    def gelu_tanh(m):  # self.act: F.gelu(approximate="tanh"), or the tanh formula in Python
+        act = m.act
+        torch_tanh = (isinstance(act, functools.partial) and act.func is F.gelu and not act.args
+                      and act.keywords == {"approximate": "tanh"})
+        return "gelu_tanh" if torch_tanh or _calls_method(act, hf.GELUTanh._gelu_tanh_python) else None
+
+    name_of = {"GELUActivation": gelu, "GELUTanh": gelu_tanh, "SiLUActivation": lambda m: "silu",
+               **{n: lambda m: "gelu_tanh" for n in _TANH_FORMULAS}}
+    gelu_tanh_class = getattr(hf, "GELUTanh", None)
+    if getattr(hf, "PytorchGELUTanh", gelu_tanh_class) is not gelu_tanh_class:
+        name_of["PytorchGELUTanh"] = lambda m: "gelu_tanh"  # older transformers: F.gelu(approximate="tanh") itself
+    for name, fn in name_of.items():
+        if hasattr(hf, name):
+            activation_module(getattr(hf, name), _own_forward(fn))
+    register(*(getattr(hf, n) for n in _WITHOUT_KERNEL if hasattr(hf, n)), op=None)(activation_without_kernel)
+    passive(hf.LinearActivation)
