@@ -1,12 +1,14 @@
-"""nn.MultiheadAttention and nn.TransformerEncoderLayer injected (issue 26): dropin linear + attention against torch
-in float64, with masks (bool and float, merged as torch merges them), batch first or not, batched or not, cross
-attention; calls that ask for the attention weights run torch; what stays torch is named with its reason."""
+"""nn.MultiheadAttention, nn.TransformerEncoderLayer and nn.TransformerEncoder injected (issue 26): dropin linear +
+attention against torch in float64, with masks (bool and float, merged as torch merges them), batch first or not,
+batched or not, cross attention; calls that ask for the attention weights run torch; what stays torch is named with
+its reason."""
 import pytest
 import torch
 from torch import nn
 
 import dropin
-from _tol import DEVICE, assert_close
+from dropin.inject import VerificationError
+from _tol import DEVICE
 
 from _models import check_backward, check_forward, injected_pair
 
@@ -211,18 +213,46 @@ def test_transformer_encoder_layer_runs_dropin_not_torch_fused_kernel(norm_first
     check_backward(injected.train(), original.train(), x)
 
 
-def test_transformer_encoder_stack_and_revert():
-    """nn.TransformerEncoder of injected layers (its own nested-tensor path needs torch's layer class: it runs
-    each layer instead); revert_ puts the torch layers back."""
+class _Stack(nn.Module):
+    """nn.TransformerEncoder (nested tensors enabled: its default) with a final norm, called with a padding mask."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(E, H, dim_feedforward=16, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, norm=nn.LayerNorm(E))
+        self.register_buffer("padding", _masks("key_padding_bool")["key_padding_mask"])
+
+    def forward(self, x):
+        return self.encoder(x, src_key_padding_mask=self.padding)
+
+
+def test_transformer_encoder_with_padding_and_revert():
+    """In eval mode without autograd torch runs the layers on a nested tensor (zeros at the padded positions before
+    the final norm); the injected encoder runs its drop-in layers on the padding mask and gives the same. In training
+    mode, the gradients. revert_ puts the torch modules back."""
     x = _tokens()
-    make = lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(E, H, 16, 0.0, batch_first=True),  # noqa: E731
-                                         num_layers=2, enable_nested_tensor=False).to(DEVICE).eval()
-    injected, original, report = injected_pair(make, example_inputs=x)
-    assert report.left == [] and {"layers.0", "layers.1.self_attn"} <= {r.name for r in report.replaced}
+    injected, original, report = injected_pair(lambda: _Stack().to(DEVICE).eval(), example_inputs=x)
+    assert report.left == [] and report.verification.startswith("verified")
+    assert {"encoder", "encoder.layers.0", "encoder.layers.1.self_attn", "encoder.norm"} <= {
+        r.name for r in report.replaced}
+    with torch.no_grad():
+        padded_row = original(x)[0, -1]
+    assert torch.allclose(padded_row, original.encoder.norm.bias)  # torch's nested path: LayerNorm of zeros
     check_forward(injected, original, x)
+    check_backward(injected.train(), original.train(), x)
     dropin.revert_(injected)
-    assert all(type(m) is nn.TransformerEncoderLayer for m in injected.layers)
-    assert type(injected.layers[0].self_attn) is nn.MultiheadAttention
+    assert type(injected.encoder) is nn.TransformerEncoder
+    assert all(type(m) is nn.TransformerEncoderLayer for m in injected.encoder.layers)
+    assert type(injected.encoder.layers[0].self_attn) is nn.MultiheadAttention
+
+
+def test_verification_names_the_diverging_module_past_nested_tensors(monkeypatch):
+    """Without the zeros at the padded positions the injected encoder diverges from torch's nested path; the
+    verification names the first module whose output diverged, passing over the layers' outputs that are nested
+    tensors in torch's run."""
+    monkeypatch.setattr(dropin.nn.transformer, "_torch_pads_with_zeros", lambda *args: False)
+    with pytest.raises(VerificationError, match="first replaced module whose output diverged: 'encoder.norm'"):
+        dropin.inject_(_Stack().to(DEVICE).eval(), example_inputs=_tokens())
 
 
 def test_transformer_encoder_layer_float_masks_in_training_mode():

@@ -1,5 +1,6 @@
 """Handlers for torch.nn's attention layers: nn.MultiheadAttention -> dropin linear + attention (calls that ask for
-the attention weights run torch), nn.TransformerEncoderLayer -> its eager path on its injected children."""
+the attention weights run torch), nn.TransformerEncoderLayer -> its eager path on its injected children,
+nn.TransformerEncoder -> its layers run without torch's nested-tensor path."""
 from torch import nn
 
 from .. import nn as dnn
@@ -26,3 +27,8 @@ def multihead_attention(module: nn.MultiheadAttention, site):
 @register(nn.TransformerEncoderLayer, op="attention")
 def transformer_encoder_layer(module: nn.TransformerEncoderLayer, site):
     return dnn.TransformerEncoderLayer(module)
+
+
+@register(nn.TransformerEncoder, op="attention")
+def transformer_encoder(module: nn.TransformerEncoder, site):
+    return dnn.TransformerEncoder(module)

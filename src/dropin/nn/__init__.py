@@ -8,8 +8,9 @@ from .resnet import ResidualBlock
 from .rms_norm import RMSNorm
 from .sparse import SparseConv2d, SparseLinear, SparsifiedConv2d, SparsifiedLinear
 from .swiglu import SwiGLUMLP
-from .transformer import MultiheadAttention, TransformerEncoderLayer
+from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = ["Adopted", "Conv2d", "ConvBNAct", "CvtSelfAttention", "Derived", "DropinModule", "Folded", "Linear",
            "LlamaAttention", "MultiheadAttention", "ResidualBlock", "RMSNorm", "SparseConv2d", "SparseLinear",
-           "SparsifiedConv2d", "SparsifiedLinear", "SwiGLUMLP", "TransformerEncoderLayer"]
+           "SparsifiedConv2d", "SparsifiedLinear", "SwiGLUMLP", "TransformerEncoder",
+           "TransformerEncoderLayer"]

@@ -1,5 +1,6 @@
 """Drop-ins for torch.nn's attention layers: nn.MultiheadAttention (its projections through dropin linear, attention
-through dropin attention) and nn.TransformerEncoderLayer (torch's eager path, never its fused inference kernel)."""
+through dropin attention), nn.TransformerEncoderLayer (torch's eager path, never its fused inference kernel) and
+nn.TransformerEncoder (its layers without torch's nested-tensor path)."""
 from typing import Optional
 
 import torch
@@ -106,3 +107,50 @@ class TransformerEncoderLayer(DropinModule):
             return x + layer._ff_block(self, self.norm2(x))
         x = self.norm1(x + layer._sa_block(self, x, src_mask, src_key_padding_mask, is_causal=is_causal))
         return self.norm2(x + layer._ff_block(self, x))
+
+
+def _torch_pads_with_zeros(encoder, src, mask, key_padding_mask) -> bool:
+    """Whether nn.TransformerEncoder.forward would run its layers on a nested tensor made from src and
+    key_padding_mask (its conditions: eval mode, no autograd on the first layer's tensors, a left-aligned padding
+    mask, no mask, ...), which gives zeros at the padded positions."""
+    first = encoder.layers[0]
+    if (key_padding_mask is None or mask is not None or src.dim() != 3 or first.training or src.is_nested
+            or not getattr(encoder, "use_nested_tensor", False) or not torch.backends.mha.get_fastpath_enabled()
+            or torch.is_autocast_enabled()):
+        return False
+    if getattr(encoder, "mask_check", True) and (torch.compiler.is_compiling() or not (
+            torch._nested_tensor_from_mask_left_aligned(src, key_padding_mask.logical_not()))):
+        return False
+    return not (torch.is_grad_enabled() and (src.requires_grad or any(p.requires_grad for p in first.parameters())))
+
+
+class TransformerEncoder(DropinModule):
+    """nn.TransformerEncoder.forward on its injected layers (its children, injected by their own handlers), without
+    torch's nested-tensor path, which hands the layers a nested tensor that dropin's modules do not take: the layers
+    get the padding mask instead, and where torch would take that path the padded positions' outputs are zeros, as
+    torch's are."""
+
+    kernel = "encoder (its layers injected)"
+    walks_children = True
+
+    def __init__(self, original: torch.nn.TransformerEncoder):
+        super().__init__(original)
+        for name, child in original.named_children():
+            self.add_module(name, child)
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        transformer = torch.nn.modules.transformer
+        src_key_padding_mask = F._canonical_mask(
+            mask=src_key_padding_mask, mask_name="src_key_padding_mask", other_type=F._none_or_dtype(mask),
+            other_name="mask", target_type=src.dtype)
+        mask = F._canonical_mask(mask=mask, mask_name="mask", other_type=None, other_name="", target_type=src.dtype,
+                                 check_other=False)
+        zero_padding = _torch_pads_with_zeros(self, src, mask, src_key_padding_mask)
+        seq_len = transformer._get_seq_len(src, self.layers[0].self_attn.batch_first)
+        is_causal = transformer._detect_is_causal_mask(mask, is_causal, seq_len)
+        output = src
+        for layer in self.layers:
+            output = layer(output, src_mask=mask, is_causal=is_causal, src_key_padding_mask=src_key_padding_mask)
+        if zero_padding:
+            output = output.masked_fill((src_key_padding_mask != 0).unsqueeze(-1), 0.0)  # nonzero: padded
+        return output if self.norm is None else self.norm(output)
