@@ -1,7 +1,7 @@
-"""nn.MultiheadAttention, nn.TransformerEncoderLayer and nn.TransformerEncoder injected (issue 26): dropin linear +
-attention against torch in float64, with masks (bool and float, merged as torch merges them), batch first or not,
-batched or not, cross attention; calls that ask for the attention weights run torch; what stays torch is named with
-its reason."""
+"""nn.MultiheadAttention, nn.TransformerEncoderLayer and nn.TransformerEncoder (also inside nn.Transformer) injected
+(issue 26): dropin linear + attention against torch in float64, with masks (bool and float, merged as torch merges
+them), batch first or not, batched or not, cross attention; calls that ask for the attention weights run torch; what
+stays torch is named with its reason."""
 import pytest
 import torch
 from torch import nn
@@ -253,3 +253,28 @@ def test_transformer_encoder_layer_float_masks_in_training_mode():
                                                train=True)
     assert report.left == [] and [r.name for r in report.replaced][:2] == ["layer", "layer.self_attn"]
     check_backward(injected, original, x)
+
+
+class _Seq2Seq(nn.Module):
+    """nn.Transformer: the decoder's causal self-attention (the is_causal hint) and its cross attention over the
+    encoder's output (queries of another length; key is value)."""
+
+    def __init__(self):
+        super().__init__()
+        self.transformer = nn.Transformer(E, H, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=16,
+                                          dropout=0.0, batch_first=True)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(3))
+
+    def forward(self, x):
+        return self.transformer(x, x[:, :3], tgt_mask=self.causal, tgt_is_causal=True)
+
+
+def test_nn_transformer_encoder_and_decoder():
+    x = _tokens()
+    injected, original, report = injected_pair(lambda: _Seq2Seq().to(DEVICE).eval(), example_inputs=x)
+    assert report.left == [] and report.verification.startswith("verified")
+    attention = {r.name for r in report.replaced if r.original == "MultiheadAttention"}
+    assert attention == {"transformer.encoder.layers.0.self_attn", "transformer.decoder.layers.0.self_attn",
+                         "transformer.decoder.layers.0.multihead_attn"}
+    check_forward(injected, original, x)
+    check_backward(injected.train(), original.train(), x)
