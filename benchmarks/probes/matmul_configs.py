@@ -10,6 +10,7 @@ from triton.testing import do_bench
 import dropin
 
 mm = sys.modules["dropin.ops.matmul"]
+_gemm = sys.modules["dropin.ops._gemm"]
 
 
 def rel(o, r):
@@ -22,7 +23,7 @@ def candidates(aa, bb, c, z):
     real = mm._autotune.pick
     mm._autotune.pick = lambda name, key, configs, run: seen.extend(configs) or configs[0]
     try:
-        mm._make_plan(aa, bb, c, None, z, "none", False, None, mm._precision(aa.dtype))
+        mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype))
     finally:
         mm._autotune.pick = real
     return seen
@@ -32,7 +33,7 @@ def plan_for(aa, bb, c, z, cfg):
     real = mm._autotune.pick
     mm._autotune.pick = lambda name, key, configs, run: cfg
     try:
-        return mm._make_plan(aa, bb, c, None, z, "none", False, None, mm._precision(aa.dtype))
+        return mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype))
     finally:
         mm._autotune.pick = real
 
@@ -99,9 +100,9 @@ if __name__ == "__main__":
     c = torch.empty(2, 1, 10, device="cuda")
     common = dict(HAS_BIAS=False, ACT="none", STORE_Z=False, PRECISION="tf32x3", GROUP_M=8)
     cfg = dict(mm._PTR_CONFIGS[4][0])
-    raw = lambda: mm._mm_kernel[(1, 2, 1)](a, b, c, c, c, 1, 10, 512, *a.stride(), *b.stride(), **common, **cfg)  # noqa
+    raw = lambda: mm.mm_kernel[(1, 2, 1)](a, b, c, c, c, 1, 10, 512, *a.stride(), *b.stride(), **common, **cfg)  # noqa
     for name, fn in [("torch.bmm", lambda: torch.bmm(a, b)), ("dropin.bmm", lambda: dropin.bmm(a, b)),
-                     ("_mm_impl", lambda: mm._mm_impl(a, b, None, "none", False)), ("raw launch", raw),
+                     ("mm_impl", lambda: mm.mm_impl(a, b, None, "none", False)), ("raw launch", raw),
                      ("allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
                      ("is_autocast", lambda: torch.is_autocast_enabled("cuda")),
                      ("is_compiling", torch.compiler.is_compiling), ("new_empty", lambda: a.new_empty((2, 1, 10)))]:

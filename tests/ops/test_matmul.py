@@ -21,6 +21,7 @@ import triton.language as tl
 
 import _check
 import dropin
+from dropin.ops import _gemm
 
 _mm_module = importlib.import_module("dropin.ops.matmul")  # dropin.ops.matmul is also the function
 from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, rel_err
@@ -483,11 +484,11 @@ def test_tensors_on_different_gpus(op):
 @triton.jit
 def _tf32_kernel(x_ptr, y_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
-    tl.store(y_ptr + offs, _mm_module._tf32(tl.load(x_ptr + offs)))
+    tl.store(y_ptr + offs, _gemm.round_tf32(tl.load(x_ptr + offs)))
 
 
 def test_tf32_operand_rounding():
-    """What the tf32 MMA sees (the low 13 bits dropped) of _tf32(x) is x rounded half away from zero;
+    """What the tf32 MMA sees (the low 13 bits dropped) of round_tf32(x) is x rounded half away from zero;
     inf, nan and the largest finite values pass unchanged."""
     special = torch.tensor([float("inf"), -float("inf"), float("nan"), 3.4e38, -3.4e38, 0.0, -0.0, 1e-40])
     x = torch.cat([special, torch.randn(1024 - len(special)) * 10.0 ** torch.randint(-30, 30, (1024 - len(special),))])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import dropin  # noqa: F401
+from dropin.ops import _gemm
 from _tol import DEVICE, ON_GPU, assert_close, slow
 
 mm = __import__("dropin.ops.matmul", fromlist=["_make_plan"])
@@ -45,7 +46,7 @@ def test_every_config(kernel, cfg, dtype, layout, forced):
     aa = a.mT.contiguous().mT if layout[0] == "t" else a
     bb = b.mT.contiguous().mT if layout[1] == "t" else b
     forced(dict(cfg, KERNEL=kernel))
-    c, z = mm._mm_impl(aa, bb, bias, "silu", True, tma=kernel == "tma")
+    c, z = mm.mm_impl(aa, bb, bias, "silu", True, tma=kernel == "tma")
     z_ref = torch.bmm(a.double(), b.double()) + bias.double()
     assert_close(z, z_ref, dtype, "fwd", what="pre-activation")
     assert_close(c, torch.nn.functional.silu(z_ref), dtype, "fwd", what="output")
@@ -55,13 +56,13 @@ def test_every_config(kernel, cfg, dtype, layout, forced):
 def test_tf32x3(kernel, monkeypatch):
     """True fp32 as three tf32 products (the GPU's default for fp32 without TF32): the split of each operand
     into rounded tf32 halves, with values across the exponent range, the largest finite ones, inf and nan."""
-    monkeypatch.setattr(mm, "_precision", lambda dtype, allow_tf32=None, k=None: "tf32x3")
+    monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None: "tf32x3")
     mm._plans.clear()
     M, N, K = 40, 24, 72
     a = torch.randn(M, K, device=DEVICE) * torch.logspace(-30, 30, K, device=DEVICE)
     b = torch.randn(K, N, device=DEVICE) * torch.logspace(30, -30, K, device=DEVICE)[:, None]
     a[3, 5], a[7, 9], b[11, 2], b[4, 6] = 3.3e38, float("inf"), float("-inf"), float("nan")
     b[5, :], b[9, :] = 1e-30, 0.99999994  # inf * hi(1) + inf * lo(-2^-24): no nan from the small products
-    c = mm._mm_impl(a[None], b[None], None, None, False, tma=kernel == "tma")[0][0]
+    c = mm.mm_impl(a[None], b[None], None, None, False, tma=kernel == "tma")[0][0]
     mm._plans.clear()
     assert_close(c, a.double() @ b.double(), torch.float32, "fwd", torch_out=a @ b)

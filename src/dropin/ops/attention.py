@@ -23,12 +23,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _runtime
-from . import _autotune
+from . import _autotune, _gemm
 from ._dispatch import Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op
 from .attention_decode import decode, decode_shortcut
 from .attention_kernels import delta_kernel, dkdv_kernel, dq_kernel, fwd_kernel
 from .attention_ranges import RANGE_ROWS, Summary
-from .matmul import _autocast, _precision
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -84,14 +83,14 @@ _DELTA_BLOCK_M = 64
 
 
 def _attention_precision(q: torch.Tensor, Lk: int) -> str:
-    """tl.dot's precision: matmul's rule (`_precision`), with the shortest of the head dim and the two lengths as
+    """tl.dot's precision: `_gemm.precision`'s rule, with the shortest of the head dim and the two lengths as
     its reduction: tf32x3 for float32 where all are >= TF32X3_MIN_K (then every product's chains are cut to
     `_chunk`'s length), FMAs where one is shorter."""
-    return _precision(q.dtype, k=min(q.shape[2], q.shape[3], Lk))
+    return _gemm.precision(q.dtype, k=min(q.shape[2], q.shape[3], Lk))
 
 
 def _chunk(precision: str) -> int:
-    """The longest MMA chain of a product (CHUNK; 0: unbounded): 32 for tf32x3, as matmul's `_max_k`."""
+    """The longest MMA chain of a product (CHUNK; 0: unbounded): 32 for tf32x3, as `_gemm.max_k`."""
     return 32 if precision == "tf32x3" else 0
 
 
@@ -439,7 +438,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in _DTYPES:
             raise RuntimeError(f"attention: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
-    q, k, v = _autocast(q, k, v)
+    q, k, v = _gemm.autocast(q, k, v)
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise RuntimeError(f"attention: expected 'q' and '{name}' to have the same dtype, "

@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from . import _gemm
 from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
-from .matmul import _dot, _precision
+from ._gemm import dot
 
 BLOCK_N = 64
 
@@ -66,7 +67,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, part_ptr, stats_ptr,
         n_ok = n < end
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(k_base + n[:, None] * s_kn + d[None, :] * s_kd, mask=kv_mask, other=0.0)
-        s = _dot(q, tl.trans(k), PRECISION) * scale
+        s = dot(q, tl.trans(k), PRECISION) * scale
         if MASK == "float":
             s += tl.load(m_base + n[None, :] * s_mk, mask=g_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
         elif MASK == "bool":
@@ -79,7 +80,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, part_ptr, stats_ptr,
         alpha = tl.exp(m_i - m_safe)
         v = tl.load(v_base + n[:, None] * s_vn + d[None, :] * s_vd, mask=kv_mask, other=0.0)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION)
         m_i = m_new
     row = (b64 * HK * GROUP + h) * splits + split
     tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
@@ -146,7 +147,7 @@ def _decode_plan(q, k, v, mask: Optional[torch.Tensor], scale: float, traced: bo
     mask_t = absent(q, traced) if mask is None else mask.view(torch.uint8) if kind == "bool" and not traced else mask
     mask_strides = (0, 0, 0) if mask is None else (mask.stride(0), mask.stride(1), mask.stride(3))
     group = H // HK
-    precision = _precision(q.dtype, k=E)
+    precision = _gemm.precision(q.dtype, k=E)
     splits, keys = _splits(B, HK, Lk, q.device.index or 0)
 
     def make():

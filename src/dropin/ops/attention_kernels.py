@@ -17,8 +17,8 @@ out of the scores.
 import triton
 import triton.language as tl
 
+from ._gemm import dot, dot_acc
 from .attention_ranges import query_tile_ranges
-from .matmul import _dot, _dot_acc
 
 
 @triton.jit
@@ -83,15 +83,15 @@ def _dot_t(a, a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, b, b_ptr, b_b, b_
     """a @ b^T, a product over the head dim of two row tiles. CHUNK > 0 (true fp32 on the tensor cores, tf32x3,
     whose MMA chains truncate their running sums): the rows are read again from memory CHUNK columns at a time
     and the chunks' products summed in fp32, so that no chain is longer than CHUNK (a two-level sum, as
-    _dot_acc's); else the tiles a and b as they are."""
+    dot_acc's); else the tiles a and b as they are."""
     if CHUNK:  # (a loop, not unrolled: each unrolled chunk's operands took shared memory of their own)
         c = tl.zeros((a.shape[0], b.shape[0]), dtype=tl.float32)
         for d0 in tl.range(0, BLOCK_D, CHUNK):
-            c = c - _dot(-_cols(a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, d0, HEAD_DIM, CHUNK),
-                         tl.trans(_cols(b_ptr, b_b, b_h, b_rows, sb_b, sb_h, sb_l, sb_d, d0, HEAD_DIM, CHUNK)),
-                         PRECISION)
+            c = c - dot(-_cols(a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, d0, HEAD_DIM, CHUNK),
+                        tl.trans(_cols(b_ptr, b_b, b_h, b_rows, sb_b, sb_h, sb_l, sb_d, d0, HEAD_DIM, CHUNK)),
+                        PRECISION)
     else:
-        c = _dot(a, tl.trans(b), PRECISION)
+        c = dot(a, tl.trans(b), PRECISION)
     return c
 
 
@@ -180,7 +180,7 @@ def _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stri
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
-        acc = _dot_acc(acc * alpha[:, None], p.to(v.dtype), v, PRECISION)
+        acc = dot_acc(acc * alpha[:, None], p.to(v.dtype), v, PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -305,12 +305,12 @@ def _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, st
         pt = _exp(st - m[None, :], MASK) * inv_l[None, :]
         do = _tile(do_src, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
                    HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
-        dv = _dot_acc(dv, pt.to(do.dtype), do, PRECISION)
+        dv = dot_acc(dv, pt.to(do.dtype), do, PRECISION)
         dpt = _dot_t(v, v_ptr, b, hk, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
                      do, do_ptr, b, h, rows_m, stride_db, stride_dh, stride_dm, stride_dd, PRECISION, HEAD_DIM,
                      BLOCK_D, CHUNK)
         dst = pt * (dpt - tl.load(delta_base + rows_m)[None, :])
-        dk = _dot_acc(dk, dst.to(q.dtype), q, PRECISION)
+        dk = dot_acc(dk, dst.to(q.dtype), q, PRECISION)
     return dk, dv
 
 
@@ -416,7 +416,7 @@ def _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_
                     v, v_ptr, b, hk, rows_n, stride_vb, stride_vh, stride_vn, stride_vd, PRECISION, HEAD_DIM,
                     BLOCK_D, CHUNK)
         ds = p * (dp - delta[:, None])
-        dq = _dot_acc(dq, ds.to(k.dtype), k, PRECISION)
+        dq = dot_acc(dq, ds.to(k.dtype), k, PRECISION)
     return dq
 
 

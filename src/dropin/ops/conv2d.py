@@ -20,7 +20,7 @@ tiles with the taps unrolled, int32 offsets inside an image and fp32 FMAs (`_con
 stride 1 or 2 has a forward and a weight gradient that walk down the rows instead (`_conv_dw3_fwd_kernel`, whose
 mirrored taps also give the input gradient of stride 1; `_conv_dw3_wgrad_kernel`, per-tile sums carried by FMAs).
 float32 follows torch's rule for convolutions: tf32 when `torch.backends.cudnn.allow_tf32` (torch's default:
-True) is set, otherwise true fp32 as tf32x3 (matmul's `_precision`).
+True) is set, otherwise true fp32 as tf32x3 (`_gemm.precision`).
 """
 import weakref
 from typing import Optional
@@ -31,13 +31,13 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from . import _autotune
+from . import _autotune, _gemm
 from ._common import column_sums, empty_in, is_channels_last, pixel, sum_partials_kernel, versions
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op,
                         writing)
+from ._gemm import dot_acc, split_range
 from .activations import activation_grad, activation_ref, apply_activation, check_activation
-from .matmul import _ProductShortcut, _autocast, _dot_acc, _max_k, _product, _split_range, product_shortcut
-from .matmul import _precision as _matmul_precision
+from .matmul import ProductShortcut, canonical_product, product_shortcut
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -125,7 +125,7 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
         b_ptrs = w_base + kh * swh + kw * sww + (c0 + offs_k)[:, None] * swc
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = _dot_acc(acc, a, b, PRECISION)
+        acc = dot_acc(acc, a, b, PRECISION)
     _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
               co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
 
@@ -187,7 +187,7 @@ def _conv_fwd_rows_kernel(xp_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                         mask=m_ok[:, None, None] & tap_ok[None, :, :], other=0.0)
             b = tl.load(w_rows + kh0 * KWP * COUT, mask=((kh0 + rows) < KH)[:, None, None] & n_ok[None, None, :],
                         other=0.0)
-            acc = _dot_acc(acc, tl.reshape(a, (BLOCK_M, BLOCK_K)), tl.reshape(b, (BLOCK_K, BLOCK_N)), PRECISION)
+            acc = dot_acc(acc, tl.reshape(a, (BLOCK_M, BLOCK_K)), tl.reshape(b, (BLOCK_K, BLOCK_N)), PRECISION)
     _epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
               co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
 
@@ -251,7 +251,7 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
             a = _tap_box(x_desc, n, oh0, ow0, kh, tap - kh * KW, c0, C, STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H,
                          DIL_W, TH, TW, BLOCK_K)
             b = w_desc.load([co0, tap * C + c0])
-            acc = _dot_acc(acc, a, tl.trans(b), PRECISION)
+            acc = dot_acc(acc, a, tl.trans(b), PRECISION)
         tile_c += programs
         n, oh0, ow0, co0 = _tma_tile(tile_c, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
         offs = tl.arange(0, TH * TW)
@@ -295,7 +295,7 @@ def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
         a = dz_desc.load([n, oh0, ow0, co0]).reshape(TH * TW, BLOCK_M)
         b = _tap_box(x_desc, n, oh0, ow0, kh, tap - kh * KW, c0, C, STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W,
                      TH, TW, BLOCK_N)
-        acc = _dot_acc(acc, tl.trans(a), b, PRECISION)
+        acc = dot_acc(acc, tl.trans(a), b, PRECISION)
     co = co0 + tl.arange(0, BLOCK_M)
     c = c0 + tl.arange(0, BLOCK_N)
     offs = ((tl.program_id(1).to(tl.int64) * COUT + co[:, None]) * (KH * KW) + tap) * C + c[None, :]
@@ -661,7 +661,7 @@ def _conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
         b_ptrs = w_base + kh * swh + kw * sww + (k0 + offs_k)[:, None] * swo
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = _dot_acc(acc, a, b, PRECISION)
+        acc = dot_acc(acc, a, b, PRECISION)
     offs_x = (n * sxn + ih * sxh + iw * sxw)[:, None] + c.to(tl.int64)[None, :] * sxc
     tl.store(dx_ptr + offs_x, acc.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -686,7 +686,7 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
     pid_n = pid % tiles_n
     g = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    k_first, k_last = _split_range(split, P, BLOCK_K)
+    k_first, k_last = split_range(split, P, BLOCK_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < COUT_G
@@ -726,7 +726,7 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
             iw = ow[:, None] * STRIDE_W - PAD_W + kw[None, :] * DIL_W
             b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             b = tl.load(x_base + (n * sxn)[:, None] + ih * sxh + iw * sxw, mask=b_ok, other=0.0)
-        acc = _dot_acc(acc, a, b, PRECISION)
+        acc = dot_acc(acc, a, b, PRECISION)
         offs_k += BLOCK_K
     offs_w = (split.to(tl.int64) * sws + co.to(tl.int64)[:, None] * swo
               + (c * swc + kh * swh + kw * sww)[None, :])
@@ -873,8 +873,8 @@ _plans: dict = {}
 
 def _precision(dtype: torch.dtype) -> str:
     """tl.dot's input precision: tf32 where torch's convolutions allow it (cudnn.allow_tf32), else true fp32
-    as tf32x3 (matmul's `_precision`)."""
-    return _matmul_precision(dtype, torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET)
+    as tf32x3 (`_gemm.precision`)."""
+    return _gemm.precision(dtype, torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET)
 
 
 def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
@@ -882,7 +882,7 @@ def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
     cfg = dict(cfg)
     for name, extent in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
         cfg[name] = max(16, min(cfg[name], _runtime.next_power_of_2(max(extent, 1))))
-    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], _max_k(precision, size, tf32x3_k=64))
+    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], _gemm.max_k(precision, size, tf32x3_k=64))
     return cfg
 
 
@@ -1085,12 +1085,12 @@ def _flipped(w: torch.Tensor, traced: bool) -> torch.Tensor:
 def _tma_wgrad_configs(dz, x, stride, groups: int, precision: str, traced: bool) -> list:
     """_conv_wgrad_tma_kernel's candidates, none where it does not apply: the TMA forward's conditions on x
     (_tma_fwd_configs), and dz dense channels_last with at least 16 channels in 16-byte rows. A pixel tile is
-    one MMA chain, whose every step truncates in true fp32: there at most _max_k pixels (TH cut), as the
+    one MMA chain, whose every step truncates in true fp32: there at most _gemm.max_k pixels (TH cut), as the
     GEMMs' BLOCK_K (with 128-pixel tiles a short reduction reached 2x cuDNN's error; 64 keep it at 0.7x that)."""
     size, cout = dz.element_size(), dz.shape[1]  # (dz's layout checked in w's place)
     if not (_tma_fwd_configs(x, dz, stride, groups, traced) and cout >= 16 and cout * size % 16 == 0):
         return []
-    pixels = _max_k(precision, size, tf32x3_k=64)
+    pixels = _gemm.max_k(precision, size, tf32x3_k=64)
     fitting = [dict(c, KERNEL="tma", TH=min(c["TH"], max(1, pixels // c["TW"]))) for c in _WGRAD_TMA_CONFIGS
                if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
     return _staged(fitting, lambda c: c["TH"] * c["TW"] * (c["BLOCK_M"] + c["BLOCK_N"]) * size)
@@ -1695,7 +1695,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
                                     (stride, padding, dilation, groups, activation))
     if shortcut is not None:
         return shortcut(input, weight, bias, residual, out)
-    input, weight, bias, residual = _autocast(input, weight, bias, residual)
+    input, weight, bias, residual = _gemm.autocast(input, weight, bias, residual)
     act, stride, pads, dilation, unbatched = _checked.once(
         (input, weight, bias, residual, out), (stride, padding, dilation, groups, activation),
         lambda: _check_conv2d(input, weight, bias, residual, out, stride, padding, dilation, groups, activation))
@@ -1719,17 +1719,17 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         return out
     if (KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and residual is None:
         pixels = x.permute(0, 2, 3, 1)
-        if pixels.is_contiguous() and (x.dtype != torch.float32 or _precision(x.dtype) == _matmul_precision(x.dtype)):
+        if pixels.is_contiguous() and (x.dtype != torch.float32 or _precision(x.dtype) == _gemm.precision(x.dtype)):
             # A 1x1 conv over channels_last pixels is a GEMM [N*H*W, C] x [C, Cout]: matmul's kernels (TMA on
             # Hopper), bias and activation fused, its autograd; the output is channels_last as torch's is.
             # (matmul's product directly, not linear: the checks are done, and a call's CPU time counts here)
             (n, h, w, c), cout = pixels.shape, weight.shape[0]
             operands = (pixels.reshape(1, n * h * w, c), weight.reshape(cout, c).t().unsqueeze(0), bias)
-            product = _product(*operands, act)
+            product = canonical_product(*operands, act)
             y = product.view(n, h, w, cout).permute(0, 3, 1, 2)
             if product.requires_grad:
                 rows, w_shape = operands[0].shape, weight.shape  # (the lambdas hold no tensor: they are kept)
-                _shortcuts.keep(key, lambda: _ProductShortcut.make(
+                _shortcuts.keep(key, lambda: ProductShortcut.make(
                     operands, (x, weight, bias), key[0], product, y, act,
                     lambda g, i: g.view(n, h, w, c).permute(0, 3, 1, 2) if i == 0 else g[0].t().reshape(w_shape)
                     if i == 1 else g, lambda dy: dy.permute(0, 2, 3, 1).reshape(rows[:2] + (cout,))), grad=True)

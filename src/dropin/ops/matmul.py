@@ -2,12 +2,12 @@
 
 Every product is brought to one canonical form, C[b] = act(A[b] @ B[b] + bias), A: [B, M, K] and
 B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp32 by one of two kernels:
-- `_mm_tma_kernel` (Hopper): persistent grid, TMA tensor descriptors, wgmma. Needs each operand to have
+- `mm_tma_kernel` (Hopper): persistent grid, TMA tensor descriptors, wgmma. Needs each operand to have
   one unit stride among its two matrix dims and 16-byte aligned other strides; A and B may each be
   row- or column-major.
-- `_mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
+- `mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
 float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise true fp32:
-tf32x3 on the tensor cores for long reductions (`_precision`), fp32 FMAs for short ones and under the interpreter.
+tf32x3 on the tensor cores for long reductions (`_gemm.precision`), fp32 FMAs for short ones and under the interpreter.
 """
 import math
 from typing import Optional
@@ -16,15 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import _runtime
-from . import _autotune
+from . import _autotune, _gemm
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op,
                         writing)
 from .activations import activation_ref, check_activation
-# (the tile helpers also from here: conv2d, swiglu and attention import them with the products' launchers)
-from .matmul_kernels import (_act_grad_kernel, _dot, _dot_acc, _fma_kernel, _mm_kernel, _mm_tma_kernel,  # noqa: F401
-                             _split_range, _split_sum_kernel, _tf32, _tf32_copy_kernel, _tile_coords)
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, split_sum_kernel, tf32_copy_kernel
 
 
 # --- 1. References ----------------------------------------------------------------------------------
@@ -79,47 +75,6 @@ _FMA_CONFIGS = {
 }
 
 
-def _fits(configs, M, N, K, max_k=256, min_m=16):
-    """Drops candidates whose tile is larger than the bucketed problem, K tiles over max_k, and K splits for
-    short K; keeps the smallest if none fits. A choice that only tunes: symbolic sizes count by their traced
-    value, without a guard."""
-    bm, bn = max(min_m, _autotune.bucket(M)), _autotune.bucket(N)
-    long_k = _runtime.size_hint(K) >= 1024
-    fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn and c["BLOCK_K"] <= max_k
-               and (long_k or "SPLIT_K" not in c)]
-    return fitting or configs[-1:]
-
-
-# True fp32 as tf32x3 only for reductions at least this long. Its products are exact, but every step of an MMA
-# chain truncates its fp32 sum: on short reductions that error went over 2x torch's (cuBLAS sums few terms almost
-# exactly: a 10-term weight gradient 1.1x over the bound at 32-long K tiles), on long ones torch's own error grows
-# and tf32x3 stays well within (docs/perf-notes.md).
-TF32X3_MIN_K = 256
-
-
-def _precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional[int] = None) -> str:
-    """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
-    (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU (three tf32
-    tensor-core products, 1.1-3.5x faster than the FMAs) for a reduction of length `k` >= TF32X3_MIN_K (None:
-    the caller bounds its chains itself, conv2d; attention cuts its head-dim products into chunks too); else
-    "ieee" (fp32 FMAs; under the interpreter always: the same numbers at a third of the dots). See
-    docs/perf-notes.md."""
-    if dtype == torch.float32 and (torch.backends.cuda.matmul.allow_tf32 if allow_tf32 is None else allow_tf32):
-        return "tf32"
-    if dtype == torch.float32 and not _runtime.INTERPRET and (k is None or k >= TF32X3_MIN_K):
-        return "tf32x3"
-    return "ieee"
-
-
-def _max_k(precision: str, size: int, tf32x3_k: int = 32) -> int:
-    """The largest BLOCK_K, which bounds the inner sum of _dot_acc's two-level sum in true fp32: 64 for the FMAs;
-    for tf32x3 `tf32x3_k`, since every step of the MMA chain truncates its fp32 sum (at 64 a matmul gradient went
-    1.02x over the 2x rule; conv2d keeps 64, its fp32 tests' worst at 0.69x of the bound); 256 otherwise."""
-    if size != 4 or precision not in ("ieee", "tf32x3"):
-        return 256
-    return tf32x3_k if precision == "tf32x3" else 64
-
-
 def _tma_layout(t: torch.Tensor, traced: bool = False):
     """(transposed, outer stride, batch stride) when `t` [B, R, C] suits a TMA descriptor, else None."""
     size = t.element_size()
@@ -143,7 +98,7 @@ def _tma_layout(t: torch.Tensor, traced: bool = False):
 _plans: dict = {}
 
 
-def _mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] = None, traced: bool = False):
+def mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] = None, traced: bool = False):
     """C = act(A @ B + bias) for A [B, M, K], B [B, K, N] (same batch, any strides), bias [N] or None.
     Returns (C, Z): C contiguous [B, M, N]; Z = A @ B + bias when save_preact, else None.
     `tma` forces the kernel choice (tests); None picks the TMA kernel wherever it applies.
@@ -164,7 +119,7 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
     """(a, b, run): the operands as the kernels read them (where tf32 is used, copies rounded to it) and the
     signature's plan, run(a, b, c, bias, z)."""
     K = a.shape[2]
-    precision = _precision(a.dtype, k=K)
+    precision = _gemm.precision(a.dtype, k=K)
     if precision == "tf32" and K > 0:
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)
@@ -178,7 +133,7 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
 
 def _mm_shortcut(a, b, c, bias, activation: str, save_preact: bool = False):
     """For `Shortcuts`: run(a, b, c, bias, z=None) writes act(a @ b + bias) into c (and a @ b + bias into z with
-    save_preact), the eager product of this signature (a, b, c, bias as `_mm_impl` takes them; c, a new contiguous
+    save_preact), the eager product of this signature (a, b, c, bias as `mm_impl` takes them; c, a new contiguous
     [B, M, N] output, gives the signature, and z's); None where the call copies its operands (tf32) or has no work."""
     if c.numel() == 0:
         return None
@@ -211,7 +166,7 @@ def _product_like_run(x, y, like):
     return (None if mm is None else lambda x, y, c: mm(x, y, c, None)), c
 
 
-class _ProductShortcut(Differentiable):
+class ProductShortcut(Differentiable):
     """A product's later eager calls of this signature where autograd records them (`Differentiable`): given
     tensors (a, b[, bias]) that start where the product's operands do (`to_given` turns the i-th operand's gradient
     into the given tensor's, `from_out` the output's gradient into the product's [B, M, N]; neither may hold a
@@ -238,9 +193,9 @@ class _ProductShortcut(Differentiable):
             return None
         save_preact = activation != "none" and any(needs)
         mm = _mm_shortcut(*operands[:2], c, operands[2] if len(operands) > 2 else None, activation, save_preact)
-        if mm is None or _precision(c.dtype) == "tf32":
+        if mm is None or _gemm.precision(c.dtype) == "tf32":
             return None
-        return _ProductShortcut(operands, needs, c, out, activation, to_given, from_out, mm)
+        return ProductShortcut(operands, needs, c, out, activation, to_given, from_out, mm)
 
     def forward(self, ctx, a, b, bias=None, *unused):  # (unused: conv2d's residual and out, None)
         shape, strides, dtype, device = self.out
@@ -311,7 +266,7 @@ def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Te
     y = t.new_empty((batch, R, C)) if k_dim == 2 else torch.empty_strided((batch, R, C), (R * C, 1, R),
                                                                          device=t.device, dtype=t.dtype)
     grid = (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch)
-    launch(_tf32_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), BLOCK_R=64, BLOCK_C=64, traced=traced)
+    launch(tf32_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), BLOCK_R=64, BLOCK_C=64, traced=traced)
     return y
 
 
@@ -330,12 +285,12 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
         ptr = not tma or min(_runtime.size_hint(M), _runtime.size_hint(N)) <= 64 or size == 4  # (tunes only)
     else:
         ptr = not tma
-    max_k = _max_k(precision, size)
-    configs = [dict(cfg, KERNEL="tma") for cfg in _fits(_TMA_CONFIGS[size], M, N, K, max_k, 64)] if tma else []
+    max_k = _gemm.max_k(precision, size)
+    configs = [dict(cfg, KERNEL="tma") for cfg in _gemm.fits(_TMA_CONFIGS[size], M, N, K, max_k, 64)] if tma else []
     if ptr:
-        configs += [dict(cfg, KERNEL="ptr") for cfg in _fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]
+        configs += [dict(cfg, KERNEL="ptr") for cfg in _gemm.fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]
     if M == 1 and tuned:
-        configs = [dict(cfg, KERNEL="fma") for cfg in _fits(_FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
+        configs = [dict(cfg, KERNEL="fma") for cfg in _gemm.fits(_FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
     elif N <= 16 and tuned:
         configs += [dict(cfg, KERNEL="fma") for cfg in _FMA_CONFIGS["narrow"]]
     epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision,
@@ -349,7 +304,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
             meta = dict(HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact, BLOCK_M=cfg["BLOCK_M"],
                         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
             scalars = (M, N, K, *a.stride(), *b.stride())
-            launch = Launch(_fma_kernel, (tiles, batch), meta, traced=traced)
+            launch = Launch(fma_kernel, (tiles, batch), meta, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         if kernel == "tma":
             programs = cfg.pop("OCC", 1) * _runtime.num_sms(a.device.index or 0)
@@ -357,21 +312,21 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
             scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
             meta = dict(epilogue, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs)
             meta.update(cfg)
-            launch = Launch(_mm_tma_kernel, grid, meta, scratch=True, traced=traced)
+            launch = Launch(mm_tma_kernel, grid, meta, scratch=True, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         scalars = (M, N, K, *a.stride(), *b.stride())
         if splits == 1:
             meta = dict(epilogue)
             meta.update(cfg)
-            launch = Launch(_mm_kernel, (tiles, batch, 1), meta, traced=traced)
+            launch = Launch(mm_kernel, (tiles, batch, 1), meta, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         partial_meta = dict(epilogue, HAS_BIAS=False, ACT="none", STORE_Z=False)
         partial_meta.update(cfg)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
                         BLOCK_R=32, BLOCK_N=64)
-        launch_partial = Launch(_mm_kernel, (tiles, batch, splits), partial_meta, traced=traced)
+        launch_partial = Launch(mm_kernel, (tiles, batch, splits), partial_meta, traced=traced)
         sum_grid = (_runtime.cdiv(batch * M, 32), _runtime.cdiv(N, 64))
-        launch_sum = Launch(_split_sum_kernel, sum_grid, sum_meta, traced=traced)
+        launch_sum = Launch(split_sum_kernel, sum_grid, sum_meta, traced=traced)
 
         def run_split(a, b, c, bias, z):
             partial = torch.empty((splits, batch, M, N), device=a.device, dtype=torch.float32)
@@ -415,9 +370,9 @@ def _act_grad_plan(grad_y, activation: str, bias_grad: bool, traced: bool):
     rows = _runtime.cdiv(_runtime.cdiv(R, splits), block_r) * block_r
     splits = _runtime.cdiv(R, rows)
     meta = dict(BLOCK_R=block_r, BLOCK_N=block_n)
-    launch_grad = Launch(_act_grad_kernel, (n_blocks, splits), dict(meta, ACT=activation, COL_SUM=bias_grad),
+    launch_grad = Launch(act_grad_kernel, (n_blocks, splits), dict(meta, ACT=activation, COL_SUM=bias_grad),
                          traced=traced)
-    launch_sum = Launch(_act_grad_kernel, (n_blocks, 1), dict(meta, ACT="none", COL_SUM=True), traced=traced)
+    launch_sum = Launch(act_grad_kernel, (n_blocks, 1), dict(meta, ACT="none", COL_SUM=True), traced=traced)
     scalars = (R, N, *g2.stride(), rows)
     shape, device, dtype = grad_y.shape, grad_y.device, grad_y.dtype
 
@@ -439,7 +394,7 @@ def _act_grad_plan(grad_y, activation: str, bias_grad: bool, traced: bool):
 @torch_op("dropin::mm", mutates_args=())
 def _mm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: str,
            save_preact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    c, z = _mm_impl(a, b, bias, activation, save_preact, traced=True)
+    c, z = mm_impl(a, b, bias, activation, save_preact, traced=True)
     return c, z if z is not None else a.new_empty(0)
 
 
@@ -449,7 +404,7 @@ def _act_grad_op(grad_y: torch.Tensor, z: Optional[torch.Tensor], activation: st
     return _act_grad_impl(grad_y, z, activation, bias_grad, traced=True)
 
 
-_mm = switch(_mm_op, _mm_impl)
+_mm = switch(_mm_op, mm_impl)
 _act_grad = switch(_act_grad_op, _act_grad_impl)
 
 
@@ -463,7 +418,7 @@ def _product_like(x, y, like):
     return _mm(x, y, None, "none", False)[0]
 
 
-def _product(a, b, bias, activation):
+def canonical_product(a, b, bias, activation):
     """act(a @ b + bias) in canonical form, through an autograd node only where a gradient is wanted (the
     node costs launch time, which small products feel)."""
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or bias is not None and bias.requires_grad):
@@ -496,33 +451,6 @@ class _MatmulFunction(torch.autograd.Function):
 
 # --- 6. Public functions -------------------------------------------------------------------------------
 
-def _check(op: str, **tensors) -> None:
-    """Types, device and dtype of the operands; errors of torch's own types, naming the argument."""
-    _runtime.check_kernel_device(op, **tensors)
-    first = None
-    for name, t in tensors.items():
-        if t is None:
-            continue
-        if t.dtype not in _DTYPES:
-            raise RuntimeError(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
-        if first is None:
-            first = name, t.dtype
-        elif t.dtype != first[1]:
-            raise RuntimeError(f"{op}: expected '{first[0]}' and '{name}' to have the same dtype, "
-                               f"but got {first[1]} and {t.dtype}")
-
-
-def _autocast(*tensors):
-    """Casts floating operands the way torch.autocast casts them for matmul / linear / conv2d (not float64;
-    anything that is no floating tensor passes as it is, for the argument checks to name)."""
-    device_type = tensors[0].device.type if isinstance(tensors[0], torch.Tensor) else None
-    if device_type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device_type):  # (others: checks say)
-        return tensors
-    dtype = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
-                 else t for t in tensors)
-
-
 _shortcuts = Shortcuts(differentiable=True)  # (one for matmul, bmm and linear: their keys name the op)
 
 
@@ -537,10 +465,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     for name, t in (("a", a), ("b", b)):
         if isinstance(t, torch.Tensor) and t.dim() == 0:
             raise RuntimeError(f"matmul: both arguments need to be at least 1-D, but '{name}' is 0-D")
-    a, b = _autocast(a, b)  # (first: autocast accepts operands of different float dtypes)
-    _check("matmul", a=a, b=b)
+    a, b = _gemm.autocast(a, b)  # (first: autocast accepts operands of different float dtypes)
+    _gemm.check_operands("matmul", a=a, b=b)
     operands, shape = _matmul_operands(a, b)
-    product = _product(*operands, None, "none")
+    product = canonical_product(*operands, None, "none")
     c = product.view(shape)
     if a.dim() == 1:
         c = c.squeeze(-2)
@@ -548,7 +476,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         c = c.squeeze(-1)
     if product.requires_grad:
         shapes = a.shape, b.shape
-        _shortcuts.keep(key, lambda: _ProductShortcut.make(
+        _shortcuts.keep(key, lambda: ProductShortcut.make(
             operands, (a, b), key[0], product, c, "none", lambda g, i: g.reshape(shapes[i])), grad=True)
     else:
         _shortcuts.keep(key, lambda: product_shortcut(operands, (a, b), product, "none", c))
@@ -583,14 +511,14 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     for name, t in (("a", a), ("b", b)):
         if isinstance(t, torch.Tensor) and t.dim() != 3:
             raise RuntimeError(f"bmm: argument '{name}' must be a 3-D tensor, got {t.dim()}-D")
-    a, b = _autocast(a, b)  # (first: autocast accepts operands of different float dtypes)
-    _check("bmm", a=a, b=b)
+    a, b = _gemm.autocast(a, b)  # (first: autocast accepts operands of different float dtypes)
+    _gemm.check_operands("bmm", a=a, b=b)
     if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise RuntimeError(f"bmm: 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)} have mismatched "
                            f"batch or inner dimensions")
-    c = _product(a, b, None, "none")
+    c = canonical_product(a, b, None, "none")
     if c.requires_grad:
-        _shortcuts.keep(key, lambda: _ProductShortcut.make(
+        _shortcuts.keep(key, lambda: ProductShortcut.make(
             (a, b), (a, b), key[0], c, c, "none", lambda g, i: g), grad=True)
     else:
         _shortcuts.keep(key, lambda: product_shortcut((a, b), (a, b), c, "none", c))
@@ -603,7 +531,7 @@ def _check_linear(x, weight, bias, activation) -> str:
         raise RuntimeError("linear: argument 'x' must be at least 1-D, got 0-D")
     if isinstance(weight, torch.Tensor) and weight.dim() not in (1, 2):
         raise RuntimeError(f"linear: argument 'weight' must be 1-D or 2-D, got {weight.dim()}-D")
-    _check("linear", x=x, weight=weight, bias=bias)
+    _gemm.check_operands("linear", x=x, weight=weight, bias=bias)
     K = weight.shape[-1]
     if x.shape[-1] != K:
         raise RuntimeError(f"linear: 'x' {tuple(x.shape)} and 'weight' {tuple(weight.shape)} cannot be "
@@ -625,16 +553,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     key, shortcut = _shortcuts.find((x, weight, bias), ("linear", activation))
     if shortcut is not None:
         return shortcut(x, weight, bias)
-    x, weight, bias = _autocast(x, weight, bias)  # (first: autocast accepts operands of different float dtypes)
+    x, weight, bias = _gemm.autocast(x, weight, bias)  # (first: autocast accepts operands of different float dtypes)
     act = _checked.once((x, weight, bias), (activation,), lambda: _check_linear(x, weight, bias, activation))
     N = weight.shape[0] if weight.dim() == 2 else 1
     b = None if bias is None else bias.reshape(N).contiguous()  # the kernels read bias with unit stride
     operands = (*_linear_operands(x, weight), b)
-    c = _product(*operands, act)
+    c = canonical_product(*operands, act)
     y = c.view(*x.shape[:-1], N) if weight.dim() == 2 else c.view(x.shape[:-1])
     if c.requires_grad:
         shapes = x.shape, weight.shape, None if bias is None else bias.shape
-        _shortcuts.keep(key, lambda: _ProductShortcut.make(
+        _shortcuts.keep(key, lambda: ProductShortcut.make(
             operands, (x, weight, bias), key[0], c, y, act,
             lambda g, i: g.squeeze(0).t().reshape(shapes[1]) if i == 1 else g.reshape(shapes[i])), grad=True)
     else:

@@ -1,86 +1,11 @@
-"""The matrix products' Triton kernels (dropin.ops.matmul launches them): the pointer kernel `_mm_kernel`, the
-CUDA-core `_fma_kernel`, Hopper's persistent TMA kernel `_mm_tma_kernel`, the split-K sum, the tf32 operand copy and
-the activation / bias gradient; and the tile helpers that the convolution and attention kernels share (`_dot`,
-`_dot_acc`, `_tf32`, `_tile_coords`, `_split_range`)."""
+"""The matrix products' Triton kernels (dropin.ops.matmul launches them): the pointer kernel `mm_kernel`, the
+CUDA-core `fma_kernel`, Hopper's persistent TMA kernel `mm_tma_kernel`, the split-K sum (sparse's too), the tf32
+operand copy and the activation / bias gradient. Their tile helpers are `_gemm`'s."""
 import triton
 import triton.language as tl
 
+from ._gemm import dot_acc, round_tf32, split_range, tile_coords
 from .activations import activation_grad, apply_activation
-
-
-@triton.jit
-def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Grouped order: GROUP_M row-tiles sweep the columns together, so tiles of B are reused from L2."""
-    width = GROUP_M * num_pid_n
-    first_m = (tile // width) * GROUP_M
-    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % width) % group_m
-    pid_n = (tile % width) // group_m
-    return pid_m, pid_n
-
-
-@triton.jit
-def _split_range(split, K, BLOCK_K: tl.constexpr):
-    """[first, last) K tiles of reduction split `split` out of tl.num_programs(2) splits."""
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
-    k_first = split * per_split
-    return k_first, tl.minimum(k_first + per_split, k_tiles)
-
-
-@triton.jit
-def _tf32(x):
-    """x (fp32) rounded to tf32's 10-bit mantissa, half away from zero. Hopper's tf32 MMA drops the low 13
-    bits of each operand, a truncation whose bias grows with K (4-5x cuBLAS's error, measured on the
-    attention and SwiGLU tests); adding half a tf32 ulp first turns it into a rounding. inf, nan and the
-    largest finite values (which the add would carry out of range) are left to the truncation."""
-    bits = x.to(tl.int32, bitcast=True) + 0x1000
-    return tl.where(tl.abs(x) < 3.0e38, bits.to(tl.float32, bitcast=True), x)
-
-
-@triton.jit
-def _tf32_split(x):
-    """x (fp32) as hi + lo, two tf32 numbers: hi exact (x rounded, the largest finite values truncated),
-    lo = x - hi rounded by _tf32: |x - hi - lo| <= 2^-21 |x|, 2^-22 below 3e38. inf and nan go whole
-    into hi (lo 0). Where |x| < 2^-115 lo is subnormal, with fewer bits (as in any tf32x3 scheme)."""
-    bits = x.to(tl.int32, bitcast=True)
-    hi = (tl.where(tl.abs(x) < 3.0e38, bits + 0x1000, bits) & -8192).to(tl.float32, bitcast=True)
-    finite = tl.abs(x) < float("inf")
-    return tl.where(finite, hi, x), _tf32(tl.where(finite, x - hi, 0.0))
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr):
-    """a @ b in fp32. PRECISION "tf32" rounds the operands first (see _tf32); "tf32_rounded": they already are
-    (`_tf32_operand` copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
-    of the operands' _tf32_split (small terms first, non-finite ones dropped; a_lo @ b_lo, under 2^-22 of a
-    product, dropped); "ieee": fp32 FMAs."""
-    if PRECISION == "tf32":
-        c = tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
-    elif PRECISION == "tf32_rounded":
-        c = tl.dot(a, b, input_precision="tf32")
-    elif PRECISION == "tf32x3":  # (fp32 operands only; an inf in a_hi times b_lo: inf or nan, dropped: the
-        a_hi, a_lo = _tf32_split(a)  # big product has the answer)
-        b_hi, b_lo = _tf32_split(b)
-        c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
-        c = tl.dot(a_hi, b_hi, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
-    else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
-        c = tl.dot(a, b, input_precision=PRECISION)
-    return c
-
-
-@triton.jit
-def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
-    """acc + a @ b. True fp32 ("ieee", "tf32x3") adds each K tile's product separately: a two-level sum
-    whose rounding error grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long
-    K). Written as a subtraction of (-a) @ b because Triton's combiner rewrites `acc + dot(a, b)` into
-    `dot(a, b, acc)`, a sequential K sum again; negation is exact and folds into the FMA. Every other
-    precision takes that rewrite: one MMA chain accumulating in place."""
-    if PRECISION == "tf32x3" or (PRECISION == "ieee" and a.dtype == tl.float32):
-        acc = acc - _dot(-a, b, PRECISION)
-    else:
-        acc = acc + _dot(a, b, PRECISION)
-    return acc
 
 
 @triton.jit
@@ -92,17 +17,17 @@ def _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+def mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                M, N, K,
                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One output tile per program; grid (tiles, batch, splits of K). C and Z are contiguous [batch, M, N];
     with several splits, split s writes its fp32 partial product to C[s] of a [splits, batch, M, N] C."""
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     batch = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2).to(tl.int64)
-    k_first, k_last = _split_range(split, K, BLOCK_K)
+    k_first, k_last = split_range(split, K, BLOCK_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -116,7 +41,7 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
-        acc = _dot_acc(acc, a, b, PRECISION)
+        acc = dot_acc(acc, a, b, PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
@@ -128,7 +53,7 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
 
 
 @triton.jit
-def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+def fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                 M, N, K,
                 stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                 HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
@@ -136,7 +61,7 @@ def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     """Products with M == 1 (BLOCK_M = 1) or few columns (N <= 16, e.g. seed 004's 784 -> 10 layer) on the
     CUDA cores in fp32: a tensor-core tile would be mostly padding, and its latency chain dominates; here A
     streams through once in coalesced [BLOCK_M, BLOCK_K] rows, and each K chunk's sum is added to the
-    accumulator on its own (a two-level sum, as _dot_acc). C contiguous [batch, M, N]; grid (tiles, batch)."""
+    accumulator on its own (a two-level sum, as dot_acc). C contiguous [batch, M, N]; grid (tiles, batch)."""
     batch = tl.program_id(1).to(tl.int64)
     num_n = tl.cdiv(N, BLOCK_N)
     offs_m = (tl.program_id(0) // num_n).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -153,7 +78,7 @@ def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         if BLOCK_M == 1:  # vector x matrix: a broadcast product summed as a tree over the K chunk
             acc += tl.sum(tl.reshape(a, (BLOCK_K, 1)) * b, axis=0)[None, :]
         else:  # tl.dot's CUDA-core fp32 path, two-level K sum. (Not sum(a[:, :, None] * b[None, :, :], 1):
-            acc = _dot_acc(acc, a, b, "ieee")  # Triton 3.6 rewrites that into a tf32 dot, 7.7e-4 off.)
+            acc = dot_acc(acc, a, b, "ieee")  # Triton 3.6 rewrites that into a tf32 dot, 7.7e-4 off.)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
@@ -165,7 +90,7 @@ def _fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
 
 
 @triton.jit
-def _tf32_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc,
+def tf32_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc,
                       BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """y = x rounded to tf32 (exactly: the low 13 bits cleared), [batch, R, C] in any strides each; grid
     (tiles, batch). One pass gives the tf32 MMAs operands that their truncation leaves unchanged."""
@@ -175,12 +100,12 @@ def _tf32_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc,
     offs_c = (tl.program_id(0) % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
     x = tl.load(x_ptr + batch * sxb + offs_r[:, None] * sxr + offs_c[None, :] * sxc, mask=mask)
-    y = (_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    y = (round_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
     tl.store(y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc, y, mask=mask)
 
 
 @triton.jit
-def _split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
+def split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
                       SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
                       BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     """C = act(sum_s W[s] + bias) over [R, N] rows: the epilogue of a product split along K."""
@@ -198,7 +123,7 @@ def _split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
 
 
 @triton.jit
-def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                    M, N, K, BATCH,
                    stride_ab, stride_a, stride_bb, stride_b,
                    A_T: tl.constexpr, B_T: tl.constexpr,
@@ -228,7 +153,7 @@ def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     for tile in tl.range(tl.program_id(0), BATCH * tiles, NUM_PROGRAMS, flatten=True,
                          warp_specialize=WARP_SPECIALIZE):
         batch = tile // tiles
-        pid_m, pid_n = _tile_coords(tile % tiles, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile % tiles, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -242,10 +167,10 @@ def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                 b = b_desc.load([batch, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
             else:
                 b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
-            acc = _dot_acc(acc, a, b, PRECISION)
+            acc = dot_acc(acc, a, b, PRECISION)
         tile_c += NUM_PROGRAMS
         batch_c = tile_c // tiles
-        pid_m, pid_n = _tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)
         acc = _add_bias(acc, bias_ptr, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N, HAS_BIAS)
         if STORE_Z:
             z_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N],
@@ -255,7 +180,7 @@ def _mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
 
 
 @triton.jit
-def _act_grad_kernel(gy_ptr, z_ptr, gz_ptr, sum_ptr,
+def act_grad_kernel(gy_ptr, z_ptr, gz_ptr, sum_ptr,
                      R, N, stride_gr, stride_gn, rows_per_program,
                      ACT: tl.constexpr, COL_SUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_z = grad_y * act'(z) for [R, N] rows (when ACT != "none"), and the column sums of grad_z over

@@ -34,7 +34,8 @@ from . import _autotune
 from ._common import FLOAT_DTYPES
 from ._dispatch import Launch, Shortcuts, absent, launch, plan, switch, torch_op
 from .conv2d import conv_tap
-from .matmul import _mm_impl, _split_sum_kernel
+from .matmul import mm_impl
+from .matmul_kernels import split_sum_kernel
 
 MAX_BLOCK_K = 256  # a chunk offset fits a uint8
 
@@ -366,7 +367,7 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int, traced
 
     def runner(cfg):
         if cfg.get("DENSE"):
-            return lambda x, values, offsets, chunk_ptr, bias: _mm_impl(
+            return lambda x, values, offsets, chunk_ptr, bias: mm_impl(
                 x.unsqueeze(0), _densify(values, offsets, chunk_ptr, N, K, block_k, traced).t().unsqueeze(0), bias,
                 "none", False, traced=traced)[0][0]
         block_c = min(cfg["BLOCK_C"], _runtime.next_power_of_2(max(chunks, 1)))
@@ -382,7 +383,7 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int, traced
                     BLOCK_M=block_m)
         product = Launch(sparse_kernel, grid, meta, traced=traced)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=bias is not None, ACT="none", STORE_Z=False, BLOCK_R=32, BLOCK_N=64)
-        split_sum = Launch(_split_sum_kernel, (_runtime.cdiv(M, 32), _runtime.cdiv(N, 64)), sum_meta, traced=traced)
+        split_sum = Launch(split_sum_kernel, (_runtime.cdiv(M, 32), _runtime.cdiv(N, 64)), sum_meta, traced=traced)
 
         def run(x, values, offsets, chunk_ptr, bias):
             xt = x if direct else x.t().contiguous()

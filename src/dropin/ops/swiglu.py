@@ -23,10 +23,11 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from . import _autotune
+from . import _autotune, _gemm
 from ._dispatch import Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op
+from ._gemm import dot_acc, tile_coords
 from .activations import activation_grad, apply_activation
-from .matmul import _autocast, _check, _dot_acc, _fits, _max_k, _precision, _tile_coords, linear, matmul
+from .matmul import linear, matmul
 
 
 # --- 1. Reference -----------------------------------------------------------------------------------
@@ -58,8 +59,8 @@ def _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
         a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc_g = _dot_acc(acc_g, a, g, PRECISION)
-        acc_u = _dot_acc(acc_u, a, u, PRECISION)
+        acc_g = dot_acc(acc_g, a, g, PRECISION)
+        acc_u = dot_acc(acc_u, a, u, PRECISION)
         x_ptrs += BLOCK_K * stride_xk
         g_ptrs += BLOCK_K * stride_gk
         u_ptrs += BLOCK_K * stride_uk
@@ -83,7 +84,7 @@ def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
     when BACKWARD also du and dg over dh (_swiglu_values). SAVE (forward): g and u are also written to zg and
     zu; SAVED (backward): g and u are read from zg and zu instead of computed, and h and du written over them (an
     elementwise pass in place; x, g, u, h and du unused). h, dh, du, zg, zu: contiguous [M, N]."""
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
@@ -118,7 +119,7 @@ def _swiglu_tma_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_pt
                        NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     """_swiglu_kernel's forward and backward (not SAVED) through tensor descriptors (Hopper: x and the weights
     with unit stride along K, every row 16-byte aligned, the [M, N] tensors too; zeros past the edges, stores
-    clipped there), persistent: NUM_PROGRAMS programs walk the tiles in _tile_coords' order. The tile loop is
+    clipped there), persistent: NUM_PROGRAMS programs walk the tiles in tile_coords' order. The tile loop is
     not flattened: flattened, it ran 15% slower (H200)."""
     x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [stride_xm, 1], [BLOCK_M, BLOCK_K])
     g_desc = tl.make_tensor_descriptor(g_ptr, [N, K], [stride_gn, 1], [BLOCK_N, BLOCK_K])
@@ -133,15 +134,15 @@ def _swiglu_tma_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_pt
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             a = x_desc.load([off_m, k * BLOCK_K])
-            g = _dot_acc(g, a, g_desc.load([off_n, k * BLOCK_K]).T, PRECISION)
-            u = _dot_acc(u, a, u_desc.load([off_n, k * BLOCK_K]).T, PRECISION)
+            g = dot_acc(g, a, g_desc.load([off_n, k * BLOCK_K]).T, PRECISION)
+            u = dot_acc(u, a, u_desc.load([off_n, k * BLOCK_K]).T, PRECISION)
         dh = 0.0
         if BACKWARD:
             dh = dh_desc.load([off_m, off_n]).to(tl.float32)
@@ -159,7 +160,7 @@ def _swiglu_tma_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_pt
 
 _cfg = _autotune.config
 # Two accumulators per tile: a 128 x 128 tile holds as many fp32 numbers as matmul's 128 x 256. The
-# smallest last (_fits keeps it when nothing else fits); true fp32 needs BLOCK_K <= 64 (see _dot_acc).
+# smallest last (_gemm.fits keeps it when nothing else fits); true fp32 needs BLOCK_K <= 64 (see dot_acc).
 _CONFIGS = {
     2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 128, 32, 8, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
         _cfg(64, 64, 64, 4, 4), _cfg(16, 64, 128, 4, 3), _cfg(16, 32, 64, 4, 2)],
@@ -198,7 +199,7 @@ def _launch_plan(x, gate_weight, up_weight, h, dh, du, zg, zu, save: bool, tma: 
     """(run, ptrs): `_launch`'s plan for this signature, run(*ptrs), and its 8 tensors (`absent` for None)."""
     backward, saved = dh is not None, zg is not None and not save
     like = zg if saved else h
-    precision = _precision(like.dtype, k=0 if saved else x.shape[1])
+    precision = _gemm.precision(like.dtype, k=0 if saved else x.shape[1])
     ptrs = tuple(absent(like, traced) if t is None else t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu))
     operands = () if saved else (x.shape[1], x.stride(), gate_weight.stride(), up_weight.stride())
     key = (backward, saved, save, precision, tma, like.device, like.shape, *operands,
@@ -215,7 +216,7 @@ def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
     the choice (tests)."""
     x, gate_weight, up_weight, h = ptrs[:4]
     (M, N), K = ptrs[6 if saved else 3].shape, 0 if saved else x.shape[1]
-    max_k = _max_k(precision, x.element_size())
+    max_k = _gemm.max_k(precision, x.element_size())
     if saved:  # elementwise, in place: not tuned (the best of 7 tiles on the H200: 3.1 TB/s)
         configs, kinds = [dict(_cfg(32, 128, 16, 4, 1), TMA=False)], ()
     else:
@@ -228,7 +229,7 @@ def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
             kinds = (tma,)
         configs = []
         for kind in kinds:
-            fitting = _fits((_TMA_CONFIGS if kind else _CONFIGS)[x.element_size()], M, N, K, max_k)
+            fitting = _gemm.fits((_TMA_CONFIGS if kind else _CONFIGS)[x.element_size()], M, N, K, max_k)
             if _runtime.size_hint(M) >= 64:  # the 16-row tiles are for few tokens: fewer candidates (tunes only)
                 fitting = [cfg for cfg in fitting if cfg["BLOCK_M"] > 16] or fitting
             configs += [dict(cfg, TMA=kind) for cfg in fitting]
@@ -390,8 +391,8 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
             raise RuntimeError(f"swiglu_mlp: argument '{name}' must be 2-D, got {t.dim()}-D")
     if x.dim() == 0:
         raise RuntimeError("swiglu_mlp: argument 'x' must be at least 1-D, got 0-D")
-    x, gate_weight, up_weight, down_weight = _autocast(x, gate_weight, up_weight, down_weight)
-    _check("swiglu_mlp", x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight)
+    x, gate_weight, up_weight, down_weight = _gemm.autocast(x, gate_weight, up_weight, down_weight)
+    _gemm.check_operands("swiglu_mlp", x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight)
     K = x.shape[-1]
     N = gate_weight.shape[0]
     if gate_weight.shape[1] != K:

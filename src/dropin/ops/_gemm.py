@@ -1,0 +1,161 @@
+"""What the products of several op families share (matmul, conv2d, attention, swiglu): the Triton tile helpers
+(`dot`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`) and the host-side rules (`precision`, `max_k`,
+`fits`, `autocast`, `check_operands`). Callers reach the host-side rules through the module (`_gemm.precision`),
+so that a test patching one reaches every op."""
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from . import _autotune
+from ._common import FLOAT_DTYPES
+
+
+# --- Triton helpers -----------------------------------------------------------------------------------------
+
+@triton.jit
+def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row-tiles sweep the columns together, so tiles of B are reused from L2."""
+    width = GROUP_M * num_pid_n
+    first_m = (tile // width) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % group_m
+    pid_n = (tile % width) // group_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def split_range(split, K, BLOCK_K: tl.constexpr):
+    """[first, last) K tiles of reduction split `split` out of tl.num_programs(2) splits."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
+    k_first = split * per_split
+    return k_first, tl.minimum(k_first + per_split, k_tiles)
+
+
+@triton.jit
+def round_tf32(x):
+    """x (fp32) rounded to tf32's 10-bit mantissa, half away from zero. Hopper's tf32 MMA drops the low 13
+    bits of each operand, a truncation whose bias grows with K (4-5x cuBLAS's error, measured on the
+    attention and SwiGLU tests); adding half a tf32 ulp first turns it into a rounding. inf, nan and the
+    largest finite values (which the add would carry out of range) are left to the truncation."""
+    bits = x.to(tl.int32, bitcast=True) + 0x1000
+    return tl.where(tl.abs(x) < 3.0e38, bits.to(tl.float32, bitcast=True), x)
+
+
+@triton.jit
+def _tf32_split(x):
+    """x (fp32) as hi + lo, two tf32 numbers: hi exact (x rounded, the largest finite values truncated),
+    lo = x - hi rounded by round_tf32: |x - hi - lo| <= 2^-21 |x|, 2^-22 below 3e38. inf and nan go whole
+    into hi (lo 0). Where |x| < 2^-115 lo is subnormal, with fewer bits (as in any tf32x3 scheme)."""
+    bits = x.to(tl.int32, bitcast=True)
+    hi = (tl.where(tl.abs(x) < 3.0e38, bits + 0x1000, bits) & -8192).to(tl.float32, bitcast=True)
+    finite = tl.abs(x) < float("inf")
+    return tl.where(finite, hi, x), round_tf32(tl.where(finite, x - hi, 0.0))
+
+
+@triton.jit
+def dot(a, b, PRECISION: tl.constexpr):
+    """a @ b in fp32. PRECISION "tf32" rounds the operands first (see round_tf32); "tf32_rounded": they already
+    are (matmul's `_tf32_operand` copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo
+    + a_hi @ b_hi of the operands' _tf32_split (small terms first, non-finite ones dropped; a_lo @ b_lo, under
+    2^-22 of a product, dropped); "ieee": fp32 FMAs."""
+    if PRECISION == "tf32":
+        c = tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
+    elif PRECISION == "tf32_rounded":
+        c = tl.dot(a, b, input_precision="tf32")
+    elif PRECISION == "tf32x3":  # (fp32 operands only; an inf in a_hi times b_lo: inf or nan, dropped: the
+        a_hi, a_lo = _tf32_split(a)  # big product has the answer)
+        b_hi, b_lo = _tf32_split(b)
+        c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
+        c = tl.dot(a_hi, b_hi, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
+    else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
+        c = tl.dot(a, b, input_precision=PRECISION)
+    return c
+
+
+@triton.jit
+def dot_acc(acc, a, b, PRECISION: tl.constexpr):
+    """acc + a @ b. True fp32 ("ieee", "tf32x3") adds each K tile's product separately: a two-level sum
+    whose rounding error grows with BLOCK_K + K / BLOCK_K rather than with K (cuBLAS-level accuracy on long
+    K). Written as a subtraction of (-a) @ b because Triton's combiner rewrites `acc + dot(a, b)` into
+    `dot(a, b, acc)`, a sequential K sum again; negation is exact and folds into the FMA. Every other
+    precision takes that rewrite: one MMA chain accumulating in place."""
+    if PRECISION == "tf32x3" or (PRECISION == "ieee" and a.dtype == tl.float32):
+        acc = acc - dot(-a, b, PRECISION)
+    else:
+        acc = acc + dot(a, b, PRECISION)
+    return acc
+
+
+# --- Host-side rules ----------------------------------------------------------------------------------------
+
+# True fp32 as tf32x3 only for reductions at least this long. Its products are exact, but every step of an MMA
+# chain truncates its fp32 sum: on short reductions that error went over 2x torch's (cuBLAS sums few terms almost
+# exactly: a 10-term weight gradient 1.1x over the bound at 32-long K tiles), on long ones torch's own error grows
+# and tf32x3 stays well within (docs/perf-notes.md).
+TF32X3_MIN_K = 256
+
+
+def precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional[int] = None) -> str:
+    """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
+    (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU (three tf32
+    tensor-core products, 1.1-3.5x faster than the FMAs) for a reduction of length `k` >= TF32X3_MIN_K (None:
+    the caller bounds its chains itself, conv2d; attention cuts its head-dim products into chunks too); else
+    "ieee" (fp32 FMAs; under the interpreter always: the same numbers at a third of the dots). See
+    docs/perf-notes.md."""
+    if dtype == torch.float32 and (torch.backends.cuda.matmul.allow_tf32 if allow_tf32 is None else allow_tf32):
+        return "tf32"
+    if dtype == torch.float32 and not _runtime.INTERPRET and (k is None or k >= TF32X3_MIN_K):
+        return "tf32x3"
+    return "ieee"
+
+
+def max_k(precision: str, size: int, tf32x3_k: int = 32) -> int:
+    """The largest BLOCK_K, which bounds the inner sum of dot_acc's two-level sum in true fp32: 64 for the FMAs;
+    for tf32x3 `tf32x3_k`, since every step of the MMA chain truncates its fp32 sum (at 64 a matmul gradient went
+    1.02x over the 2x rule; conv2d keeps 64, its fp32 tests' worst at 0.69x of the bound); 256 otherwise."""
+    if size != 4 or precision not in ("ieee", "tf32x3"):
+        return 256
+    return tf32x3_k if precision == "tf32x3" else 64
+
+
+def fits(configs, M, N, K, max_k=256, min_m=16):
+    """Drops candidates whose tile is larger than the bucketed problem, K tiles over max_k, and K splits for
+    short K; keeps the smallest if none fits. A choice that only tunes: symbolic sizes count by their traced
+    value, without a guard."""
+    bm, bn = max(min_m, _autotune.bucket(M)), _autotune.bucket(N)
+    long_k = _runtime.size_hint(K) >= 1024
+    fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn and c["BLOCK_K"] <= max_k
+               and (long_k or "SPLIT_K" not in c)]
+    return fitting or configs[-1:]
+
+
+def autocast(*tensors):
+    """Casts floating operands the way torch.autocast casts them for matmul / linear / conv2d (not float64;
+    anything that is no floating tensor passes as it is, for the argument checks to name)."""
+    device_type = tensors[0].device.type if isinstance(tensors[0], torch.Tensor) else None
+    if device_type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device_type):  # (others: checks say)
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in tensors)
+
+
+def check_operands(op: str, **tensors) -> None:
+    """Types, device and dtype of the operands (one float dtype for all); errors of torch's own types, naming the
+    argument."""
+    _runtime.check_kernel_device(op, **tensors)
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.dtype not in FLOAT_DTYPES:
+            raise RuntimeError(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
+        if first is None:
+            first = name, t.dtype
+        elif t.dtype != first[1]:
+            raise RuntimeError(f"{op}: expected '{first[0]}' and '{name}' to have the same dtype, "
+                               f"but got {first[1]} and {t.dtype}")
