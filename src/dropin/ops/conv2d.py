@@ -1042,9 +1042,12 @@ def _derived(w: torch.Tensor, kind: str, make, traced: bool) -> torch.Tensor:
     parameters and `frozen` tensors in eager calls; made anew for any other (compiled code reuses its buffers and
     writes them without bumping their version: torch.compile of an injected CvT read a stale copy of a folded
     weight), traced (the copy is part of the compiled graph) and during a CUDA graph capture (the copy is
-    captured, so that each replay reads the weight as it is then: a kept one goes stale, or is freed)."""
+    captured, so that each replay reads the weight as it is then: a kept one goes stale, or is freed), and for
+    weights that require grad: FSDP2 gathers each step's weights into the same tensor without bumping its version
+    (tests/test_distributed.py: the convs then read an earlier step's weights, in training and in no-grad calls
+    between steps), so a trainable weight's copy is made anew in every eager call (frozen weights keep theirs)."""
     if not (isinstance(w, torch.nn.Parameter) or getattr(w, "_dropin_frozen", False)) or traced \
-            or _runtime.capturing():
+            or _runtime.capturing() or w.requires_grad:
         return make(w)
     key = (id(w), kind)
     hit = _DERIVED.get(key)
