@@ -54,11 +54,6 @@ class CvtSelfAttention(DropinModule):
     kernel = "attention"
     walks_children = True
 
-    def __init__(self, original: torch.nn.Module):
-        super().__init__(original)
-        for name, child in original.named_children():
-            self.add_module(name, child)
-
     def forward(self, hidden_state, height, width):
         a = self.original
         if self.training and self.dropout.p:

@@ -37,8 +37,8 @@ class DropinModule(torch.nn.Module):
     the original is current: revert_ copies nothing). `train()` / `eval()` set the original's flag too.
     Subclasses set `kernel` (what runs, for the report) and `absorbs` (names of the following siblings in an
     nn.Sequential that this module computes too; inject_ puts a `Folded` stand-in in their slots). A subclass that
-    keeps the original's children as its own and runs them sets `walks_children`: inject_ then injects those
-    children by their own handlers. A subclass that derives values from the original's tensors keeps them in a
+    keeps the original's children as its own and runs them sets `walks_children`: the base adopts those children
+    under their names (`_adopt_children`) and inject_ then injects them by their own handlers. A subclass that derives values from the original's tensors keeps them in a
     `Derived` child and recomputes them in `refresh_`, which inject_, load_state_dict and dropin.refresh_ call.
     """
 
@@ -55,6 +55,13 @@ class DropinModule(torch.nn.Module):
         self.training = original.training
         self.absorbs = tuple(absorbs)
         self.register_load_state_dict_post_hook(_refresh_after_load)
+        if self.walks_children:
+            self._adopt_children()
+
+    def _adopt_children(self) -> None:
+        """Registers the original's children as this module's, under their names (shared, not copied)."""
+        for name, child in self.original.named_children():
+            self.add_module(name, child)
 
     def __getattr__(self, name: str):
         """The original's public attributes that the drop-in lacks (a user's forward may read `norm.eps` or
@@ -109,8 +116,7 @@ class Adopted(DropinModule):
     def __init__(self, original: torch.nn.Module, impl: torch.nn.Module, kernel: str):
         super().__init__(original)
         object.__setattr__(self, "impl", impl)  # a plain attribute: its tensors are registered as the original's
-        for name, child in original.named_children():
-            self.add_module(name, child)
+        self._adopt_children()
         self.kernel = kernel
 
     def forward(self, *args, **kwargs):

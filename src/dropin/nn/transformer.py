@@ -89,11 +89,6 @@ class TransformerEncoderLayer(DropinModule):
     kernel = "encoder layer (its children injected)"
     walks_children = True
 
-    def __init__(self, original: torch.nn.TransformerEncoderLayer):
-        super().__init__(original)
-        for name, child in original.named_children():
-            self.add_module(name, child)
-
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         layer = torch.nn.TransformerEncoderLayer
         src_key_padding_mask = F._canonical_mask(
@@ -132,11 +127,6 @@ class TransformerEncoder(DropinModule):
 
     kernel = "encoder (its layers injected)"
     walks_children = True
-
-    def __init__(self, original: torch.nn.TransformerEncoder):
-        super().__init__(original)
-        for name, child in original.named_children():
-            self.add_module(name, child)
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
         transformer = torch.nn.modules.transformer
