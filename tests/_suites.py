@@ -44,5 +44,8 @@ QUICK = (
     "tests/inject/test_llama.py::test_llama_training_backward_matches_torch",
     "tests/inject/test_cvt.py::test_cvt_fused_verified_and_hf_forward_unchanged",
     "tests/inject/test_sparse_inject.py::test_only_the_sparse_layers_go_sparse[dtype1]",
+    # the route for functional code (dropin.use()): eager, and compiled
+    "tests/test_route.py::test_functional_model_routed[attention]",
+    "tests/test_route.py::test_compile_routed_block_cuda[default]",
 )
 

@@ -8,13 +8,14 @@ import importlib
 __version__ = "0.1.0"
 
 # Public name -> the submodule that defines it (a submodule names itself).
-_SOURCES = {"ops": ".ops", "nn": ".nn", "inject": ".inject",
+_SOURCES = {"ops": ".ops", "nn": ".nn", "inject": ".inject", "route": ".route",
             **dict.fromkeys(["inject_", "revert_", "refresh_", "InjectConfig"], ".inject"),
+            **dict.fromkeys(["enable", "disable", "use", "route_report"], ".route"),
             **dict.fromkeys(["matmul", "bmm", "linear", "conv2d", "attention", "rms_norm", "rope", "swiglu_mlp"],
                             ".ops")}
 
-__all__ = ["ops", "nn", "matmul", "bmm", "linear", "conv2d", "attention", "rms_norm", "rope", "swiglu_mlp",
-           "inject_", "revert_", "refresh_", "InjectConfig", "__version__"]
+__all__ = ["ops", "nn", "route", "matmul", "bmm", "linear", "conv2d", "attention", "rms_norm", "rope", "swiglu_mlp",
+           "inject_", "revert_", "refresh_", "InjectConfig", "enable", "disable", "use", "route_report", "__version__"]
 
 
 def __getattr__(name: str):
