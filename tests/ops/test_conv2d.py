@@ -17,6 +17,10 @@ import _check
 import dropin
 from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, slow
 
+from dropin import _runtime
+from dropin.ops import _autotune
+from dropin.ops.conv2d import depthwise, implicit_gemm, tma
+
 cv = __import__("dropin.ops.conv2d", fromlist=["_plans"])
 
 ACTS = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
@@ -300,28 +304,30 @@ def test_empty_batch():
 
 # ----------------------------------------------------------------------------------------- every config
 def _configs():
-    for name, cfgs in (("fwd", cv._FWD_CONFIGS), ("dgrad", cv._DGRAD_CONFIGS), ("wgrad", cv._WGRAD_CONFIGS)):
+    for name, cfgs in (("fwd", implicit_gemm.FWD_CONFIGS), ("dgrad", implicit_gemm.DGRAD_CONFIGS),
+                       ("wgrad", implicit_gemm.WGRAD_CONFIGS)):
         for i, c in enumerate(cfgs):
             yield pytest.param(name, dict(c, KERNEL="gemm"), id=f"{name}-{i}")
-    for name, cfgs in (("fwd", cv._DW_CONFIGS), ("dgrad", cv._DW_DGRAD_CONFIGS), ("wgrad", cv._DW_WGRAD_CONFIGS)):
+    for name, cfgs in (("fwd", depthwise.FWD_CONFIGS), ("dgrad", depthwise.DGRAD_CONFIGS),
+                       ("wgrad", depthwise.WGRAD_CONFIGS)):
         for i, c in enumerate(cfgs):
             yield pytest.param(name, dict(c, KERNEL="direct"), id=f"{name}-direct-{i}")
-    for name, cfgs in (("fwd", cv._FWD_TMA_CONFIGS), ("wgrad", cv._WGRAD_TMA_CONFIGS)):
+    for name, cfgs in (("fwd", tma.FWD_CONFIGS), ("wgrad", tma.WGRAD_CONFIGS)):
         for i, c in enumerate(cfgs):
             yield pytest.param(name, dict(c, KERNEL="tma"), id=f"{name}-tma-{i}")
-    for i, c in enumerate(cv._ROWS_CONFIGS):
+    for i, c in enumerate(implicit_gemm.ROWS_CONFIGS):
         yield pytest.param("fwd", dict(c, KERNEL="rows"), id=f"fwd-rows-{i}")
-    for name, cfgs in (("fwd", cv._DW3_CONFIGS), ("wgrad", cv._DW3_WGRAD_CONFIGS)):
+    for name, cfgs in (("fwd", depthwise.WALK_FWD_CONFIGS), ("wgrad", depthwise.WALK_WGRAD_CONFIGS)):
         for i, c in enumerate(cfgs):
             yield pytest.param(name, dict(c, KERNEL="walk"), id=f"{name}-walk-{i}")
 
 
 @gpu
-@pytest.mark.parametrize("cfg", cv._FWD_TMA_CONFIGS, ids=lambda c: f"{c['TH']}x{c['TW']}x{c['BLOCK_N']}")
+@pytest.mark.parametrize("cfg", tma.FWD_CONFIGS, ids=lambda c: f"{c['TH']}x{c['TW']}x{c['BLOCK_N']}")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_tma_forward_resnet_shapes(dtype, cfg, monkeypatch):
     """Each TMA tile on ResNet-50's 3x3 shapes (8 images): vs float64 and the 2x rule."""
-    monkeypatch.setattr(cv._autotune, "pick", lambda name, key, configs, prepare: dict(cfg, KERNEL="tma"))
+    monkeypatch.setattr(_autotune, "pick", lambda name, key, configs, prepare: dict(cfg, KERNEL="tma"))
     cv._plans.clear()
     try:
         for c, hw, s in ((64, 56, 1), (256, 14, 1), (512, 7, 1), (128, 56, 2)):
@@ -341,27 +347,27 @@ def test_tma_forward_resnet_shapes(dtype, cfg, monkeypatch):
 def test_every_config(which, cfg, monkeypatch):
     """The tuner is bypassed: each candidate (clamped to the problem as the plan clamps it) runs on ragged
     edges with stride, padding, dilation, groups, bias and activation."""
-    real_pick = cv._autotune.pick
+    real_pick = _autotune.pick
 
     def pick(name, key, configs, prepare):
-        if key[0] == which and cfg["KERNEL"] == "tma":  # as offered: stages cut to the shared memory (_staged)
+        if key[0] == which and cfg["KERNEL"] == "tma":  # as offered: stages cut to the shared memory (planning.staged)
             return next(c for c in configs if dict(c, num_stages=0) == dict(cfg, num_stages=0))
         if key[0] == which and cfg["KERNEL"] == "gemm":  # unclamped (tiles larger than the problem are masked),
-            return cv._gemm_staged([cfg], 4)[0]  # stages cut to the shared memory as offered (fp32 leaves)
+            return implicit_gemm.gemm_staged([cfg], 4)[0]  # stages cut to the shared memory as offered (fp32 leaves)
         if key[0] == which:
             return dict(cfg)
         return real_pick(name, key, configs, prepare)
 
-    monkeypatch.setattr(cv._autotune, "pick", pick)
+    monkeypatch.setattr(_autotune, "pick", pick)
     if cfg["KERNEL"] == "tma":  # offered on any device: the interpreter runs it on the CPU
-        monkeypatch.setattr(cv._runtime, "is_hopper", lambda index=0: True)
+        monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: True)
     cv._plans.clear()
     try:
         if cfg.get("KERNEL") == "tma":  # one group, channels_last x and w; an NCHW residual (fwd or wgrad)
             # stride 1 with channels past C in a box (32 of 64), then strides 2 and 3 (x viewed by phase)
             for x_shape, stride in (((2, 32, 9, 11), 1), ((2, 64, 10, 12), (2, 2)), ((1, 64, 9, 8), (3, 2))):
                 if stride != 1 and x_shape[1] % cfg.get("BLOCK_K", cfg["BLOCK_N"]):
-                    continue  # _tma_fwd_configs / _tma_wgrad_configs offer no such config there
+                    continue  # tma.fwd_configs / tma.wgrad_configs offer no such config there
                 kw = dict(stride=stride, padding=(1, 2), dilation=(1, 2))
                 inputs = leaves(x_shape, (24, x_shape[1], 3, 2), dtype=torch.float16, channels_last=True,
                                 weight_channels_last=True)  # (fp32 cuts the 128 x 128 weight-gradient tiles)
@@ -531,8 +537,8 @@ def test_registered_ops(case, monkeypatch):
         seen.setdefault(key[0], set()).add(cfg["KERNEL"] + ("-split" if cfg.get("SPLIT_K", 1) > 1 else ""))
         return cfg
 
-    monkeypatch.setattr(cv._autotune, "pick", pick)
-    monkeypatch.setattr(cv._runtime, "is_hopper", lambda index=0: layout == "tma")
+    monkeypatch.setattr(_autotune, "pick", pick)
+    monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: layout == "tma")
     cv._plans.clear()
     x, w = _t(*x_shape, dtype=dtype), _t(*w_shape, dtype=dtype)
     if layout == "strided":
@@ -673,13 +679,13 @@ def _seen_candidates(monkeypatch, first=False) -> dict:
     """pass name -> the kernels of its candidates, in order, for each plan made from now on; with `first`,
     each plan takes its first candidate (the untuned default) on the GPU too."""
     seen = {}
-    real_pick = cv._autotune.pick
+    real_pick = _autotune.pick
 
     def pick(name, key, configs, prepare):
         seen[key[0]] = [c["KERNEL"] for c in configs]
         return configs[0] if first else real_pick(name, key, configs, prepare)
 
-    monkeypatch.setattr(cv._autotune, "pick", pick)
+    monkeypatch.setattr(_autotune, "pick", pick)
     cv._plans.clear()
     return seen
 
@@ -783,7 +789,7 @@ def test_direct_kernel_needs_int32_offsets():
     elements or more is left to the implicit GEMM."""
     small = torch.empty((2, 8, 5, 5), device="meta")
     huge = torch.empty((2, 8, 5, 5), device="meta").as_strided((2, 8, 5, 5), (2**33, 1, 2**29, 8))
-    assert cv._direct_fits(small, small) and not cv._direct_fits(small, huge)
+    assert depthwise.direct_fits(small, small) and not depthwise.direct_fits(small, huge)
 
 
 @pytest.mark.parametrize("kw", [dict(padding=1), dict(padding="same", dilation=2), dict(padding=(0, 2)),
@@ -791,19 +797,19 @@ def test_direct_kernel_needs_int32_offsets():
 def test_backward_through_tma_kernels(kw, monkeypatch):
     """One group, channels_last, the TMA kernels forced on any device (the interpreter runs them on the CPU): the
     weight gradient by _conv_wgrad_tma_kernel (any stride dividing the image), and at stride 1 the input gradient
-    as the stride-1 convolution of dz by the mirrored, transposed weight (_dgrad_as_conv); even kernel widths
+    as the stride-1 convolution of dz by the mirrored, transposed weight (tma.dgrad_as_conv); even kernel widths
     ('same' pads them asymmetrically), dilation. In true fp32 the weight gradient's pixel tiles (one truncating
     MMA chain each) hold at most 64 pixels: 128 gave 2x cuDNN's error on this short reduction (seed 266315595)."""
-    monkeypatch.setattr(cv._runtime, "is_hopper", lambda index=0: True)
+    monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: True)
     kernels, tiles = [], []
-    real_pick = cv._autotune.pick
+    real_pick = _autotune.pick
 
     def pick(name, key, configs, prepare):
         kernels.append((key[0], configs[0]["KERNEL"]))
         tiles.extend(c["TH"] * c["TW"] for c in configs if key[0] == "wgrad" and c["KERNEL"] == "tma")
         return real_pick(name, key, configs, prepare)
 
-    monkeypatch.setattr(cv._autotune, "pick", pick)
+    monkeypatch.setattr(_autotune, "pick", pick)
     cv._plans.clear()
     try:
         c = 64 if "stride" in kw else 16  # a column stride over 1 takes channel blocks (of 64) that divide C

@@ -1,0 +1,244 @@
+"""conv2d's tensor-descriptor (TMA, Hopper) kernels for one group, x and w dense channels_last: the forward
+`_conv_fwd_tma_kernel` (a tile of TH x TW output pixels of one image x output channels, one box of x per tap
+and channel block, read through a view of x by stride phase so that the padding reads as zeros), the weight
+gradient `_conv_wgrad_tma_kernel` (fp32 partials per split of the pixel tiles, summed), and the input gradient
+of a stride-1 conv as the TMA forward of dz by the flipped weight (`dgrad_as_conv`)."""
+import torch
+import triton
+import triton.language as tl
+
+from ... import _runtime
+from .. import _gemm
+from .._dispatch import Launch, aligned
+from .._gemm import dot_acc
+from .planning import conv_meta, geometry_meta, spatial_tiles, staged
+from .tiles import epilogue
+from .weights import derived
+
+
+@triton.jit
+def _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Image, first output row and column, first output channel of the TMA kernels' tile `tile` (channel tiles
+    innermost: programs running together share their x boxes through L2)."""
+    pix = tile // tiles_n
+    return pix // tiles_hw, (pix % tiles_hw) // tiles_w * TH, (pix % tiles_w) * TW, (tile % tiles_n) * BLOCK_N
+
+
+@triton.jit
+def _phase_desc(x_ptr, N, C, H, W, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, TH: tl.constexpr,
+                TW: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A TMA descriptor of dense channels_last x viewed by stride phase, [N, H / STRIDE_H, STRIDE_H, W / STRIDE_W,
+    STRIDE_W * C] (the caller checks that the strides divide H and W), boxes [1, TH, 1, TW, BLOCK_C]."""
+    return tl.make_tensor_descriptor(x_ptr, shape=[N, H // STRIDE_H, STRIDE_H, W // STRIDE_W, STRIDE_W * C],
+                                     strides=[H * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
+                                     block_shape=[1, TH, 1, TW, BLOCK_C])
+
+
+@triton.jit
+def _tap_box(x_desc, n, oh0, ow0, kh, kw, c0, C, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+             PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+             TH: tl.constexpr, TW: tl.constexpr, BLOCK_C: tl.constexpr):
+    """[TH * TW, BLOCK_C]: what tap (kh, kw) reads for output pixels (oh0.., ow0..) of image n, channels c0..,
+    through _phase_desc: input row STRIDE_H * oh + d is row oh + d // STRIDE_H of phase d % STRIDE_H, so the
+    tap's pixels are one box of consecutive rows and columns of one phase; its parts outside the image read as
+    zeros (the padding, without masks). d is shifted by STRIDE * PAD to stay >= 0 (integer division truncates)."""
+    dh = kh * DIL_H + STRIDE_H * PAD_H - PAD_H
+    dw = kw * DIL_W + STRIDE_W * PAD_W - PAD_W
+    box = x_desc.load([n, oh0 + dh // STRIDE_H - PAD_H, dh % STRIDE_H, ow0 + dw // STRIDE_W - PAD_W,
+                       dw % STRIDE_W * C + c0])
+    return box.reshape(TH * TW, BLOCK_C)
+
+
+@triton.jit
+def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
+                         N, C, H, W, COUT, OH, OW, syn, syc, syh, syw, srn, src, srh, srw, programs,
+                         STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                         DIL_H: tl.constexpr, DIL_W: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
+                         PRECISION: tl.constexpr,
+                         TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_conv_fwd_kernel's result for one group, x and w dense channels_last (Hopper TMA): a tile is TH x TW
+    output pixels of one image x BLOCK_N output channels; per (tap, channel block) one box of x and one
+    [BLOCK_N, BLOCK_K] box of w viewed as [COUT, KH*KW*C] (_tap_box: the x box, by stride phase, the padding
+    read as zeros). Channels past C read zeros where STRIDE_W is 1, so the w columns there (the next tap's) add
+    nothing; with a larger STRIDE_W the caller takes BLOCK_K dividing C. `programs` programs walk the (image,
+    pixel tile, channel tile) tiles in one flattened loop: persistent, as matmul's TMA kernel, where they are
+    fewer than the tiles (a tile's loads start while the previous tile's epilogue runs), one tile each where
+    they are as many (more programs resident per SM: measured faster on small images)."""
+    x_desc = _phase_desc(x_ptr, N, C, H, W, STRIDE_H, STRIDE_W, TH, TW, BLOCK_K)
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[COUT, KH * KW * C], strides=[KH * KW * C, 1],
+                                       block_shape=[BLOCK_N, BLOCK_K])
+    tiles_w = tl.cdiv(OW, TW)
+    tiles_hw = tl.cdiv(OH, TH) * tiles_w
+    tiles_n = tl.cdiv(COUT, BLOCK_N)
+    c_blocks = tl.cdiv(C, BLOCK_K)
+    tile_c = tl.program_id(0) - programs  # the epilogue's own counter keeps it out of the load pipeline
+    for tile in tl.range(tl.program_id(0), N * tiles_hw * tiles_n, programs, flatten=True):
+        n, oh0, ow0, co0 = _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
+        acc = tl.zeros((TH * TW, BLOCK_N), dtype=tl.float32)
+        for step in range(0, KH * KW * c_blocks):
+            tap = step // c_blocks
+            c0 = (step - tap * c_blocks) * BLOCK_K
+            kh = tap // KW
+            a = _tap_box(x_desc, n, oh0, ow0, kh, tap - kh * KW, c0, C, STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H,
+                         DIL_W, TH, TW, BLOCK_K)
+            b = w_desc.load([co0, tap * C + c0])
+            acc = dot_acc(acc, a, tl.trans(b), PRECISION)
+        tile_c += programs
+        n, oh0, ow0, co0 = _tma_tile(tile_c, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
+        offs = tl.arange(0, TH * TW)
+        oh = oh0 + offs // TW
+        ow = ow0 + offs % TW
+        co = co0 + tl.arange(0, BLOCK_N)
+        n = n.to(tl.int64)
+        epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
+                 co, (oh < OH) & (ow < OW), co < COUT, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
+
+
+@triton.jit
+def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
+                           N, C, H, W, COUT, OH, OW, tiles_per_split,
+                           STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr,
+                           PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+                           KH: tl.constexpr, KW: tl.constexpr, PRECISION: tl.constexpr,
+                           TH: tl.constexpr, TW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The weight gradient for one group, x and dz dense channels_last (Hopper TMA), one split's share:
+    part[split, co, kh, kw, c] = sum over this split's output pixel tiles of dz[n, oh, ow, co] * x at the pixel
+    tap (kh, kw) reads, in fp32. Per TH x TW pixel tile one box of dz [1, TH, TW, BLOCK_M] (zeros past the
+    image) and the tap's box of x (_tap_box): acc[BLOCK_M, BLOCK_N] += dz^T @ x. Grid (taps * output-channel
+    tiles * input-channel tiles, splits of the N * pixel tiles)."""
+    x_desc = _phase_desc(x_ptr, N, C, H, W, STRIDE_H, STRIDE_W, TH, TW, BLOCK_N)
+    dz_desc = tl.make_tensor_descriptor(dz_ptr, shape=[N, OH, OW, COUT], strides=[OH * OW * COUT, OW * COUT, COUT, 1],
+                                        block_shape=[1, TH, TW, BLOCK_M])
+    m_blocks = tl.cdiv(COUT, BLOCK_M)
+    n_blocks = tl.cdiv(C, BLOCK_N)
+    pid = tl.program_id(0)
+    tap = pid // (m_blocks * n_blocks)
+    co0 = pid // n_blocks % m_blocks * BLOCK_M
+    c0 = pid % n_blocks * BLOCK_N
+    kh = tap // KW
+    tiles_w = tl.cdiv(OW, TW)
+    tiles_hw = tl.cdiv(OH, TH) * tiles_w
+    first = tl.program_id(1) * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, N * tiles_hw)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(first, last):
+        n, oh0, ow0, _ = _tma_tile(t, 1, tiles_hw, tiles_w, TH, TW, 1)
+        a = dz_desc.load([n, oh0, ow0, co0]).reshape(TH * TW, BLOCK_M)
+        b = _tap_box(x_desc, n, oh0, ow0, kh, tap - kh * KW, c0, C, STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W,
+                     TH, TW, BLOCK_N)
+        acc = dot_acc(acc, tl.trans(a), b, PRECISION)
+    co = co0 + tl.arange(0, BLOCK_M)
+    c = c0 + tl.arange(0, BLOCK_N)
+    offs = ((tl.program_id(1).to(tl.int64) * COUT + co[:, None]) * (KH * KW) + tap) * C + c[None, :]
+    tl.store(part_ptr + offs, acc, mask=(co < COUT)[:, None] & (c < C)[None, :])
+
+
+# The TMA forward (_conv_fwd_tma_kernel): TH x TW output pixels, BLOCK_N channels, BLOCK_K input channels a
+# step, OCC programs per SM (0: one per tile); on Hopper the untuned default where it applies (0.64-0.73x
+# cuDNN on ResNet's stride-1 3x3 convs, where the pointer kernel gives 0.42-0.56x). The 8-warp tile gives cuDNN's
+# error on all four ResNet shapes (scratch/probe_tma8.py, fp16 2.1e-4) and is the fastest there (41 us vs 45);
+# test_tma_forward_resnet_shapes holds every config to the 2x rule.
+FWD_CONFIGS = [
+    dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=0),
+    dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, OCC=0),
+    dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, OCC=0),
+    dict(TH=8, TW=16, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, OCC=0),
+    dict(TH=8, TW=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3, OCC=0),
+    dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=1),
+    dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, OCC=1),
+    dict(TH=8, TW=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, OCC=2),
+]
+# The TMA weight gradient (_conv_wgrad_tma_kernel): BLOCK_M output x BLOCK_N input channels of one tap, TH x TW
+# pixels a step; the N * pixel tiles split so that about OCC programs per SM run.
+WGRAD_CONFIGS = [
+    dict(TH=8, TW=16, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4, OCC=2),
+    dict(TH=8, TW=16, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, OCC=2),
+    dict(TH=8, TW=8, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=4, OCC=2),
+    dict(TH=8, TW=16, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4, OCC=4),
+    dict(TH=8, TW=16, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, OCC=1),
+]
+
+
+def _flipped(w: torch.Tensor, traced: bool) -> torch.Tensor:
+    """The weight of the convolution that is the input gradient of a stride-1 one: [C, COUT, KH, KW], the taps
+    mirrored, channels_last (the TMA forward's layout)."""
+    return derived(w, "flipped", lambda w: w.flip(2, 3).transpose(0, 1).contiguous(memory_format=torch.channels_last),
+                   traced)
+
+
+def fwd_configs(x, w, stride, groups: int, traced: bool) -> list:
+    """_conv_fwd_tma_kernel's candidates for this forward, none where it does not apply. It takes: Hopper, one
+    group, at least 16 channels, x and w dense channels_last with 16-byte aligned pointers and channel rows,
+    strides dividing H and W (its view of x by stride phase), and with a column stride over 1 only channel
+    blocks that divide C (a box never reaches into the next phase's channels)."""
+    size, C, H, W = x.element_size(), *x.shape[1:]
+    if not (_runtime.is_hopper(x.device.index or 0) and groups == 1 and C >= 16 and C * size % 16 == 0
+            and H % stride[0] == 0 and W % stride[1] == 0
+            and all(t.is_contiguous(memory_format=torch.channels_last) and aligned(t, traced) for t in (x, w))):
+        return []
+    return staged([dict(c, KERNEL="tma") for c in FWD_CONFIGS if stride[1] == 1 or C % c["BLOCK_K"] == 0],
+                  lambda c: (c["TH"] * c["TW"] + c["BLOCK_N"]) * c["BLOCK_K"] * size)
+
+
+def wgrad_configs(dz, x, stride, groups: int, precision: str, traced: bool) -> list:
+    """_conv_wgrad_tma_kernel's candidates, none where it does not apply: the TMA forward's conditions on x
+    (fwd_configs), and dz dense channels_last with at least 16 channels in 16-byte rows. A pixel tile is
+    one MMA chain, whose every step truncates in true fp32: there at most _gemm.max_k pixels (TH cut), as the
+    GEMMs' BLOCK_K (with 128-pixel tiles a short reduction reached 2x cuDNN's error; 64 keep it at 0.7x that)."""
+    size, cout = dz.element_size(), dz.shape[1]  # (dz's layout checked in w's place)
+    if not (fwd_configs(x, dz, stride, groups, traced) and cout >= 16 and cout * size % 16 == 0):
+        return []
+    pixels = _gemm.max_k(precision, size, tf32x3_k=64)
+    fitting = [dict(c, KERNEL="tma", TH=min(c["TH"], max(1, pixels // c["TW"]))) for c in WGRAD_CONFIGS
+               if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
+    return staged(fitting, lambda c: c["TH"] * c["TW"] * (c["BLOCK_M"] + c["BLOCK_N"]) * size)
+
+
+def dgrad_as_conv(dz, x, w, stride, padding, dilation, groups: int, traced: bool):
+    """(weight, padding) of the stride-1 convolution of dz that gives the input gradient: _flipped(w), padded by
+    dilation * (K - 1) - the forward's padding (top, bottom, left, right), where the TMA forward takes it: one
+    group, stride 1, channels_last x and dz, the forward's padding at most the kernel's reach. None elsewhere."""
+    if tuple(stride) != (1, 1) or groups != 1 or not x.is_contiguous(memory_format=torch.channels_last):
+        return None
+    reach = [dilation[0] * (w.shape[2] - 1)] * 2 + [dilation[1] * (w.shape[3] - 1)] * 2
+    if any(p > r for p, r in zip(padding, reach)):
+        return None
+    flipped = _flipped(w, traced)
+    if not fwd_configs(dz, flipped, (1, 1), 1, traced):
+        return None
+    return flipped, tuple(r - p for p, r in zip(padding, reach))
+
+
+def fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, dilation, precision: str, epilogue_meta: dict,
+                 traced: bool):
+    """_conv_fwd_tma_kernel's launch for cfg (KERNEL taken out): run(x, w, y, bias, z, r)."""
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
+    tiles = N * spatial_tiles(OH, OW, cfg) * _runtime.cdiv(COUT_G, cfg["BLOCK_N"])
+    occupancy = cfg.pop("OCC")  # programs per SM; 0: one program per tile
+    programs = min(tiles, occupancy * _runtime.num_sms(x.device.index or 0)) if occupancy else tiles
+    meta = dict(geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue_meta, **cfg)
+    launch = Launch(_conv_fwd_tma_kernel, (programs,), meta, scratch=True, traced=traced)
+    scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride(), programs)
+    return lambda *tensors: launch(*tensors, *scalars)
+
+
+def wgrad_launcher(cfg: dict, dims: tuple, x, stride, padding, dilation, precision: str, traced: bool):
+    """_conv_wgrad_tma_kernel's launch for cfg (KERNEL taken out): run(dz, x, dw), fp32 partials per split
+    [splits, COUT, KH, KW, C], summed."""
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
+    out_tiles = KH * KW * _runtime.cdiv(COUT_G, cfg["BLOCK_M"]) * _runtime.cdiv(C_G, cfg["BLOCK_N"])
+    pixel_tiles = N * spatial_tiles(OH, OW, cfg)
+    programs = cfg.pop("OCC") * _runtime.num_sms(x.device.index or 0)
+    per_split = _runtime.cdiv(pixel_tiles, max(1, min(pixel_tiles, programs // out_tiles)))
+    splits = _runtime.cdiv(pixel_tiles, per_split)
+    launch = Launch(_conv_wgrad_tma_kernel, (out_tiles, splits),
+                    dict(conv_meta(stride, padding, dilation, precision), KH=KH, KW=KW, **cfg), scratch=True,
+                    traced=traced)
+    scalars = (N, C_G, H, W, COUT_G, OH, OW, per_split)
+
+    def run(dz, x, dw):
+        part = torch.empty((splits, COUT_G, KH, KW, C_G), device=dz.device, dtype=torch.float32)
+        launch(dz, x, part, *scalars)
+        dw.copy_(part.sum(0).permute(0, 3, 1, 2))
+    return run
