@@ -22,6 +22,8 @@ from _check import check
 from _tol import DEVICE, ON_GPU, gpu, tolerance
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16", marks=gpu)]
+# float32 in true fp32: the tolerance table's tf32 row follows cuda.matmul.allow_tf32, the convolutions cudnn's
+pytestmark = pytest.mark.usefixtures("true_fp32")
 
 # name -> (the dropin call, its reference, {argument: shape}[, arguments without a gradient]). Shapes that no other
 # test uses: the first call of a signature runs under the checkpoint, the backward's recomputation is the second

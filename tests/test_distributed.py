@@ -20,7 +20,7 @@ from torch import nn
 
 import dropin
 from dropin.bench.models import gradient_errors
-from _tol import DEVICE, ON_GPU, assert_close, gpu, tolerance
+from _tol import DEVICE, ON_GPU, assert_close, gpu, rel_err, tolerance
 
 pytest.importorskip("transformers")
 from torch.distributed.fsdp import fully_shard  # noqa: E402
@@ -85,7 +85,8 @@ def assert_same_training(got: tuple, ref: tuple, dtype: torch.dtype) -> None:
     """Losses and parameter changes (sgd's) of a run against the float64 reference run's; a change's error is
     relative to at least a small share of the largest change (bench.models.gradient_errors: a norm's weight
     gradient sums terms that cancel, torch's own float32 error there reaches 5e-5 in two steps)."""
-    assert_close(got[0], ref[0], dtype, "bwd", what="losses")
+    loss_error = rel_err(got[0], ref[0])  # (a bf16 model's loss may be float32: HF upcasts the logits)
+    assert loss_error <= tolerance(dtype, "bwd"), f"losses: relative error {loss_error:.2e}"
     errors = gradient_errors(got[1], ref[1])
     worst = max(errors, key=errors.get)
     assert errors[worst] <= tolerance(dtype, "bwd"), f"change of {worst}: relative error {errors[worst]:.2e}"

@@ -15,8 +15,9 @@ from _tol import DEVICE, assert_close, gpu
 
 
 @pytest.fixture(autouse=True)
-def fresh_counts():
-    """Each test starts with the route off and its counters at zero, and leaves it off."""
+def fresh_counts(true_fp32):
+    """Each test starts with the route off and its counters at zero, and leaves it off; float32 is true fp32
+    (the tolerance table's float32 row; cuDNN's convolutions default to TF32)."""
     assert not route.enabled()
     dropin.route_report(reset=True)
     yield

@@ -254,9 +254,9 @@ class RouteMode(TorchFunctionMode):
         route = ROUTES.get(func)
         if route is None:
             return func(*args, **kwargs)
-        extra = kwargs.keys() - route.keywords if kwargs else ()
+        extra = sorted(k for k in kwargs if k not in route.keywords)  # (dynamo traces no set difference of keys)
         if extra:
-            outcome = f"kwarg {min(extra)}"
+            outcome = f"kwarg {extra[0]}"
         else:
             try:
                 outcome = route.to_dropin(*args, **kwargs)

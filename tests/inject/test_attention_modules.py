@@ -199,7 +199,7 @@ def test_transformer_encoder_layer_runs_dropin_not_torch_fused_kernel(norm_first
         assert fused_calls == [1]  # the original's path
         injected(x)
         assert fused_calls == [1]  # not the injected one's
-    check_forward(injected, original, x)
+    check_forward(injected, original, x, reference_grad=True)  # (torch's eager path: its fused one is 3e-5 off)
     check_backward(injected.train(), original.train(), x)
 
 
