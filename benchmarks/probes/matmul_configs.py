@@ -21,7 +21,7 @@ def candidates(aa, bb, c, z):
     """The configs `_make_plan` would tune over for these operands."""
     seen = []
     real = mm._autotune.pick
-    mm._autotune.pick = lambda name, key, configs, run: seen.extend(configs) or configs[0]
+    mm._autotune.pick = lambda name, key, configs, run, **timing: seen.extend(configs) or configs[0]
     try:
         mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype))
     finally:
@@ -31,7 +31,7 @@ def candidates(aa, bb, c, z):
 
 def plan_for(aa, bb, c, z, cfg):
     real = mm._autotune.pick
-    mm._autotune.pick = lambda name, key, configs, run: cfg
+    mm._autotune.pick = lambda name, key, configs, run, **timing: cfg
     try:
         return mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype))
     finally:

@@ -48,7 +48,7 @@ def test_user_cache_overrides_shipped_table(fresh):
 def test_tuning_times_every_candidate_and_saves_the_fastest(fresh, monkeypatch):
     monkeypatch.setattr(at, "TUNING", True)
     times = {id(CONFIGS[0]): 2.0, id(CONFIGS[1]): 1.0}
-    monkeypatch.setattr(at, "_time", lambda prepare, config: times[id(config)])
+    monkeypatch.setattr(at, "_time", lambda prepare, config, graph: times[id(config)])
     assert at.pick("k", (3,), CONFIGS, None) == CONFIGS[1]
     saved = fresh / "user" / at._cache_file().name  # the patched folder, never the real user cache
     assert json.loads(saved.read_text())["k|3"] == CONFIGS[1]

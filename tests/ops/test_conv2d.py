@@ -327,7 +327,7 @@ def _configs():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_tma_forward_resnet_shapes(dtype, cfg, monkeypatch):
     """Each TMA tile on ResNet-50's 3x3 shapes (8 images): vs float64 and the 2x rule."""
-    monkeypatch.setattr(_autotune, "pick", lambda name, key, configs, prepare: dict(cfg, KERNEL="tma"))
+    monkeypatch.setattr(_autotune, "pick", lambda name, key, configs, prepare, **timing: dict(cfg, KERNEL="tma"))
     cv._plans.clear()
     try:
         for c, hw, s in ((64, 56, 1), (256, 14, 1), (512, 7, 1), (128, 56, 2)):
@@ -349,14 +349,14 @@ def test_every_config(which, cfg, monkeypatch):
     edges with stride, padding, dilation, groups, bias and activation."""
     real_pick = _autotune.pick
 
-    def pick(name, key, configs, prepare):
+    def pick(name, key, configs, prepare, **timing):
         if key[0] == which and cfg["KERNEL"] == "tma":  # as offered: stages cut to the shared memory (planning.staged)
             return next(c for c in configs if dict(c, num_stages=0) == dict(cfg, num_stages=0))
         if key[0] == which and cfg["KERNEL"] == "gemm":  # unclamped (tiles larger than the problem are masked),
             return implicit_gemm.gemm_staged([cfg], 4)[0]  # stages cut to the shared memory as offered (fp32 leaves)
         if key[0] == which:
             return dict(cfg)
-        return real_pick(name, key, configs, prepare)
+        return real_pick(name, key, configs, prepare, **timing)
 
     monkeypatch.setattr(_autotune, "pick", pick)
     if cfg["KERNEL"] == "tma":  # offered on any device: the interpreter runs it on the CPU
@@ -530,7 +530,7 @@ def test_registered_ops(case, monkeypatch):
     x_shape, w_shape, stride, pads, dilation, groups, dtype, layout, kernels = REGISTERED[case]
     seen = {}
 
-    def pick(name, key, configs, prepare):
+    def pick(name, key, configs, prepare, **timing):
         cfg = configs[0]
         if kernels.get(key[0]) == {"gemm-split"}:  # a weight gradient over fp32 partials of the pixels
             cfg = next(c for c in configs if c.get("SPLIT_K", 1) > 1)
@@ -681,9 +681,9 @@ def _seen_candidates(monkeypatch, first=False) -> dict:
     seen = {}
     real_pick = _autotune.pick
 
-    def pick(name, key, configs, prepare):
+    def pick(name, key, configs, prepare, **timing):
         seen[key[0]] = [c["KERNEL"] for c in configs]
-        return configs[0] if first else real_pick(name, key, configs, prepare)
+        return configs[0] if first else real_pick(name, key, configs, prepare, **timing)
 
     monkeypatch.setattr(_autotune, "pick", pick)
     cv._plans.clear()
@@ -804,10 +804,10 @@ def test_backward_through_tma_kernels(kw, monkeypatch):
     kernels, tiles = [], []
     real_pick = _autotune.pick
 
-    def pick(name, key, configs, prepare):
+    def pick(name, key, configs, prepare, **timing):
         kernels.append((key[0], configs[0]["KERNEL"]))
         tiles.extend(c["TH"] * c["TW"] for c in configs if key[0] == "wgrad" and c["KERNEL"] == "tma")
-        return real_pick(name, key, configs, prepare)
+        return real_pick(name, key, configs, prepare, **timing)
 
     monkeypatch.setattr(_autotune, "pick", pick)
     cv._plans.clear()

@@ -250,6 +250,11 @@ LINEAR_SHAPES = [  # (x shape, out_features)
     pytest.param((3, 129), 65, id="weird-3x129-n65"),
     pytest.param((4, 256, 1024), 768, id="4x256x1024-n768", marks=gpu),
     pytest.param((8, 512, 4096), 1024, id="8x512x4096-n1024", marks=gpu),
+    # few rows (decoding), the skinny kernel's: unsplit K, split K, a ragged N
+    pytest.param((13, 1000), 333, id="few-rows-13x1000-n333"),
+    pytest.param((5, 1100), 70, id="few-rows-5x1100-n70"),
+    pytest.param((8, 1, 4096), 4096, id="decode-8x1x4096-n4096", marks=gpu),
+    pytest.param((1, 4096), 4100, id="decode-1x4096-n4100", marks=gpu),
 ]
 
 
@@ -595,8 +600,8 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
         real_pick = _mm_module._autotune.pick
         split = dict(_mm_module._PTR_CONFIGS[2][-1], KERNEL="ptr")
         assert split["SPLIT_K"] > 1
-        monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare: split
-                            if name == "matmul" else real_pick(name, key, configs, prepare))
+        monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare, **timing: split
+                            if name == "matmul" else real_pick(name, key, configs, prepare, **timing))
     a, b = _mm_operands(batch, m, k, n, dtype, layout)
     _check.opcheck(torch.ops.dropin.mm.default, a, b, randn(n, dtype=dtype) if bias else None, activation,
                    save_preact)

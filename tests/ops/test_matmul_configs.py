@@ -1,7 +1,8 @@
 """Every candidate config of the matmul kernels is right, whatever the tuner picks.
 
-The tuner is bypassed: each config of `_TMA_CONFIGS` / `_PTR_CONFIGS` (split-K ones included) is forced on
-operands with ragged edges, with bias, activation and the saved pre-activation, in every operand layout.
+The tuner is bypassed: each config of `_TMA_CONFIGS`, `_PTR_CONFIGS`, `_SKINNY_CONFIGS` and `_FMA_CONFIGS` (split-K
+ones included) is forced on operands with ragged edges, with bias, activation and the saved pre-activation, in
+every operand layout.
 Under the interpreter the TMA kernel runs too (tensor descriptors are emulated).
 """
 import pytest
@@ -18,6 +19,7 @@ CONFIGS = [pytest.param("tma", c, _DTYPE[size], id=f"tma-{size}B-{i}") for size,
            for i, c in enumerate(cs)] + \
           [pytest.param("ptr", c, _DTYPE[size], id=f"ptr-{size}B-{i}") for size, cs in mm._PTR_CONFIGS.items()
            for i, c in enumerate(cs)] + \
+          [pytest.param("skinny", c, torch.float16, id=f"skinny-{i}") for i, c in enumerate(mm._SKINNY_CONFIGS)] + \
           [pytest.param("fma", c, torch.float32, id=f"fma-{kind}-{i}") for kind, cs in mm._FMA_CONFIGS.items()
            for i, c in enumerate(cs)]  # the CUDA-core kernel in fp32, the strictest tolerance
 
@@ -26,7 +28,7 @@ CONFIGS = [pytest.param("tma", c, _DTYPE[size], id=f"tma-{size}B-{i}") for size,
 def forced(monkeypatch):
     """Makes the tuner return the given config for the next plans."""
     def force(cfg):
-        monkeypatch.setattr(mm._autotune, "pick", lambda name, key, configs, run: cfg)
+        monkeypatch.setattr(mm._autotune, "pick", lambda name, key, configs, run, **timing: cfg)
         mm._plans.clear()
     yield force
     mm._plans.clear()
@@ -38,8 +40,11 @@ def forced(monkeypatch):
 def test_every_config(kernel, cfg, dtype, layout, forced):
     if kernel == "tma" and not ON_GPU and cfg["BLOCK_M"] * cfg["BLOCK_N"] > 128 * 128:
         pytest.skip("large TMA tiles are slow under the interpreter; they run on the GPU")
-    # every size a multiple of 8 (16-byte rows for TMA), none a multiple of a tile; the vector configs: M = 1
+    # every size a multiple of 8 (16-byte rows for TMA), none a multiple of a tile; the vector configs: M = 1;
+    # the skinny kernel's: few rows, K long enough for its splits
     batch, M, N, K = 2, 1 if cfg["BLOCK_M"] == 1 else 88, 40, 72
+    if kernel == "skinny":
+        M, K = 13, 1048
     a = torch.randn(batch, M, K, dtype=dtype, device=DEVICE)
     b = torch.randn(batch, K, N, dtype=dtype, device=DEVICE)
     bias = torch.randn(N, dtype=dtype, device=DEVICE)

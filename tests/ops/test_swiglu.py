@@ -131,8 +131,8 @@ def test_tma_kernel_offered_where_descriptors_fit(intermediate, offered, monkeyp
     monkeypatch.setattr(swiglu, "_plans", {})
     kinds = []
     real_pick = swiglu._autotune.pick
-    monkeypatch.setattr(swiglu._autotune, "pick", lambda name, key, configs, prepare: kinds.extend(
-        c["TMA"] for c in configs if name == "swiglu") or real_pick(name, key, configs, prepare))
+    monkeypatch.setattr(swiglu._autotune, "pick", lambda name, key, configs, prepare, **timing: kinds.extend(
+        c["TMA"] for c in configs if name == "swiglu") or real_pick(name, key, configs, prepare, **timing))
     check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves((5, 24), intermediate, torch.float16))
     assert kinds and (True in kinds) == offered
 
@@ -146,7 +146,7 @@ def test_tuning_leaves_the_backward_inputs_alone(monkeypatch, tmp_path):
     monkeypatch.setattr(swiglu, "_plans", {})
     timed = []
 
-    def run_and_time(prepare, config):
+    def run_and_time(prepare, config, graph):
         launch = prepare(config)
         launch()
         launch()

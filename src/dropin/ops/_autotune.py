@@ -72,17 +72,22 @@ def _save_disk(key: str, config: dict) -> None:
         pass  # a read-only home only costs re-tuning in the next process
 
 
-def _time(prepare, config) -> float:
+def _time(prepare, config, graph: bool) -> float:
     try:
+        if graph:
+            return triton.testing.do_bench_cudagraph(prepare(config), rep=25)
         return triton.testing.do_bench(prepare(config), warmup=5, rep=25)
     except triton.runtime.errors.OutOfResources:
         return float("inf")
 
 
-def pick(name: str, key: tuple, configs: list, prepare) -> dict:
+def pick(name: str, key: tuple, configs: list, prepare, graph: bool = False) -> dict:
     """The config for `key`: a remembered one if it is still a candidate, else (when tuning) the one whose
     launch `prepare(config)` runs fastest, else configs[0]. While a CUDA graph is being captured nothing can
-    be timed, nor under `untimed`: configs[0], not remembered, so that the next call that may time tunes."""
+    be timed, nor under `untimed`: configs[0], not remembered, so that the next call that may time tunes.
+    graph: time the launches replayed in a CUDA graph, the GPU's time alone (the launch must be capture-safe);
+    timed as eager calls, kernels shorter than their launch's host time (a decoding step's products) are
+    timed by the host."""
     full_key = f"{name}|{'|'.join(map(str, key))}"
     for remembered in (_memory.get(full_key), _load_disk().get(full_key)):
         if remembered in configs:
@@ -92,7 +97,7 @@ def pick(name: str, key: tuple, configs: list, prepare) -> dict:
     if TUNING and len(configs) > 1:
         if _runtime.capturing() or getattr(_untimed, "on", False):
             return config
-        times = [_time(prepare, c) for c in configs]
+        times = [_time(prepare, c, graph) for c in configs]
         config = configs[min(range(len(configs)), key=times.__getitem__)]
         _save_disk(full_key, config)
     _memory[full_key] = config

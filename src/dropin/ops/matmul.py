@@ -20,7 +20,8 @@ from . import _autotune, _gemm
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op,
                         writing)
 from .activations import activation_ref, check_activation
-from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, split_sum_kernel, tf32_copy_kernel
+from .matmul_kernels import (act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel,
+                             tf32_copy_kernel)
 
 
 # --- 1. References ----------------------------------------------------------------------------------
@@ -67,6 +68,11 @@ _PTR_CONFIGS = {
         _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2), _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4),
         _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
+# The few-rows kernel, 16-bit operands, M <= 16 (decoding): B streams through 64-column tiles; the first config
+# (untimed plans take it) splits K in two where the column tiles alone make under two waves.
+_SKINNY_CONFIGS = [_cfg(16, 64, 128, 4, 3, SPLIT_K=2), _cfg(16, 64, 128, 4, 3), _cfg(16, 64, 128, 4, 5, SPLIT_K=2),
+                   _cfg(16, 64, 256, 4, 3, SPLIT_K=2), _cfg(16, 128, 128, 4, 3, SPLIT_K=4),
+                   _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=2)]
 # The CUDA-core kernel (any dtype): M == 1 (vector-matrix), and at most 16 columns (candidates beside `ptr`).
 _FMA_CONFIGS = {
     "vector": [_cfg(1, 64, 128, 4, 1), _cfg(1, 16, 256, 4, 1), _cfg(1, 32, 256, 4, 1), _cfg(1, 128, 64, 4, 1),
@@ -270,6 +276,17 @@ def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Te
     return y
 
 
+def _skinny_configs(batch, N, K, device) -> list:
+    """The few-rows kernel's candidates; first (the untimed choice) with its K split only where the column tiles
+    alone make under two waves of programs."""
+    configs = [dict(cfg, KERNEL="skinny") for cfg in _gemm.fits(_SKINNY_CONFIGS, 16, N, K)]
+    first = configs[0]
+    if batch * _runtime.cdiv(N, first["BLOCK_N"]) >= 2 * _runtime.num_sms(device.index or 0):
+        first = dict(first)
+        first.pop("SPLIT_K", None)
+    return [first] + [cfg for cfg in configs if cfg != first]
+
+
 def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced: bool):
     """Chooses the kernel and its config for this signature (tuning on first use); returns the launcher.
     Candidates: the TMA kernel's where it applies, and the pointer kernel's where it may win (skinny or
@@ -293,8 +310,10 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
         configs = [dict(cfg, KERNEL="fma") for cfg in _gemm.fits(_FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
     elif N <= 16 and tuned:
         configs += [dict(cfg, KERNEL="fma") for cfg in _FMA_CONFIGS["narrow"]]
-    epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision,
-                    GROUP_M=8)
+    skinny = M <= 16 and size == 2 and tuned
+    if skinny:
+        configs = _skinny_configs(batch, N, K, a.device) + configs
+    epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision)
 
     def launcher(cfg):
         cfg = dict(cfg)
@@ -310,21 +329,19 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
             programs = cfg.pop("OCC", 1) * _runtime.num_sms(a.device.index or 0)
             grid = (min(programs, batch * tiles),)
             scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
-            meta = dict(epilogue, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs)
+            meta = dict(epilogue, GROUP_M=8, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs)
             meta.update(cfg)
             launch = Launch(mm_tma_kernel, grid, meta, scratch=True, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         scalars = (M, N, K, *a.stride(), *b.stride())
+        tile_kernel, tile_meta = (skinny_kernel, {}) if kernel == "skinny" else (mm_kernel, dict(GROUP_M=8))
         if splits == 1:
-            meta = dict(epilogue)
-            meta.update(cfg)
-            launch = Launch(mm_kernel, (tiles, batch, 1), meta, traced=traced)
+            launch = Launch(tile_kernel, (tiles, batch, 1), dict(epilogue, **tile_meta, **cfg), traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
-        partial_meta = dict(epilogue, HAS_BIAS=False, ACT="none", STORE_Z=False)
-        partial_meta.update(cfg)
+        partial_meta = dict(epilogue, **tile_meta, **cfg, HAS_BIAS=False, ACT="none", STORE_Z=False)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
                         BLOCK_R=32, BLOCK_N=64)
-        launch_partial = Launch(mm_kernel, (tiles, batch, splits), partial_meta, traced=traced)
+        launch_partial = Launch(tile_kernel, (tiles, batch, splits), partial_meta, traced=traced)
         sum_grid = (_runtime.cdiv(batch * M, 32), _runtime.cdiv(N, 64))
         launch_sum = Launch(split_sum_kernel, sum_grid, sum_meta, traced=traced)
 
@@ -335,14 +352,14 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
         return run_split
 
     key = ("mm", a.dtype, precision, tma, ptr, M == 1, N <= 16, a.stride(2) != 1, b.stride(2) != 1)
-    key += tuple(map(_autotune.bucket, (batch, M, N, K)))
+    key += tuple(map(_autotune.bucket, (batch, M, N, K))) + (("skinny",) if skinny else ())
     args = (a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z)
 
     def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
         launch = launcher(cfg)
         return lambda: launch(*args)
 
-    return launcher(_autotune.pick("matmul", key, configs, prepare))
+    return launcher(_autotune.pick("matmul", key, configs, prepare, graph=True))
 
 
 def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool, traced: bool = False):

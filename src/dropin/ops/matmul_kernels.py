@@ -1,6 +1,7 @@
-"""The matrix products' Triton kernels (dropin.ops.matmul launches them): the pointer kernel `mm_kernel`, the
-CUDA-core `fma_kernel`, Hopper's persistent TMA kernel `mm_tma_kernel`, the split-K sum (sparse's too), the tf32
-operand copy and the activation / bias gradient. Their tile helpers are `_gemm`'s."""
+"""The matrix products' Triton kernels (dropin.ops.matmul launches them): the pointer kernels `mm_kernel` and
+`skinny_kernel` (few rows), the CUDA-core `fma_kernel`, Hopper's persistent TMA kernel `mm_tma_kernel`, the
+split-K sum (sparse's too), the tf32 operand copy and the activation / bias gradient. Their tile helpers are
+`_gemm`'s."""
 import triton
 import triton.language as tl
 
@@ -44,6 +45,47 @@ def mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         acc = dot_acc(acc, a, b, PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    _store_tile(acc, c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N, HAS_BIAS, ACT, STORE_Z)
+
+
+@triton.jit
+def skinny_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+                  M, N, K,
+                  stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """mm_kernel's product, grid and C layout for few rows (decoding's M = 1..16): the tile is computed as
+    (B^T A^T)'s [BLOCK_N, BLOCK_M], so that B's columns fill the MMA's 64-row side and A's few rows its narrow
+    16-column one (as [BLOCK_M, BLOCK_N] the 64-row side would be mostly padding); with a K split over the
+    grid's third axis this keeps enough of B's bytes in flight to stream it at the memory's speed."""
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
+    batch = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2).to(tl.int64)
+    k_first, k_last = split_range(split, K, BLOCK_K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
+    bt_ptrs = (b_ptr + batch * stride_bb + (offs_n % N).to(tl.int64)[:, None] * stride_bn
+               + offs_k[None, :] * stride_bk)
+    at_ptrs = (a_ptr + batch * stride_ab + offs_k[:, None] * stride_ak
+               + (offs_m % M).to(tl.int64)[None, :] * stride_am)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in range(k_first, k_last):
+        k_left = K - k * BLOCK_K
+        bt = tl.load(bt_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+        at = tl.load(at_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+        acc = dot_acc(acc, bt, at, PRECISION)
+        bt_ptrs += BLOCK_K * stride_bk
+        at_ptrs += BLOCK_K * stride_ak
+    _store_tile(tl.trans(acc), c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N, HAS_BIAS, ACT, STORE_Z)
+
+
+@triton.jit
+def _store_tile(acc, c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N,
+                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr):
+    """The pointer kernels' epilogue: act(acc + bias) into C's tile (and Z's) of batch `batch`, or, with a K
+    split, the plain partial product into split `split`'s [batch, M, N] of C."""
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
     offs_c = (split * tl.num_programs(1) + batch) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
