@@ -42,6 +42,8 @@ QUICK = (
     "tests/inject/test_torchvision.py::test_blocks_fused_in_eval",
     "tests/inject/test_llama.py::test_llama_injected_verified_and_hf_forward_unchanged",
     "tests/inject/test_llama.py::test_llama_training_backward_matches_torch",
+    "tests/inject/test_hf_families.py::test_decoder_family_injected_verified[gemma]",
+    "tests/inject/test_hf_families.py::test_gpt2_conv1d_and_gelu_fused_verified",
     "tests/inject/test_cvt.py::test_cvt_fused_verified_and_hf_forward_unchanged",
     "tests/inject/test_sparse_inject.py::test_only_the_sparse_layers_go_sparse[dtype1]",
     # the route for functional code (dropin.use()): eager, and compiled

@@ -36,7 +36,7 @@ def activation_name(module: nn.Module) -> Optional[str]:
     return _ACTIVATIONS[base](module) if base is not None and computes_as(module, base) else None
 
 
-def _activation(following: list, config) -> tuple:
+def fused_activation(following: list, config) -> tuple:
     """(activation, (its name,)) for the first of `following` where it is a fusable activation; (None, ())."""
     if config.fusions and following:
         name, module = following[0]
@@ -105,7 +105,7 @@ def linear(module: nn.Linear, site):
     done, note = _sparse_or_pruned(module, site, dnn.SparsifiedLinear)
     if done is not None:
         return done
-    act, absorbs = _activation(site.following(), site.config)
+    act, absorbs = fused_activation(site.following(), site.config)
     new = dnn.Linear(module, act, absorbs)
     new.kernel += note
     return new
@@ -124,10 +124,10 @@ def conv2d(module: nn.Conv2d, site):
     following = site.following() if site.config.fusions else []
     if following and fold_reason(following[0][1], module) is None:
         (bn_name, bn), following = following[0], following[1:]
-        act, absorbs = _activation(following, site.config)
+        act, absorbs = fused_activation(following, site.config)
         new = dnn.ConvBNAct(module, bn, act, (bn_name, *absorbs))
     else:
-        act, absorbs = _activation(following, site.config)
+        act, absorbs = fused_activation(following, site.config)
         new = dnn.Conv2d(module, act, absorbs)
     new.kernel += note
     return new

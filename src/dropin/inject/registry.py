@@ -4,8 +4,13 @@ A handler is `fn(module, site) -> DropinModule | str` (the str is the reason the
 for types with `@register(Type, ..., op="conv2d")` in the file of its model family. `op` names the dropin
 op the handler uses (InjectConfig.ops can switch it off); op=None marks a handler that only explains why a type
 stays torch. A subclass without a handler of its own is handled as its nearest registered base where it computes
-as that base (`computes_as`: the same forward, whatever the class's name), else stays torch.
+as that base (`computes_as`: the same forward, whatever the class's name). A type with no registered base is
+offered to the recognizers (`@recognizer`), which may find it a handler by what its code computes (`same_code`:
+another library's class whose forward is a registered one's, written again), else it stays torch.
 """
+import dis
+import functools
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
@@ -77,10 +82,93 @@ def computes_as(module: torch.nn.Module, base: type) -> bool:
     return isinstance(module, base) and all(getattr(kind, f, None) is getattr(base, f, None) for f in _FORWARDS)
 
 
+@functools.lru_cache(maxsize=None)
+def _function_code(fn) -> tuple:
+    """What a function computes as far as its code tells, wherever it was written: its instructions
+    (`_code_fingerprint`), and the same of the functions of its own file that it names."""
+    fn = inspect.unwrap(fn)  # (decorators that rename arguments: transformers' deprecate_kwarg)
+    code = getattr(fn, "__code__", None)
+    if code is None or fn in _VISITING:  # (a helper that calls back into its caller: its name alone)
+        return (getattr(fn, "__qualname__", fn),)
+    _VISITING.add(fn)
+    try:
+        helpers = [fn.__globals__.get(name) for name in code.co_names]
+        return _code_fingerprint(code) + tuple(
+            _function_code(h) for h in helpers if inspect.isfunction(h) and h.__module__ == fn.__module__)
+    finally:
+        _VISITING.discard(fn)
+
+
+_VISITING: set = set()
+
+
+_SAME_OP = {"LOAD_METHOD": "LOAD_ATTR"}  # how the compiler spells one attribute read depends on line breaks
+_NOT_OPS = {"CACHE", "NOP", "RESUME", "EXTENDED_ARG"}
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+
+
+def _code_fingerprint(code) -> tuple:
+    """The instructions of `code` by name and argument (constants, names; jump targets by instruction index,
+    nested code by the same rule): not offsets nor line numbers."""
+    instructions = [i for i in dis.get_instructions(code) if i.opname not in _NOT_OPS]
+    index = {i.offset: n for n, i in enumerate(instructions)}
+    return tuple((_SAME_OP.get(i.opname, i.opname),
+                  index.get(i.argval) if i.opcode in _JUMPS else
+                  _code_fingerprint(i.argval) if inspect.iscode(i.argval) else i.argval)
+                 for i in instructions) + (code.co_argcount, code.co_kwonlyargcount)
+
+
+def _class_code(kind: type) -> tuple:
+    """_function_code of kind.forward, with that of the methods of kind that it names (GemmaRMSNorm's _norm)."""
+    forward = getattr(kind, "forward", None)
+    if not inspect.isfunction(inspect.unwrap(forward) if forward is not None else None):
+        return (kind,)
+    methods = [inspect.getattr_static(kind, name, None) for name in inspect.unwrap(forward).__code__.co_names]
+    return _function_code(forward) + tuple(_function_code(m) for m in methods if inspect.isfunction(m))
+
+
+def same_code(kind: type, reference: type) -> bool:
+    """Whether `kind` computes as `reference` by its code: the same forward (and the helpers it calls) written again
+    under another name, as transformers' generated modeling files copy one family's modules into another's."""
+    return _class_code(kind) == _class_code(reference)
+
+
+def code_names(kind: type) -> frozenset:
+    """The names (attributes, globals) that kind's forward reads: what a recognizer may look for."""
+    forward = getattr(kind, "forward", None)
+    code = getattr(inspect.unwrap(forward), "__code__", None) if forward is not None else None
+    return frozenset(code.co_names) if code is not None else frozenset()
+
+
+RECOGNIZERS: list = []  # fn(kind) -> (op, handler) for a type that no registered type's handler takes, or None
+_UNRECOGNIZED: set = set()  # types that every recognizer declined (cleared when handlers are registered)
+
+
+def recognizer(fn: Callable) -> Callable:
+    """Registers fn(kind) -> (op, handler) or None: a handler for types without a registered base, found by what they
+    compute; the type is then registered with it (once per type)."""
+    RECOGNIZERS.append(fn)
+    _UNRECOGNIZED.clear()
+    return fn
+
+
+def _handler_type(kind: type) -> Optional[type]:
+    """The registered type whose handler takes `kind`: its nearest registered base, else itself where a recognizer
+    found it a handler, else None."""
+    base = next((t for t in kind.__mro__ if t in HANDLERS), None)
+    if base is None and kind not in _UNRECOGNIZED:
+        found = next(filter(None, (r(kind) for r in RECOGNIZERS)), None)
+        if found is None:
+            _UNRECOGNIZED.add(kind)
+        else:
+            HANDLERS[kind], base = found, kind
+    return base
+
+
 def handle(module: torch.nn.Module, site: Site) -> Union[torch.nn.Module, str]:
     """The dropin module for `module` at `site`, or the reason it stays torch."""
     kind = type(module)
-    base = next((t for t in kind.__mro__ if t in HANDLERS), None)
+    base = _handler_type(kind)
     if base is None:
         return f"no dropin handler for {kind.__name__}"
     if not computes_as(module, base):
@@ -125,3 +213,4 @@ def load_deferred() -> None:
     for name in [n for n in DEFERRED if n in sys.modules]:
         for fn in DEFERRED.pop(name):
             fn()
+        _UNRECOGNIZED.clear()

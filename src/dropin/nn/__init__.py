@@ -1,8 +1,8 @@
 """nn.Module drop-ins built on dropin.ops; each can adopt a HF module's parameters without copying them."""
-from .attention import CvtSelfAttention, LlamaAttention
+from .attention import CvtSelfAttention, RotaryAttention
 from .conv import Conv2d, ConvBNAct
 from .functional import Op
-from .linear import Linear
+from .linear import Linear, TransposedLinear
 from .module import Adopted, Derived, DropinModule, Folded
 from .resnet import ResidualBlock
 from .rms_norm import RMSNorm
@@ -11,6 +11,6 @@ from .swiglu import SwiGLUMLP
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = ["Adopted", "Conv2d", "ConvBNAct", "CvtSelfAttention", "Derived", "DropinModule", "Folded", "Linear",
-           "LlamaAttention", "MultiheadAttention", "ResidualBlock", "RMSNorm", "SparseConv2d", "SparseLinear",
-           "SparsifiedConv2d", "SparsifiedLinear", "SwiGLUMLP", "TransformerEncoder",
-           "TransformerEncoderLayer"]
+           "MultiheadAttention", "ResidualBlock", "RMSNorm", "RotaryAttention", "SparseConv2d", "SparseLinear",
+           "SparsifiedConv2d", "SparsifiedLinear", "SwiGLUMLP", "TransformerEncoder", "TransformerEncoderLayer",
+           "TransposedLinear"]

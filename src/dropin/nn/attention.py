@@ -1,5 +1,5 @@
-"""Drop-ins for HF attention modules: Llama's (LlamaAttention, the 'sdpa' path: dropin linear, rope and attention)
-and CvT's (CvtSelfAttention: its score product, softmax and context product as one dropin attention)."""
+"""Drop-ins for HF attention modules: the rotary decoder attention of Llama and the families that compute as it
+(RotaryAttention, the 'sdpa' path: dropin linear, rope and attention) and CvT's (CvtSelfAttention: its score product, softmax and context product as one dropin attention)."""
 import torch
 
 from ..ops import attention, rope
@@ -11,9 +11,10 @@ from .module import DropinModule, Folded
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-class LlamaAttention(DropinModule):
-    """LlamaAttention.forward as HF runs it with attn_implementation='sdpa': the q/k/v/o projections through
-    dropin linear (the children keep their names), RoPE through dropin rope with the (cos, sin) HF passes in,
+class RotaryAttention(DropinModule):
+    """LlamaAttention.forward as HF runs it with attn_implementation='sdpa', which Mistral's, Qwen2's and Gemma's
+    attention compute too (the sliding window, where there is one, is in HF's mask; biases, where the projections
+    have them, are the linears'): the q/k/v/o projections through dropin linear (the children keep their names), RoPE through dropin rope with the (cos, sin) HF passes in,
     attention through dropin attention with HF's 4-D mask (or causal where HF passes none) and the K/V heads
     shared by query groups without repeating them. A cache passed in (`cache`, named `past_key_values` before
     transformers 5.24) is updated by its own `update`, as HF does. Returns (output, None): no attention weights, as
@@ -32,7 +33,7 @@ class LlamaAttention(DropinModule):
                 **kwargs):
         a = self.original
         if cache is not None and past_key_values is not None:
-            raise TypeError("dropin LlamaAttention: both cache and past_key_values given (they name one argument)")
+            raise TypeError("dropin RotaryAttention: both cache and past_key_values given (they name one argument)")
         cache = past_key_values if cache is None else cache
         shape = (*hidden_states.shape[:-1], -1, a.head_dim)
         q, k, v = (getattr(self, n)(hidden_states).view(shape).transpose(1, 2) for n in PROJECTIONS[:3])

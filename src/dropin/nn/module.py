@@ -110,7 +110,7 @@ class Folded(DropinModule):
 
 class Adopted(DropinModule):
     """A drop-in for `original` that runs `impl`: a dropin nn module built on the original's own tensors by one of
-    its from_* constructors (SwiGLUMLP.from_llama, RMSNorm.from_llama). The original's children stay children here
+    its from_* constructors (SwiGLUMLP.from_llama, RMSNorm.from_gemma, ...). The original's children stay children here
     (not `impl`'s), so state_dict keys are the original's."""
 
     def __init__(self, original: torch.nn.Module, impl: torch.nn.Module, kernel: str):

@@ -1,9 +1,12 @@
-"""RMSNorm with HF Llama's numerics (LlamaRMSNorm) and an optional fused residual add; forward and backward.
+"""RMSNorm with HF Llama's numerics (LlamaRMSNorm) or Gemma's (GemmaRMSNorm) and an optional fused residual add;
+forward and backward.
 
-y = weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype): the mean of squares in fp32 over the last dim, the
-normalized row rounded to x's dtype before the weight multiplies it, the output in torch's promotion of
-x's and weight's dtypes (HF: fp32 weights on bf16 activations give fp32). With `residual`, x is first
-replaced by s = x + residual (rounded to x's dtype, as `residual + hidden_states` is) and (y, s) returned.
+form "llama": y = weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype): the mean of squares in fp32 over the last
+dim, the normalized row rounded to x's dtype before the weight multiplies it, the output in torch's promotion of
+x's and weight's dtypes (HF: fp32 weights on bf16 activations give fp32).
+form "gemma": y = ((x * rsqrt(mean(x^2) + eps)) * (1 + weight)).to(x.dtype), all in fp32 and rounded once, the
+output in x's dtype. With `residual`, x is first replaced by s = x + residual (rounded to x's dtype, as
+`residual + hidden_states` is) and (y, s) returned.
 
 Row-wise kernels with the whole hidden size in one block: launch settings follow the hidden size (no
 autotune). Forward: BLOCK_R rows per program; it saves the fp32 1/rms of every row. Backward: each
@@ -22,19 +25,23 @@ from ._common import column_sums
 from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FORMS = ("llama", "gemma")
 MAX_HIDDEN = 32768  # one row lives in registers
 
 
 # --- 1. Reference -----------------------------------------------------------------------------------
 
-def rms_norm_ref(x, weight, eps, residual=None):
-    """HF LlamaRMSNorm (after `x = residual + x` when residual is given)."""
+def rms_norm_ref(x, weight, eps, residual=None, form="llama"):
+    """HF LlamaRMSNorm, or GemmaRMSNorm for form "gemma" (after `x = residual + x` when residual is given)."""
     if residual is not None:
         x = x + residual
     input_dtype = x.dtype
     h = x.to(torch.float32) if input_dtype != torch.float64 else x
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    y = weight * h.to(input_dtype)
+    if form == "gemma":
+        y = (h * (1.0 + weight.to(h.dtype))).to(input_dtype)
+    else:
+        y = weight * h.to(input_dtype)
     return y if residual is None else (y, x)
 
 
@@ -43,8 +50,9 @@ def rms_norm_ref(x, weight, eps, residual=None):
 @triton.jit
 def _rms_norm_fwd_kernel(x_ptr, res_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr,
                          R, N, stride_xr, stride_xn, stride_rr, stride_rn, stride_w, eps,
-                         HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """BLOCK_R rows per program. y, s (the new residual) and rstd are contiguous; x, res and w any strides."""
+                         HAS_RES: tl.constexpr, GEMMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """BLOCK_R rows per program. y, s (the new residual) and rstd are contiguous; x, res and w any strides.
+    GEMMA: y = x_normed * (1 + w) in fp32, else w * x_normed rounded to x's dtype (the module docstring)."""
     eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
@@ -57,8 +65,12 @@ def _rms_norm_fwd_kernel(x_ptr, res_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr,
         tl.store(s_ptr + out, x, mask=mask)
     x = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-    x_normed = (x * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
+    x_normed = x * rstd[:, None]
     w = tl.load(w_ptr + cols * stride_w, mask=cols < N, other=0.0).to(tl.float32)
+    if GEMMA:
+        w += 1.0
+    else:
+        x_normed = x_normed.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(y_ptr + out, (w[None, :] * x_normed).to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + rows, rstd, mask=rows < R)
 
@@ -84,13 +96,16 @@ def _bwd_rows(r, row_end, cols, col_mask, dy_ptr, ds_ptr, x_ptr, rstd_ptr,
 def _rms_norm_bwd_kernel(dy_ptr, ds_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
                          R, N, stride_dyr, stride_dyn, stride_dsr, stride_dsn, stride_xr, stride_xn, stride_w,
                          rows_per_program,
-                         HAS_DS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dx = rstd * (dxn - xn * mean(dxn * xn)) + ds with dxn = dy * w, for this program's rows; the
-    program's sum of dy * xn over its rows goes to dw[program_id, :] (fp32). dx is contiguous. The next
-    rows are loaded before this one's dx is stored: a load after a store that may alias it waits for it."""
+                         HAS_DS: tl.constexpr, GEMMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx = rstd * (dxn - xn * mean(dxn * xn)) + ds with dxn = dy * w (GEMMA: dy * (1 + w)), for this program's
+    rows; the program's sum of dy * xn (xn rounded to x's dtype unless GEMMA) over its rows goes to
+    dw[program_id, :] (fp32). dx is contiguous. The next rows are loaded before this one's dx is stored: a load
+    after a store that may alias it waits for it."""
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     w = tl.load(w_ptr + cols * stride_w, mask=col_mask, other=0.0).to(tl.float32)
+    if GEMMA:
+        w += 1.0
     dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
     row_start = tl.program_id(0) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, R)
@@ -102,7 +117,10 @@ def _rms_norm_bwd_kernel(dy_ptr, ds_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
             stride_dyr, stride_dyn, stride_dsr, stride_dsn, stride_xr, stride_xn, HAS_DS, BLOCK_R)
         rows = (r + tl.arange(0, BLOCK_R)).to(tl.int64)
         x_normed = x.to(tl.float32) * rstd[:, None]
-        dw += tl.sum(dy * x_normed.to(x_ptr.dtype.element_ty).to(tl.float32), axis=0)
+        if GEMMA:
+            dw += tl.sum(dy * x_normed, axis=0)
+        else:
+            dw += tl.sum(dy * x_normed.to(x_ptr.dtype.element_ty).to(tl.float32), axis=0)
         dxn = dy * w[None, :]
         dx = rstd[:, None] * (dxn - x_normed * (tl.sum(dxn * x_normed, axis=1) / N)[:, None])
         if HAS_DS:
@@ -127,22 +145,22 @@ def _launch_settings(N: int):
 _plans: dict = {}
 
 
-def _fwd_plan(x, weight, residual: Optional[torch.Tensor], traced: bool = False):
+def _fwd_plan(x, weight, residual: Optional[torch.Tensor], gemma: bool, traced: bool = False):
     """run(x, weight, residual, y, s, rstd, eps): the forward's launch for this signature, made once (x's, weight's
-    and residual's shapes, strides, dtypes and 16-byte alignment, the device); y, s and rstd as
+    and residual's shapes, strides, dtypes and 16-byte alignment, the device, the form); y, s and rstd as
     `_rms_norm_fwd_impl` allocates them (s is not read without residual)."""
     key = None if traced else (
-        "fwd", x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, weight.stride(0), weight.dtype,
+        "fwd", gemma, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, weight.stride(0), weight.dtype,
         weight.data_ptr() & 15, None if residual is None else (residual.stride(), residual.dtype,
                                                                 residual.data_ptr() & 15))
-    return plan(_plans, key, lambda: _make_fwd_plan(x, weight, residual, traced), traced)
+    return plan(_plans, key, lambda: _make_fwd_plan(x, weight, residual, gemma, traced), traced)
 
 
-def _make_fwd_plan(x, weight, residual, traced):
+def _make_fwd_plan(x, weight, residual, gemma, traced):
     R, N = x.shape
     block_n, block_r, warps = _launch_settings(N)
     launch = Launch(_rms_norm_fwd_kernel, (_runtime.cdiv(R, block_r),),
-                    dict(HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps),
+                    dict(HAS_RES=residual is not None, GEMMA=gemma, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps),
                     traced=traced)
     scalars = (R, N, *x.stride(), *(x if residual is None else residual).stride(), weight.stride(0))
     if residual is None:
@@ -151,31 +169,31 @@ def _make_fwd_plan(x, weight, residual, traced):
     return lambda x, weight, residual, y, s, rstd, eps: launch(x, residual, weight, y, s, rstd, *scalars, eps)
 
 
-def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float, traced: bool = False):
+def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float, gemma: bool, traced: bool = False):
     """x, residual [R, N] (any strides), weight [N] -> (y [R, N], s [R, N] (empty without residual),
-    rstd [R] fp32), all contiguous. traced: under torch.compile (`_dispatch`)."""
+    rstd [R] fp32), all contiguous. gemma: Gemma's form. traced: under torch.compile (`_dispatch`)."""
     R, N = x.shape
-    y = x.new_empty((R, N), dtype=torch.promote_types(x.dtype, weight.dtype))
+    y = x.new_empty((R, N), dtype=x.dtype if gemma else torch.promote_types(x.dtype, weight.dtype))
     s = x.new_empty((R, N) if residual is not None else (0,))
     rstd = x.new_empty((R,), dtype=torch.float32)
     if R * N == 0:
         return y, s, rstd
-    _fwd_plan(x, weight, residual, traced)(x, weight, residual, y, s, rstd, eps)
+    _fwd_plan(x, weight, residual, gemma, traced)(x, weight, residual, y, s, rstd, eps)
     return y, s, rstd
 
 
-def _bwd_plan(dy, ds: Optional[torch.Tensor], x, weight, rstd, traced: bool = False):
+def _bwd_plan(dy, ds: Optional[torch.Tensor], x, weight, rstd, gemma: bool, traced: bool = False):
     """run(dy, ds, x, weight, rstd, dx) -> the fp32 partial sums of dw [programs, N]: the backward's launch for this
     signature, made once (the tensors' shapes, strides, dtypes and 16-byte alignment, the device); dx as
     `_rms_norm_bwd_impl` allocates it."""
     key = None if traced else (
-        "bwd", x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, dy.stride(), dy.dtype, dy.data_ptr() & 15,
+        "bwd", gemma, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, dy.stride(), dy.dtype, dy.data_ptr() & 15,
         None if ds is None else (ds.stride(), ds.dtype, ds.data_ptr() & 15), weight.stride(0), weight.dtype,
         weight.data_ptr() & 15, rstd.data_ptr() & 15)
-    return plan(_plans, key, lambda: _make_bwd_plan(dy, ds, x, weight, traced), traced)
+    return plan(_plans, key, lambda: _make_bwd_plan(dy, ds, x, weight, gemma, traced), traced)
 
 
-def _make_bwd_plan(dy, ds, x, weight, traced):
+def _make_bwd_plan(dy, ds, x, weight, gemma, traced):
     R, N = x.shape
     block_n, block_r, warps = _launch_settings(N)
     # 2 programs per SM: with the next rows loaded ahead, fwd+bwd of Llama-3-8B's 8192 x 4096 bf16 takes 94 us
@@ -185,7 +203,7 @@ def _make_bwd_plan(dy, ds, x, weight, traced):
     rows = _runtime.cdiv(_runtime.cdiv(R, programs), block_r) * block_r
     programs = _runtime.cdiv(R, rows)
     launch = Launch(_rms_norm_bwd_kernel, (programs,),
-                    dict(HAS_DS=ds is not None, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps), traced=traced)
+                    dict(HAS_DS=ds is not None, GEMMA=gemma, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps), traced=traced)
     scalars = (R, N, *dy.stride(), *(dy if ds is None else ds).stride(), *x.stride(), weight.stride(0), rows)
 
     def run(dy, ds, x, weight, rstd, dx):
@@ -195,14 +213,14 @@ def _make_bwd_plan(dy, ds, x, weight, traced):
     return run
 
 
-def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd, traced: bool = False):
+def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd, gemma: bool, traced: bool = False):
     """dy, ds [R, N] (any strides; ds the gradient of the new residual, or None), x [R, N] the normalized
     input (any strides), rstd [R] -> (dx [R, N] contiguous in x's dtype, dw [N] in weight's dtype)."""
     R, N = x.shape
     dx = x.new_empty((R, N))
     if R * N == 0:
         return dx, torch.zeros_like(weight)
-    partial = _bwd_plan(dy, ds, x, weight, rstd, traced)(dy, ds, x, weight, rstd, dx)
+    partial = _bwd_plan(dy, ds, x, weight, rstd, gemma, traced)(dy, ds, x, weight, rstd, dx)
     return dx, column_sums(partial, torch.empty(N, device=x.device, dtype=weight.dtype), traced)
 
 
@@ -210,14 +228,14 @@ def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd, traced: 
 
 @torch_op("dropin::rms_norm_fwd", mutates_args=())
 def _rms_norm_fwd_op(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _rms_norm_fwd_impl(x, weight, residual, eps, traced=True)
+                     eps: float, gemma: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _rms_norm_fwd_impl(x, weight, residual, eps, gemma, traced=True)
 
 
 @torch_op("dropin::rms_norm_bwd", mutates_args=())
 def _rms_norm_bwd_op(dy: torch.Tensor, ds: Optional[torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
-                     rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rms_norm_bwd_impl(dy, ds, x, weight, rstd, traced=True)
+                     rstd: torch.Tensor, gemma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rms_norm_bwd_impl(dy, ds, x, weight, rstd, gemma, traced=True)
 
 
 _rms_norm_fwd = switch(_rms_norm_fwd_op, _rms_norm_fwd_impl)
@@ -228,23 +246,23 @@ _rms_norm_bwd = switch(_rms_norm_bwd_op, _rms_norm_bwd_impl)
 
 class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, residual, eps):
-        y, s, rstd = _rms_norm_fwd(x, weight, residual, eps)
-        ctx.has_residual = residual is not None
+    def forward(ctx, x, weight, residual, eps, gemma):
+        y, s, rstd = _rms_norm_fwd(x, weight, residual, eps, gemma)
+        ctx.has_residual, ctx.gemma = residual is not None, gemma
         ctx.save_for_backward(s if residual is not None else x, weight, rstd)
         return (y, s) if residual is not None else y
 
     @staticmethod
     def backward(ctx, dy, ds=None):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = _rms_norm_bwd(dy, ds, x, weight, rstd)
-        need_x, need_w, need_res, _ = ctx.needs_input_grad
-        return dx if need_x else None, dw if need_w else None, dx if need_res else None, None
+        dx, dw = _rms_norm_bwd(dy, ds, x, weight, rstd, ctx.gemma)
+        need_x, need_w, need_res = ctx.needs_input_grad[:3]
+        return dx if need_x else None, dw if need_w else None, dx if need_res else None, None, None
 
 
 # --- 6. Public function -------------------------------------------------------------------------------
 
-def _check(x, weight, eps, residual):
+def _check(x, weight, eps, residual, form):
     for name, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"rms_norm: argument '{name}' must be a Tensor, got {type(t).__name__}")
@@ -269,23 +287,28 @@ def _check(x, weight, eps, residual):
                                f"but got {x.dtype} and {residual.dtype}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 or math.isinf(eps):
         raise ValueError(f"rms_norm: argument 'eps' must be a finite number >= 0, got {eps!r}")
+    if form not in FORMS:
+        raise ValueError(f"rms_norm: argument 'form' must be one of {FORMS}, got {form!r}")
 
 
 _checked = Checks()
 _shortcuts = Shortcuts(differentiable=True)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: Optional[torch.Tensor] = None):
-    """HF Llama's RMSNorm over the last dim: `weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: Optional[torch.Tensor] = None,
+             form: str = "llama"):
+    """HF Llama's RMSNorm over the last dim: `weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`; form "gemma":
+    Gemma's, `((x * rsqrt(mean(x^2) + eps)) * (1 + weight)).to(x.dtype)` computed in fp32.
 
     x [..., N] (any strides), weight [N]; float32 / float16 / bfloat16 (weight may differ from x: the
-    output has their promoted dtype, as in HF). With residual (x's shape and dtype), the fused
-    `s = x + residual` comes first and `(rms_norm(s), s)` is returned, s being the next residual stream.
+    output has their promoted dtype, as in HF; form "gemma": x's dtype). With residual (x's shape and dtype), the
+    fused `s = x + residual` comes first and `(rms_norm(s), s)` is returned, s being the next residual stream.
     Differentiable in x, weight and residual."""
-    key, shortcut = _shortcuts.find((x, weight, residual), (eps,))
+    key, shortcut = _shortcuts.find((x, weight, residual), (eps, form))
     if shortcut is not None:
         return shortcut(x, weight, residual)
-    _checked.once((x, weight, residual), (eps,), lambda: _check(x, weight, eps, residual))
+    _checked.once((x, weight, residual), (eps, form), lambda: _check(x, weight, eps, residual, form))
+    gemma = form == "gemma"
     N = x.shape[-1]
     # Leading dims flatten into rows: a view whenever they collapse (e.g. any contiguous or row-sliced x),
     # a copy only otherwise; the kernels read rows with any row and column stride.
@@ -294,27 +317,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     res2 = None if residual is None else residual.reshape(rows, N)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or residual is not None and residual.requires_grad):
-        out = _RMSNormFunction.apply(x2, weight, res2, float(eps))
+        out = _RMSNormFunction.apply(x2, weight, res2, float(eps), gemma)
         y, s = (out, None) if residual is None else out
     else:  # no autograd node (its cost is a small op's whole launch)
-        y, s, _ = _rms_norm_fwd(x2, weight, res2, float(eps))
+        y, s, _ = _rms_norm_fwd(x2, weight, res2, float(eps), gemma)
     out = y.view(x.shape) if residual is None else (y.view(x.shape), s.view(x.shape))
     if torch.is_grad_enabled() and (y.requires_grad or s is not None and s.requires_grad):
-        _shortcuts.keep(key, lambda: _RMSNormShortcut.make(x, x2, weight, residual, res2, float(eps), out, key[0]),
+        _shortcuts.keep(key, lambda: _RMSNormShortcut.make(x, x2, weight, residual, res2, float(eps), gemma, out,
+                                                                key[0]),
                         grad=True)
     else:
-        _shortcuts.keep(key, lambda: _rms_norm_shortcut(x, x2, weight, residual, res2, float(eps), out))
+        _shortcuts.keep(key, lambda: _rms_norm_shortcut(x, x2, weight, residual, res2, float(eps), gemma, out))
     return out
 
 
-def _rms_norm_shortcut(x, x2, weight, residual, res2, eps: float, out, saves: bool = False):
+def _rms_norm_shortcut(x, x2, weight, residual, res2, eps: float, gemma: bool, out, saves: bool = False):
     """rms_norm's later eager calls of this signature (`Shortcuts`): (x, weight, residual) -> y, or (y, s) with
     residual, new outputs laid out as this call's out, the forward's plan run on x and residual themselves (saves:
     -> ((y, s), rstd)); None where flattening copied one (leading dims that do not collapse) or there are no rows."""
     if x2.numel() == 0 or x2.data_ptr() != x.data_ptr() \
             or residual is not None and res2.data_ptr() != residual.data_ptr():
         return None
-    run = _fwd_plan(x2, weight, res2)
+    run = _fwd_plan(x2, weight, res2, gemma)
     layouts = [(t.shape, t.stride(), t.dtype) for t in (out if residual is not None else (out,))]
     rows, device = x2.shape[0], x.device
 
@@ -333,15 +357,17 @@ class _RMSNormShortcut(Differentiable):
     as `_rms_norm_shortcut`'s (rstd and x, or s, saved) and the backward's plan for each layout of (dy, ds), into new
     dx and dweight."""
 
-    def __init__(self, forward_run, rows: int, N: int, residual: bool, needs):
+    def __init__(self, forward_run, rows: int, N: int, residual: bool, gemma: bool, needs):
         super().__init__()
         self.forward_run, self.rows, self.N, self.residual, self.needs = forward_run, rows, N, residual, needs
+        self.gemma = gemma
 
     @staticmethod
-    def make(x, x2, weight, residual, res2, eps: float, out, needs):
+    def make(x, x2, weight, residual, res2, eps: float, gemma: bool, out, needs):
         """The shortcut; None where `_rms_norm_shortcut` has none."""
-        forward_run = _rms_norm_shortcut(x, x2, weight, residual, res2, eps, out, saves=True)
-        return None if forward_run is None else _RMSNormShortcut(forward_run, *x2.shape, residual is not None, needs)
+        forward_run = _rms_norm_shortcut(x, x2, weight, residual, res2, eps, gemma, out, saves=True)
+        return None if forward_run is None else _RMSNormShortcut(forward_run, *x2.shape, residual is not None, gemma,
+                                                                 needs)
 
     def forward(self, ctx, x, weight, residual):
         out, rstd = self.forward_run(x, weight, residual)
@@ -352,7 +378,7 @@ class _RMSNormShortcut(Differentiable):
     def backward(self, ctx, dy, ds=None):
         x, weight, rstd = ctx.saved_tensors
         dy2, ds2 = (None if t is None else t.reshape(self.rows, self.N) for t in (dy, ds))
-        run = self.backward_plan((dy2, ds2), lambda: _bwd_plan(dy2, ds2, x, weight, rstd))
+        run = self.backward_plan((dy2, ds2), lambda: _bwd_plan(dy2, ds2, x, weight, rstd, self.gemma))
         dx = torch.empty(dy.shape, device=x.device, dtype=x.dtype)
         partial = run(dy2, ds2, x, weight, rstd, dx)  # (x's, or s's, rows)
         dw = column_sums(partial, torch.empty(self.N, device=x.device, dtype=weight.dtype)) if self.needs[1] else None

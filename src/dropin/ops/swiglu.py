@@ -1,4 +1,5 @@
-"""The SwiGLU MLP of HF Llama (LlamaMLP): down(silu(x @ G^T) * (x @ U^T)); forward and backward.
+"""The SwiGLU MLP of HF Llama (LlamaMLP): down(silu(x @ G^T) * (x @ U^T)); forward and backward. The same
+kernels run the gated MLPs with another activation in place of silu (Gemma's GeGLU: gelu_tanh), a constexpr.
 
 Forward: `_swiglu_kernel` (on Hopper `_swiglu_tma_kernel`, persistent) computes, for one (M, N) tile, both
 x @ G^T and x @ U^T in two fp32 accumulators from one read of each x tile, and writes only h = silu(g) * u:
@@ -26,15 +27,15 @@ from .. import _runtime
 from . import _autotune, _gemm
 from ._dispatch import Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op
 from ._gemm import dot_acc, tile_coords
-from .activations import activation_grad, apply_activation
+from .activations import ACTIVATIONS, activation_grad, activation_ref, apply_activation
 from .matmul import linear, matmul
 
 
 # --- 1. Reference -----------------------------------------------------------------------------------
 
-def swiglu_mlp_ref(x, gate_weight, up_weight, down_weight):
-    """HF LlamaMLP.forward with these weights (no biases)."""
-    return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
+def swiglu_mlp_ref(x, gate_weight, up_weight, down_weight, activation="silu"):
+    """HF LlamaMLP.forward with these weights (no biases); GemmaMLP's with activation "gelu_tanh"."""
+    return F.linear(activation_ref(F.linear(x, gate_weight), activation) * F.linear(x, up_weight), down_weight)
 
 
 # --- 2. Kernels -------------------------------------------------------------------------------------
@@ -68,17 +69,18 @@ def _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
 
 
 @triton.jit
-def _swiglu_values(g, u, dh):
-    """fp32 h = silu(g) * u, du = dh * silu(g), dg = dh * u * silu'(g)."""
-    act = apply_activation(g, "silu")
-    return act * u, dh * act, dh * u * activation_grad(g, "silu")
+def _swiglu_values(g, u, dh, ACT: tl.constexpr):
+    """fp32 h = act(g) * u, du = dh * act(g), dg = dh * u * act'(g) (act: silu for SwiGLU)."""
+    act = apply_activation(g, ACT)
+    return act * u, dh * act, dh * u * activation_grad(g, ACT)
 
 
 @triton.jit
 def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
                    M, N, K,
                    stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                   BACKWARD: tl.constexpr, SAVE: tl.constexpr, SAVED: tl.constexpr, PRECISION: tl.constexpr,
+                   BACKWARD: tl.constexpr, SAVE: tl.constexpr, SAVED: tl.constexpr, ACT: tl.constexpr,
+                   PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One [M, N] tile per program: g = x @ G^T and u = x @ U^T in registers (pointer loads); writes h, and
     when BACKWARD also du and dg over dh (_swiglu_values). SAVE (forward): g and u are also written to zg and
@@ -102,7 +104,7 @@ def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
     if SAVE:
         tl.store(zg_ptr + offs, g.to(zg_ptr.dtype.element_ty), mask=mask)
         tl.store(zu_ptr + offs, u.to(zu_ptr.dtype.element_ty), mask=mask)
-    h, du, dg = _swiglu_values(g, u, dh)
+    h, du, dg = _swiglu_values(g, u, dh, ACT)
     h_dst = zg_ptr if SAVED else h_ptr
     tl.store(h_dst + offs, h.to(h_dst.dtype.element_ty), mask=mask)
     if BACKWARD:
@@ -114,7 +116,7 @@ def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
 @triton.jit
 def _swiglu_tma_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
                        M, N, K, stride_xm, stride_gn, stride_un,
-                       BACKWARD: tl.constexpr, SAVE: tl.constexpr, PRECISION: tl.constexpr,
+                       BACKWARD: tl.constexpr, SAVE: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                        NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     """_swiglu_kernel's forward and backward (not SAVED) through tensor descriptors (Hopper: x and the weights
@@ -149,7 +151,7 @@ def _swiglu_tma_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_pt
         if SAVE:
             zg_desc.store([off_m, off_n], g.to(zg_ptr.dtype.element_ty))
             zu_desc.store([off_m, off_n], u.to(zu_ptr.dtype.element_ty))
-        h, du, dg = _swiglu_values(g, u, dh)
+        h, du, dg = _swiglu_values(g, u, dh, ACT)
         h_desc.store([off_m, off_n], h.to(h_ptr.dtype.element_ty))
         if BACKWARD:
             du_desc.store([off_m, off_n], du.to(du_ptr.dtype.element_ty))
@@ -184,36 +186,37 @@ def _tma_ok(t: torch.Tensor, traced: bool = False) -> bool:
 _plans: dict = {}
 
 
-def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, save=False,
+def _launch(x, gate_weight, up_weight, h, dh=None, du=None, zg=None, zu=None, save=False, act: str = "silu",
             tma: Optional[bool] = None, traced: bool = False):
     """The kernel over the [M, N] tiles; x [M, K] and the weights [N, K] with any strides. Backward when
     dh is given; with zg and zu, forward saves g and u there (save) or backward reads them (not save: the
     elementwise backward in place over zg, zu and dh; x, the weights, h and du None). A tensor the kernel leaves
     alone is None here (`absent` in its slot). The launch plan (kernel, grid, config) is made once per signature
-    and reused."""
-    run, ptrs = _launch_plan(x, gate_weight, up_weight, h, dh, du, zg, zu, save, tma, traced)
+    and reused. act: the gate's activation."""
+    run, ptrs = _launch_plan(x, gate_weight, up_weight, h, dh, du, zg, zu, save, act, tma, traced)
     run(*ptrs)
 
 
-def _launch_plan(x, gate_weight, up_weight, h, dh, du, zg, zu, save: bool, tma: Optional[bool], traced: bool):
+def _launch_plan(x, gate_weight, up_weight, h, dh, du, zg, zu, save: bool, act: str, tma: Optional[bool],
+                 traced: bool):
     """(run, ptrs): `_launch`'s plan for this signature, run(*ptrs), and its 8 tensors (`absent` for None)."""
     backward, saved = dh is not None, zg is not None and not save
     like = zg if saved else h
     precision = _gemm.precision(like.dtype, k=0 if saved else x.shape[1])
     ptrs = tuple(absent(like, traced) if t is None else t for t in (x, gate_weight, up_weight, h, dh, du, zg, zu))
     operands = () if saved else (x.shape[1], x.stride(), gate_weight.stride(), up_weight.stride())
-    key = (backward, saved, save, precision, tma, like.device, like.shape, *operands,
+    key = (backward, saved, save, act, precision, tma, like.device, like.shape, *operands,
            tuple((t.dtype, aligned(t, traced)) for t in ptrs))
-    return plan(_plans, key, lambda: _make_plan(ptrs, backward, saved, save, precision, tma, traced),
+    return plan(_plans, key, lambda: _make_plan(ptrs, backward, saved, save, act, precision, tma, traced),
                 traced=traced), ptrs
 
 
-def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
+def _make_plan(ptrs, backward, saved, save, act, precision, tma, traced: bool):
     """Chooses the kernel and its config for this signature (tuning on first use); returns the launcher of
     `_launch`'s 8 tensors. Candidates for the products: _swiglu_tma_kernel's where every tensor suits a
     descriptor (Hopper; not on fp32 FMA dots, where TMA loads ran 10-30x slower than pointer ones, H200) and
     _swiglu_kernel's; the config is tuned once per (pass, dtype, precision, kernels, size bucket). `tma` forces
-    the choice (tests)."""
+    the choice (tests). The activation does not enter the tuning key: it costs the same few elementwise ops."""
     x, gate_weight, up_weight, h = ptrs[:4]
     (M, N), K = ptrs[6 if saved else 3].shape, 0 if saved else x.shape[1]
     max_k = _gemm.max_k(precision, x.element_size())
@@ -237,7 +240,7 @@ def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
     def launcher(cfg):
         cfg = dict(cfg)
         tiles = _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
-        meta = dict(BACKWARD=backward, SAVE=save, PRECISION=precision, GROUP_M=8)
+        meta = dict(BACKWARD=backward, SAVE=save, ACT=act, PRECISION=precision, GROUP_M=8)
         if cfg.pop("TMA"):
             programs = _runtime.num_sms(x.device.index or 0)
             scalars = (M, N, K, x.stride(0), gate_weight.stride(0), up_weight.stride(0))
@@ -261,32 +264,34 @@ def _make_plan(ptrs, backward, saved, save, precision, tma, traced: bool):
     return launcher(_autotune.pick("swiglu", key, configs, prepare))
 
 
-def _swiglu_fwd_impl(x, gate_weight, up_weight, save: bool, tma: Optional[bool] = None, traced: bool = False):
-    """h = silu(x @ G^T) * (x @ U^T): x [M, K], G and U [N, K] -> (h, g, u), [M, N] contiguous; g and u
+def _swiglu_fwd_impl(x, gate_weight, up_weight, save: bool, act: str = "silu", tma: Optional[bool] = None,
+                     traced: bool = False):
+    """h = act(x @ G^T) * (x @ U^T): x [M, K], G and U [N, K] -> (h, g, u), [M, N] contiguous; g and u
     (the pre-activations) are written only when `save`, else empty."""
     M, N = x.shape[0], gate_weight.shape[0]
     h = x.new_empty((M, N))
     zg, zu = (x.new_empty((M, N)), x.new_empty((M, N))) if save else (x.new_empty(0), x.new_empty(0))
     if h.numel():
         _launch(x, gate_weight, up_weight, h, zg=zg if save else None, zu=zu if save else None, save=save,
-                tma=tma, traced=traced)
+                act=act, tma=tma, traced=traced)
     return h, zg, zu
 
 
-def _swiglu_bwd_impl(x, gate_weight, up_weight, dh, tma: Optional[bool] = None, traced: bool = False):
-    """Recomputes g and u; given dh [M, N] (contiguous; overwritten with dg = dh * u * silu'(g)), returns
+def _swiglu_bwd_impl(x, gate_weight, up_weight, dh, act: str = "silu", tma: Optional[bool] = None,
+                     traced: bool = False):
+    """Recomputes g and u; given dh [M, N] (contiguous; overwritten with dg = dh * u * act'(g)), returns
     (h, du)."""
     h, du = torch.empty_like(dh), torch.empty_like(dh)
     if h.numel():
-        _launch(x, gate_weight, up_weight, h, dh, du, tma=tma, traced=traced)
+        _launch(x, gate_weight, up_weight, h, dh, du, act=act, tma=tma, traced=traced)
     return h, du
 
 
-def _swiglu_bwd_saved_impl(g, u, dh, traced: bool = False) -> None:
-    """From the saved pre-activations, in place: g becomes h = silu(g) * u, u becomes du = dh * silu(g),
-    dh becomes dg = dh * u * silu'(g) (all [M, N] contiguous)."""
+def _swiglu_bwd_saved_impl(g, u, dh, act: str = "silu", traced: bool = False) -> None:
+    """From the saved pre-activations, in place: g becomes h = act(g) * u, u becomes du = dh * act(g),
+    dh becomes dg = dh * u * act'(g) (all [M, N] contiguous)."""
     if g.numel():
-        _launch(None, None, None, None, dh, None, g, u, traced=traced)
+        _launch(None, None, None, None, dh, None, g, u, act=act, traced=traced)
     if not traced:  # (the registered op's dispatcher bumps the versions of the arguments it mutates)
         for t in (g, u, dh):  # written through pointers: tell autograd, whose saved-tensor checks rely on it
             torch.autograd.graph.increment_version(t)
@@ -296,19 +301,19 @@ def _swiglu_bwd_saved_impl(g, u, dh, traced: bool = False) -> None:
 
 @torch_op("dropin::swiglu_fwd", mutates_args=())
 def _swiglu_fwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
-                   save: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _swiglu_fwd_impl(x, gate_weight, up_weight, save, traced=True)
+                   save: bool, act: str = "silu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _swiglu_fwd_impl(x, gate_weight, up_weight, save, act, traced=True)
 
 
 @torch_op("dropin::swiglu_bwd", mutates_args=("dh",))
 def _swiglu_bwd_op(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
-                   dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return _swiglu_bwd_impl(x, gate_weight, up_weight, dh, traced=True)
+                   dh: torch.Tensor, act: str = "silu") -> tuple[torch.Tensor, torch.Tensor]:
+    return _swiglu_bwd_impl(x, gate_weight, up_weight, dh, act, traced=True)
 
 
 @torch_op("dropin::swiglu_bwd_saved_", mutates_args=("g", "u", "dh"))
-def _swiglu_bwd_saved_op(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> None:
-    _swiglu_bwd_saved_impl(g, u, dh, traced=True)
+def _swiglu_bwd_saved_op(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, act: str = "silu") -> None:
+    _swiglu_bwd_saved_impl(g, u, dh, act, traced=True)
 
 
 _swiglu_fwd = switch(_swiglu_fwd_op, _swiglu_fwd_impl)
@@ -320,9 +325,10 @@ _swiglu_bwd_saved = switch(_swiglu_bwd_saved_op, _swiglu_bwd_saved_impl)
 
 class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, gate_weight, up_weight, down_weight, recompute):
+    def forward(ctx, x, gate_weight, up_weight, down_weight, recompute, act):
         save = not recompute and any(ctx.needs_input_grad[:4])
-        h, g, u = _swiglu_fwd(x, gate_weight, up_weight, save)
+        h, g, u = _swiglu_fwd(x, gate_weight, up_weight, save, act)
+        ctx.act = act
         ctx.save_for_backward(x, gate_weight, up_weight, down_weight)
         # Kept on ctx, not saved: the backward takes them over as its own buffers and frees them early.
         ctx.saved_mode, ctx.pre_activations = save, [g, u] if save else None
@@ -330,24 +336,24 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return *_backward(ctx, dy, ctx.needs_input_grad[:4]), None
+        return *_backward(ctx, dy, ctx.needs_input_grad[:4]), None, None
 
 
 def _backward(ctx, dy, needs) -> tuple:
     """The gradients of (x [M, K], gate_weight, up_weight, down_weight) where needs says, dy [M, K]; ctx holds the
-    forward's saved tensors (x, the weights), saved_mode and pre_activations."""
+    forward's saved tensors (x, the weights), act, saved_mode and pre_activations."""
     x, gate_weight, up_weight, down_weight = ctx.saved_tensors
     need_x, need_g, need_u, need_d = needs
     dg = matmul(dy, down_weight).contiguous()  # dh = dy @ D; it becomes dg in place
     if not ctx.saved_mode:
-        h, du = _swiglu_bwd(x, gate_weight, up_weight, dg)
+        h, du = _swiglu_bwd(x, gate_weight, up_weight, dg, ctx.act)
     else:
         if ctx.pre_activations is None:
             raise RuntimeError("swiglu_mlp (recompute=False, the default): the backward turns the kept "
                                "pre-activations into its own buffers, so it runs once per forward "
                                "(retain_graph is not supported); use recompute=True")
         (g, u), ctx.pre_activations = ctx.pre_activations, None
-        _swiglu_bwd_saved(g, u, dg)  # in place: g becomes h, u becomes du
+        _swiglu_bwd_saved(g, u, dg, ctx.act)  # in place: g becomes h, u becomes du
         h, du = g, u
         del g, u
     d_down = matmul(dy.mT, h) if need_d else None
@@ -368,8 +374,9 @@ _shortcuts = Shortcuts(differentiable=True)
 
 
 def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
-               down_weight: torch.Tensor, recompute: bool = False) -> torch.Tensor:
-    """HF Llama's MLP, `down_proj(silu(gate_proj(x)) * up_proj(x))` without biases.
+               down_weight: torch.Tensor, recompute: bool = False, activation: str = "silu") -> torch.Tensor:
+    """HF Llama's MLP, `down_proj(silu(gate_proj(x)) * up_proj(x))` without biases; with another `activation`
+    of dropin's (dropin.ops.activations.ACTIVATIONS) in place of silu, the same gated MLP (Gemma's: "gelu_tanh").
 
     x [..., hidden] (any strides), gate_weight and up_weight [intermediate, hidden], down_weight
     [hidden, intermediate] (nn.Linear's layouts) -> [..., hidden]. float32 / float16 / bfloat16 (all the
@@ -381,9 +388,11 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     lowest memory across many layers, a backward that may run again (retain_graph), and activation
     checkpointing with use_reentrant=False (whose saved-tensor hooks do not see the kept projections, which
     stay on the autograd node); within one MLP both peak alike."""
-    key, shortcut = _shortcuts.find((x, gate_weight, up_weight, down_weight), (recompute,))
+    key, shortcut = _shortcuts.find((x, gate_weight, up_weight, down_weight), (recompute, activation))
     if shortcut is not None:
         return shortcut(x, gate_weight, up_weight, down_weight)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"swiglu_mlp: argument 'activation' must be one of {ACTIVATIONS}, got {activation!r}")
     for name, t in (("x", x), ("gate_weight", gate_weight), ("up_weight", up_weight), ("down_weight", down_weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"swiglu_mlp: argument '{name}' must be a Tensor, got {type(t).__name__}")
@@ -409,23 +418,24 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     # reads x with any row and column stride.
     x2 = x.reshape(rows, K)
     if key is None or key[0] is not None:  # (no shortcut may serve the call, or autograd records it)
-        y = _SwiGLUFunction.apply(x2, gate_weight, up_weight, down_weight, bool(recompute))
+        y = _SwiGLUFunction.apply(x2, gate_weight, up_weight, down_weight, bool(recompute), activation)
         _shortcuts.keep(key, lambda: _SwiGLUShortcut.make(x2, gate_weight, up_weight, x, y, bool(recompute),
-                                                          key[0]), grad=True)
+                                                          activation, key[0]), grad=True)
     else:  # no autograd: the forward's launch and the down projection
-        h = _swiglu_fwd(x2, gate_weight, up_weight, False)[0]
+        h = _swiglu_fwd(x2, gate_weight, up_weight, False, activation)[0]
         y = linear(h, down_weight)
-        _shortcuts.keep(key, lambda: _swiglu_shortcut(x2, gate_weight, up_weight, h, x, y.view(*x.shape[:-1], K)))
+        _shortcuts.keep(key, lambda: _swiglu_shortcut(x2, gate_weight, up_weight, h, x, y.view(*x.shape[:-1], K),
+                                                      activation))
     return y.view(*x.shape[:-1], K)
 
 
-def _swiglu_shortcut(x2, gate_weight, up_weight, h, x, y):
+def _swiglu_shortcut(x2, gate_weight, up_weight, h, x, y, act: str):
     """swiglu_mlp's later eager calls of this signature (`Shortcuts`): (x, gate_weight, up_weight, down_weight,
     recompute) -> y, the forward's plan on x at its address (None where x's rows are a copy) into a new h, then
     linear (its own shortcut) into y's shape."""
     if h.numel() == 0 or x2.data_ptr() != x.data_ptr():
         return None
-    run = _launch_plan(x2, gate_weight, up_weight, h, None, None, None, None, False, None, False)[0]
+    run = _launch_plan(x2, gate_weight, up_weight, h, None, None, None, None, False, act, None, False)[0]
     h_shape, shape, dtype, device = h.shape, y.shape, h.dtype, h.device
 
     def shortcut(x, gate_weight, up_weight, down_weight, recompute=False):
@@ -440,27 +450,28 @@ class _SwiGLUShortcut(Differentiable):
     forward's plan on x at its address (the pre-activations kept on ctx unless recompute), linear (its own shortcut)
     into y's shape; the backward as the op's own (`_backward`), dx in x's shape."""
 
-    def __init__(self, run, h_shape, x_shape, save: bool, needs):
+    def __init__(self, run, h_shape, x_shape, save: bool, act: str, needs):
         super().__init__()
         self.run, self.h_shape, self.x_shape, self.save, self.needs = run, h_shape, x_shape, save, needs
+        self.act = act
 
     @staticmethod
-    def make(x2, gate_weight, up_weight, x, y, recompute: bool, needs):
+    def make(x2, gate_weight, up_weight, x, y, recompute: bool, act: str, needs):
         """The shortcut; None where x's rows are a copy or there is no work."""
         if y.numel() == 0 or gate_weight.shape[0] == 0 or x2.data_ptr() != x.data_ptr():
             return None
         h = x2.new_empty((x2.shape[0], gate_weight.shape[0]))
         save = not recompute
         run = _launch_plan(x2, gate_weight, up_weight, h, None, None, h if save else None, h if save else None, save,
-                           None, False)[0]
-        return _SwiGLUShortcut(run, h.shape, x.shape, save, needs)
+                           act, None, False)[0]
+        return _SwiGLUShortcut(run, h.shape, x.shape, save, act, needs)
 
     def forward(self, ctx, x, gate_weight, up_weight, down_weight):
         h = torch.empty(self.h_shape, dtype=x.dtype, device=x.device)
         g, u = (torch.empty_like(h), torch.empty_like(h)) if self.save else (h, h)
         self.run(x, gate_weight, up_weight, h, h, h, g, u)
         ctx.save_for_backward(x.view(self.h_shape[0], x.shape[-1]), gate_weight, up_weight, down_weight)
-        ctx.saved_mode, ctx.pre_activations = self.save, [g, u] if self.save else None
+        ctx.act, ctx.saved_mode, ctx.pre_activations = self.act, self.save, [g, u] if self.save else None
         return linear(h, down_weight).view(self.x_shape)
 
     def backward(self, ctx, dy):
