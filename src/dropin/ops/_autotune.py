@@ -23,6 +23,7 @@ _SHIPPED_DIR = pathlib.Path(__file__).with_name("tuned")
 _memory: dict = {}
 _disk: dict | None = None
 _untimed = threading.local()
+_flush = None  # (the L2-flushing buffer, the ms its zeroing takes in a CUDA graph) once graph timing has run
 
 
 @contextlib.contextmanager
@@ -74,9 +75,18 @@ def _save_disk(key: str, config: dict) -> None:
 
 def _time(prepare, config, graph: bool) -> float:
     try:
-        if graph:
-            return triton.testing.do_bench_cudagraph(prepare(config), rep=25)
-        return triton.testing.do_bench(prepare(config), warmup=5, rep=25)
+        launch = prepare(config)
+        if not graph:
+            return triton.testing.do_bench(launch, warmup=5, rep=25)
+        # each launch after an L2 flush, as do_bench times: operands left in L2 by the previous replay would favour
+        # kernels that are fast on cached data (a decoding step streams its weights from memory); the flush's own
+        # time taken off
+        global _flush
+        if _flush is None:
+            buffer = triton.runtime.driver.active.get_empty_cache_for_benchmark()
+            _flush = buffer, triton.testing.do_bench_cudagraph(buffer.zero_, rep=10)
+        buffer, flush_ms = _flush
+        return triton.testing.do_bench_cudagraph(lambda: (buffer.zero_(), launch()), rep=10) - flush_ms
     except triton.runtime.errors.OutOfResources:
         return float("inf")
 
@@ -85,9 +95,9 @@ def pick(name: str, key: tuple, configs: list, prepare, graph: bool = False) -> 
     """The config for `key`: a remembered one if it is still a candidate, else (when tuning) the one whose
     launch `prepare(config)` runs fastest, else configs[0]. While a CUDA graph is being captured nothing can
     be timed, nor under `untimed`: configs[0], not remembered, so that the next call that may time tunes.
-    graph: time the launches replayed in a CUDA graph, the GPU's time alone (the launch must be capture-safe);
-    timed as eager calls, kernels shorter than their launch's host time (a decoding step's products) are
-    timed by the host."""
+    graph: time the launches replayed in a CUDA graph, the GPU's time alone (the launch must be capture-safe), L2
+    flushed before each; timed as eager calls, kernels shorter than their launch's host time (a decoding step's
+    products) are timed by the host."""
     full_key = f"{name}|{'|'.join(map(str, key))}"
     for remembered in (_memory.get(full_key), _load_disk().get(full_key)):
         if remembered in configs:
