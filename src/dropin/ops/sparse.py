@@ -451,7 +451,7 @@ class _SparseLinearFunction(torch.autograd.Function):
 
 # --- 6. Public function ---------------------------------------------------------------------------------
 
-def check_operands(op: str, x, weight, bias, x_name: str, conv: bool) -> None:
+def check_sparse_operands(op: str, x, weight, bias, x_name: str, conv: bool) -> None:
     """The checks that sparse_linear and sparse_conv2d share: a consistent SparseWeight of the right kind,
     one device, one float dtype."""
     if not isinstance(weight, SparseWeight):
@@ -489,7 +489,7 @@ def find_shortcut(shortcuts: Shortcuts, x, weight, bias, args: tuple = ()):
 
 
 def _check(x, weight, bias) -> None:
-    check_operands("sparse_linear", x, weight, bias, "x", conv=False)
+    check_sparse_operands("sparse_linear", x, weight, bias, "x", conv=False)
     if x.dim() == 0:
         raise RuntimeError("sparse_linear: argument 'x' must be at least 1-D, got 0-D")
     N, K = weight.shape

@@ -19,7 +19,7 @@ from . import _autotune
 from ._dispatch import Launch, Shortcuts, absent, plan, switch, torch_op, writing
 from ._common import is_channels_last
 from .conv2d import conv_args, conv_out_hw
-from .sparse import SparseWeight, check_operands, find_shortcut, sparse_kernel
+from .sparse import SparseWeight, check_sparse_operands, find_shortcut, sparse_kernel
 
 # Candidates (BLOCK_N output channels, BLOCK_M pixels, products a step, warps); BLOCK_C covers the chunks (up to
 # 64: beyond, K is split over programs and the fp32 partials summed), BLOCK_P = products / (BLOCK_N * BLOCK_C *
@@ -165,7 +165,7 @@ def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torc
     key, shortcut = find_shortcut(_shortcuts, input, weight, bias, (stride, padding, dilation, groups))
     if shortcut is not None:
         return shortcut(input, weight.values, weight.offsets, weight.chunk_ptr, bias)
-    check_operands("sparse_conv2d", input, weight, bias, "input", conv=True)
+    check_sparse_operands("sparse_conv2d", input, weight, bias, "input", conv=True)
     if groups != weight.kernel[2]:
         raise ValueError(f"sparse_conv2d: argument 'groups' ({groups}) differs from the groups the weight was "
                          f"sparsified with ({weight.kernel[2]})")
