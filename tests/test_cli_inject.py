@@ -12,7 +12,7 @@ import dropin
 import dropin.nn as dnn
 from dropin.cli import MODELS, main
 from dropin.inject import registry
-from _tol import DEVICE, ON_GPU, gpu, slow
+from _tol import DEVICE, ON_GPU, TOLERANCES, gpu, slow
 
 
 def _tiny_cnn():
@@ -108,7 +108,7 @@ def test_inject_bench_writes_rows(capsys, tmp_path):
                           "dropin", "dropin_graph", "dropin_compile", "dropin_compile_ro"]
     assert all(ROW_KEYS <= set(r) for r in rows.values()) and result["env"]["command"].startswith("dropin inject")
     assert rows["original"]["speedup_vs_original"] == 1.0 and rows["original"]["coverage_flops"] is None
-    assert rows["dropin"]["mode"] == "train" and 0 < rows["dropin"]["rel_err_vs_fp64"] < 1e-4
+    assert rows["dropin"]["mode"] == "train" and 0 < rows["dropin"]["rel_err_vs_fp64"] < TOLERANCES[torch.float32][1]
     # the residual adds stay torch (FLOPs), the embedding too (modules)
     assert 0.99 < rows["dropin"]["coverage_flops"] < 1 and 0 < rows["dropin"]["coverage_modules"] < 1
     assert ("aten::add" in out) == (rows["dropin"]["coverage_time"] is None)  # the interpreter lists torch's ops
@@ -143,7 +143,7 @@ def test_inject_bench_every_mode_runs(capsys, tmp_path):
     rows = {r["provider"]: r for r in json.loads(path.read_text())["rows"]}
     for provider, row in rows.items():
         assert "error" not in row and row["median_ms"] > 0, (provider, row)
-        assert row["rel_err_vs_fp64"] <= 2e-2, (provider, row["rel_err_vs_fp64"])
+        assert row["rel_err_vs_fp64"] <= TOLERANCES[torch.bfloat16][0], (provider, row["rel_err_vs_fp64"])
 
 
 def test_inject_weights_loaded(capsys, tmp_path):
@@ -231,7 +231,9 @@ def test_generate_rows_eager():
     rows = {r["provider"]: r for r in decode.generate_rows("llama", original, model, [2], 3, 2, calls=1)}
     for provider in ("original", "dropin"):
         assert "error" not in rows[provider] and rows[provider]["decode_tokens_per_s"] > 0, rows[provider]
-    assert rows["dropin"]["tokens_match"] == 1.0 and rows["dropin"]["rel_err_vs_original"] < 1e-4
+    # (logits after several decoding steps: the backward column, for errors that compound)
+    assert rows["dropin"]["tokens_match"] == 1.0
+    assert rows["dropin"]["rel_err_vs_original"] < TOLERANCES[torch.float32][1]
     for provider in ("original_compile_ro", "dropin_compile_ro"):
         assert ON_GPU or "interpreted" in rows[provider]["note"]
 
@@ -250,7 +252,7 @@ def test_inject_generate_rows(capsys, tmp_path):
         (b, p) for b in (1, 3) for p in ("original", "original_compile_ro", "dropin", "dropin_compile_ro")]
     for row in rows:
         assert "error" not in row and row["decode_tokens_per_s"] > 0, row
-        assert row["rel_err_vs_original"] < 3e-2 and row["tokens_match"] > 0, row
+        assert row["rel_err_vs_original"] < TOLERANCES[torch.bfloat16][1] and row["tokens_match"] > 0, row
     assert "decode tok/s" in capsys.readouterr().out
 
 

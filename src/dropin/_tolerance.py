@@ -1,6 +1,7 @@
 """DESIGN.md's tolerance table, the relative error it is measured in and the float64 copies it is measured against.
 
-One copy for the library (inject_'s verification) and the tests (tests/_tol.py imports it from here).
+The one copy: inject_'s verification and the CLI read it here, the benchmark harness by the short dtype names of
+its cases (ROWS), the tests through tests/_tol.py.
 """
 import torch
 
@@ -13,6 +14,8 @@ TOLERANCES = {
     torch.float16: (5e-3, 1e-2),
     torch.bfloat16: (2e-2, 3e-2),
 }
+# The rows by the short dtype names of benchmark cases ("tf32": float32 tensors with TF32 allowed).
+ROWS = {"fp32": torch.float32, "tf32": "tf32", "fp16": torch.float16, "bf16": torch.bfloat16}
 # "Never worse than 2x PyTorch's error" compares two rounding errors, so it allows NOISE_ULPS unit roundoffs
 # on top (an fp32 activation derivative 2 ulps off is not a defect).
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, "tf32": 2.0**-11, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}

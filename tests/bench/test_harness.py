@@ -10,6 +10,7 @@ import torch
 from dropin import _runtime
 from dropin.bench import harness
 from dropin.bench.harness import Case, Skipped
+from _tol import TOLERANCES
 
 ROW_KEYS = {"case", "provider", "dtype", "median_ms", "mean_ms", "min_ms", "max_ms", "tflops", "gbps",
             "pct_of_ceiling", "correct", "rel_err", "fallback", "peak_mib", "graph_ms", "graph_pct_of_ceiling"}
@@ -82,7 +83,7 @@ def test_backward_cases_use_the_backward_tolerance():
     case = mm_case(dtype="fp32", dropin=with_grad(1 + 5e-5))  # no torch peer: no 2x rule here
     case.reference, case.backward = with_grad(1), True
     row = run(case)["dropin"]
-    assert row["tol"] == harness.BACKWARD_TOLERANCES["fp32"] == 1e-4
+    assert row["tol"] == TOLERANCES[torch.float32][1] == 1e-4
     assert row["rel_err"] == pytest.approx(5e-5, rel=0.05) and row["correct"] is True
 
 
@@ -158,7 +159,7 @@ def test_wrong_provider_fails_the_case():
 def test_worse_than_twice_torch_fails_within_tolerance():
     off_by_1_5e2 = lambda a, b: torch.matmul(a, b) * (1 + 1.5e-2)  # noqa: E731  (bf16 tolerance: 2e-2)
     row = run(mm_case(dtype="bf16", dropin=off_by_1_5e2, torch=torch.matmul))["dropin"]
-    assert row["rel_err"] < harness.TOLERANCES["bf16"]
+    assert row["rel_err"] < TOLERANCES[torch.bfloat16][0]
     assert row["correct"] is False and "2x torch" in row["error"]
 
 
