@@ -1,7 +1,7 @@
 """Break-even sparsity per shape from a `dropin bench sparse` result file: for each shape (dtype, tokens or
 conv batch, sizes), dropin's speed-up over torch's dense product at each sparsity (event-timed / GPU-only),
 the lowest sparsity from which dropin is at least as fast (GPU-only where measured), and the weight bytes.
-    python scripts/sparse_breakeven.py benchmarks/results/h200/sparse.json"""
+    python benchmarks/sparse_breakeven.py benchmarks/results/h200/sparse.json"""
 import json
 import re
 import sys

@@ -1,7 +1,7 @@
 """Markdown tables of whole-model results (`dropin inject MODEL --bench --json`, benchmarks/results/<gpu>/inject-*.json),
 for the README and closing notes: per model, each provider's median ms (or the reason it did not run) and its
 speed-up over the original in eager; for a `--generate` file, decoding tokens/s per batch and provider.
-Usage: python scripts/model_table.py benchmarks/results/h200/inject-resnet50.json [...]"""
+Usage: python benchmarks/model_table.py benchmarks/results/h200/inject-resnet50.json [...]"""
 import json
 import sys
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call of a session: a list of steps, each logged; everything tarred into $OUT/all.tgz as it goes
-# (a timeout loses nothing already done). Usage: scripts/gpu_session.sh 'STEP' ['STEP' ...]
+# (a timeout loses nothing already done). Usage: benchmarks/gpu_session.sh 'STEP' ['STEP' ...]
 # where a STEP is a shell command run from the repository root with PYTHONPATH=src.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:scratch/pylib PYTHONUNBUFFERED=1 DROPIN_CACHE_DIR=$OUT/tune
 mkdir -p "$DROPIN_CACHE_DIR"  # empty: the shipped choices (src/dropin/ops/tuned) hold (a .tune/ left on the
-# device is not read: a stale cache once came back from a session-17 call)
+# device is not read: it may be stale)
 i=0
 for step in "$@"; do
   i=$((i + 1)); t0=$(date +%s)

@@ -1,7 +1,7 @@
 """Markdown table of dropin's standing per case from result files (benchmarks/results/<gpu>/<suite>.json):
 median ms of each provider (event-timed, and GPU-only from CUDA-graph replays where measured) and dropin's
 ratio against each, for closing notes and docs/perf-notes.md.
-    python scripts/standings.py benchmarks/results/h200/attention.json [...]"""
+    python benchmarks/standings.py benchmarks/results/h200/attention.json [...]"""
 import json
 import sys
 
