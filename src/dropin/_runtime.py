@@ -92,6 +92,27 @@ def is_hopper(device_index: int = 0) -> bool:
     return not INTERPRET and torch.cuda.get_device_capability(device_index)[0] == 9
 
 
+def tf32_allowed(op: str) -> bool:
+    """Whether torch now lets a float32 `op` run in TF32 (or coarser): "matmul" by cuBLAS's rule, "conv" by cuDNN's.
+    Torch >= 2.9 answers through its fp32_precision settings, the op's own first ("none" inherits: the backend's,
+    then torch.backends'); the legacy flags (allow_tf32, set_float32_matmul_precision) set those too, and reading
+    a legacy flag after the new settings were used raises in torch, so the legacy flags are read only where the
+    settings are absent."""
+    if op == "matmul":
+        chain, legacy = (torch.backends.cuda.matmul, torch.backends.cuda, torch.backends), torch.backends.cuda.matmul
+    elif op == "conv":
+        chain, legacy = (torch.backends.cudnn.conv, torch.backends.cudnn, torch.backends), torch.backends.cudnn
+    else:
+        raise ValueError(f"tf32_allowed: op must be 'matmul' or 'conv', got {op!r}")
+    if not hasattr(chain[0], "fp32_precision"):
+        return legacy.allow_tf32
+    for level in chain:
+        value = getattr(level, "fp32_precision", "none")
+        if value != "none":
+            return value in ("tf32", "bf16")
+    return False
+
+
 @functools.lru_cache(maxsize=None)
 def gpu_name() -> str:
     return torch.cuda.get_device_name() if HAS_CUDA else "cpu (Triton interpreter)"

@@ -101,12 +101,12 @@ TF32X3_MIN_K = 256
 
 def precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional[int] = None) -> str:
     """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
-    (allow_tf32, default torch.backends.cuda.matmul.allow_tf32), else true fp32: "tf32x3" on the GPU (three tf32
+    (allow_tf32, default torch's rule for matmuls, `_runtime.tf32_allowed`), else true fp32: "tf32x3" on the GPU (three tf32
     tensor-core products, 1.1-3.5x faster than the FMAs) for a reduction of length `k` >= TF32X3_MIN_K (None:
     the caller bounds its chains itself, conv2d; attention cuts its head-dim products into chunks too); else
     "ieee" (fp32 FMAs; under the interpreter always: the same numbers at a third of the dots). See
     docs/perf-notes.md."""
-    if dtype == torch.float32 and (torch.backends.cuda.matmul.allow_tf32 if allow_tf32 is None else allow_tf32):
+    if dtype == torch.float32 and (_runtime.tf32_allowed("matmul") if allow_tf32 is None else allow_tf32):
         return "tf32"
     if dtype == torch.float32 and not _runtime.INTERPRET and (k is None or k >= TF32X3_MIN_K):
         return "tf32x3"

@@ -8,9 +8,9 @@ from .._common import is_channels_last
 
 
 def precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision: tf32 where torch's convolutions allow it (cudnn.allow_tf32), else true fp32
-    as tf32x3 (`_gemm.precision`)."""
-    return _gemm.precision(dtype, torch.backends.cudnn.allow_tf32 and not _runtime.INTERPRET)
+    """tl.dot's input precision: tf32 where torch's convolutions allow it (cuDNN's rule, `_runtime.tf32_allowed`),
+    else true fp32 as tf32x3 (`_gemm.precision`)."""
+    return _gemm.precision(dtype, _runtime.tf32_allowed("conv") and not _runtime.INTERPRET)
 
 
 def conv_out_hw(H, W, KH, KW, stride, padding, dilation):
