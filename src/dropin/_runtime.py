@@ -38,8 +38,8 @@ def _interpret_triton_language() -> None:
 if INTERPRET:
     _interpret_triton_language()
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
-# Triton versions whose CompiledKernel.run(grid..., stream, function, metadata, hooks, *args) signature was
-# read and used (3.6 on the GPU, 3.8 in source) by ops/_dispatch.Launch; others take the ordinary
+# Triton versions whose CompiledKernel.run(grid..., stream, function, metadata, hooks, *args) signature
+# ops/_dispatch.Launch calls directly (as read in 3.6 on the GPU and 3.8 in source); others take the ordinary
 # `kernel[grid](...)` path every call.
 DIRECT_LAUNCH = (3, 6) <= TRITON_VERSION <= (3, 8)
 # The device a kernel runs on: CUDA tensors, or CPU tensors under the interpreter.

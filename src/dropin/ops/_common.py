@@ -159,7 +159,7 @@ def sum_partials_kernel(part_ptr, out_ptr, T, C, s_c, s_h, s_w, KW: tl.constexpr
 
 def column_sums(part: torch.Tensor, out: torch.Tensor, traced: bool = False) -> torch.Tensor:
     """out[j] = sum_g part[g, j] in out's dtype (part fp32 [G, N] and out [N], both contiguous), one launch: column
-    tiles as narrow as needed for ~128 programs (torch's sum over dim 0 of Llama's 528 x 4096 partials took 16 us)."""
+    tiles as narrow as needed for ~128 programs (torch's sum over dim 0 of Llama's 528 x 4096 partials takes 16 us)."""
     G, N = part.shape
     block_n = min(256, max(16, _runtime.next_power_of_2(_runtime.cdiv(N, 128))))
     launch(sum_partials_kernel, (1, _runtime.cdiv(N, block_n)), part, out, G, N, 1, 0, 0, KW=1, TAPS=1,

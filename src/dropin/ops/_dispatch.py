@@ -97,8 +97,8 @@ def signature(tensors: tuple, args: tuple = ()):
 class Checks:
     """A public function's argument checks, whose outcome depends on nothing but the tensors' shapes, dtypes and
     devices and the other arguments: `once` runs them once per signature. An object, not a dict that the function
-    names: Dynamo guards on a dict that traced code passes around (its length: every new eager signature then
-    recompiled a compiled model, torch 2.11), never on this object's."""
+    names: Dynamo guards on a dict that traced code passes around (its length: every new eager signature would
+    recompile a compiled model, torch 2.11), never on this object's."""
 
     def __init__(self):
         self._results: dict = {}

@@ -104,7 +104,7 @@ def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, maske
     smallest candidate if none fits); with `tma`, each with TMA loads first, then with pointer loads.
     chunk > 0: only tiles whose `reduced` block (the one the kernel's tile products sum over) is at most chunk.
     masked: at most 2 stages where the head dim is 128 or more (the mask tiles take shared memory too: the
-    3-stage 128x128 bf16 tile asked 234 KB of the H200's 227 KB, so the untuned default did not launch)."""
+    3-stage 128x128 bf16 tile asks 234 KB of the H200's 227 KB: the untuned default would not launch)."""
     configs = table[(min(q.element_size(), 4), max(64, _block_d(q.shape[-1])))]
     if masked and _block_d(q.shape[-1]) >= 128:
         configs = [dict(c, num_stages=min(c["num_stages"], 2)) for c in configs]

@@ -84,7 +84,7 @@ def _dot_t(a, a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, b, b_ptr, b_b, b_
     whose MMA chains truncate their running sums): the rows are read again from memory CHUNK columns at a time
     and the chunks' products summed in fp32, so that no chain is longer than CHUNK (a two-level sum, as
     dot_acc's); else the tiles a and b as they are."""
-    if CHUNK:  # (a loop, not unrolled: each unrolled chunk's operands took shared memory of their own)
+    if CHUNK:  # (a loop, not unrolled: each unrolled chunk's operands take shared memory of their own)
         c = tl.zeros((a.shape[0], b.shape[0]), dtype=tl.float32)
         for d0 in tl.range(0, BLOCK_D, CHUNK):
             c = c - dot(-_cols(a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, d0, HEAD_DIM, CHUNK),
