@@ -20,6 +20,7 @@ QUICK = (
     "tests/ops/test_pooling.py::test_avg_pool_dtypes_layouts[bf16-nchw]",
     "tests/ops/test_pooling.py::test_adaptive_avg_pool_sizes[channels_last-output_size2]",
     "tests/ops/test_layer_norm.py::test_row_lengths[bf16-33]",
+    "tests/ops/test_group_norm.py::test_shapes[bf16-between-2x6x5x7-g3]",
     "tests/ops/test_batch_norm.py::test_4d[train-bf16-channels_last]",
     "tests/ops/test_batch_norm.py::test_4d[eval-bf16-nchw]",
     "tests/ops/test_softmax.py::test_row_lengths[bf16-33-softmax]",
@@ -45,6 +46,7 @@ QUICK = (
     "tests/inject/test_hf_families.py::test_decoder_family_injected_verified[gemma]",
     "tests/inject/test_hf_families.py::test_gpt2_conv1d_and_gelu_fused_verified",
     "tests/inject/test_cvt.py::test_cvt_fused_verified_and_hf_forward_unchanged",
+    "tests/inject/test_groupnorm_conv1d.py::test_conv1d_groupnorm_model_injected_verified_and_reverted",
     "tests/inject/test_sparse_inject.py::test_only_the_sparse_layers_go_sparse[dtype1]",
     # the route for functional code (dropin.use()): eager, and compiled
     "tests/test_route.py::test_functional_model_routed[attention]",

@@ -11,10 +11,11 @@ __version__ = "0.1.0"
 _SOURCES = {"ops": ".ops", "nn": ".nn", "inject": ".inject", "route": ".route",
             **dict.fromkeys(["inject_", "revert_", "refresh_", "InjectConfig"], ".inject"),
             **dict.fromkeys(["enable", "disable", "use", "route_report"], ".route"),
-            **dict.fromkeys(["matmul", "bmm", "linear", "conv2d", "attention", "rms_norm", "rope", "swiglu_mlp"],
-                            ".ops")}
+            **dict.fromkeys(["matmul", "bmm", "linear", "conv1d", "conv2d", "attention", "rms_norm", "group_norm",
+                             "rope", "swiglu_mlp"], ".ops")}
 
-__all__ = ["ops", "nn", "route", "matmul", "bmm", "linear", "conv2d", "attention", "rms_norm", "rope", "swiglu_mlp",
+__all__ = ["ops", "nn", "route", "matmul", "bmm", "linear", "conv1d", "conv2d", "attention", "rms_norm", "group_norm",
+           "rope", "swiglu_mlp",
            "inject_", "revert_", "refresh_", "InjectConfig", "enable", "disable", "use", "route_report", "__version__"]
 
 

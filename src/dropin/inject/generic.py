@@ -1,7 +1,8 @@
-"""Handlers for torch.nn layers: Linear (+ activation), Conv2d (+ BatchNorm2d) (+ activation), and the layers
-that are one functional op: BatchNorm2d (not folded: training mode, or not after a conv), the activations (ReLU,
-ReLU6 and Hardtanh(0, 6), GELU, SiLU; the others are named with the reason they stay torch), max / average /
-adaptive average pooling, LayerNorm. Subclasses that keep their base's forward are handled as the base.
+"""Handlers for torch.nn layers: Linear (+ activation), Conv2d (+ BatchNorm2d) (+ activation), Conv1d (+ activation;
+conv2d's kernels), GroupNorm (+ activation), and the layers that are one functional op: BatchNorm2d (not folded:
+training mode, or not after a conv), the activations (ReLU, ReLU6 and Hardtanh(0, 6), GELU, SiLU; the others are
+named with the reason they stay torch), max / average / adaptive average pooling, LayerNorm. Subclasses that keep
+their base's forward are handled as the base.
 
 Fusions take the siblings that follow in an nn.Sequential (see Site.following).
 """
@@ -131,6 +132,19 @@ def conv2d(module: nn.Conv2d, site):
         new = dnn.Conv2d(module, act, absorbs)
     new.kernel += note
     return new
+
+
+@register(nn.Conv1d, op="conv1d")
+def conv1d(module: nn.Conv1d, site):
+    """Any padding mode ('reflect', 'replicate', 'circular': F.pad first, in torch), a following activation fused."""
+    act, absorbs = fused_activation(site.following(), site.config)
+    return dnn.Conv1d(module, act, absorbs)
+
+
+@register(nn.GroupNorm, op="group_norm")
+def group_norm(module: nn.GroupNorm, site):
+    act, absorbs = fused_activation(site.following(), site.config)
+    return dnn.GroupNorm(module, act, absorbs)
 
 
 def _batch_norm(m, x):
