@@ -2,13 +2,18 @@
 test dtype (PyTorch's own error, DESIGN.md's 2x rule), with the memory formats of outputs and gradients.
 
 One helper for every op: several outputs (rms_norm's (y, new_residual), rope's (q, k)), non-differentiable
-inputs (cos, sin, a mask), views built from the leaves. `poison_allocations` makes unwritten elements show.
+inputs (cos, sin, a mask), views built from the leaves, torch.autocast. `poison_allocations` makes unwritten
+elements show.
 """
+import contextlib
+
 import torch
 
 from _tol import DEVICE, assert_close, tolerance
 
 CL = torch.channels_last
+# Below this many numbers in the output or in a leaf, a result is a sum of a few terms (`holds_few_numbers`).
+FEW = 4
 
 
 def poison_allocations(monkeypatch) -> None:
@@ -125,8 +130,17 @@ def _assert_layout(rule, what, g, g_t, leaf) -> None:
         assert g.stride() == g_t.stride(), f"{what}: not torch's layout"
 
 
+def holds_few_numbers(ref_op, leaves: dict, build=None) -> bool:
+    """Whether ref_op(*build(**leaves))'s output or a leaf holds fewer than FEW numbers (found on meta tensors): a
+    lone sum of random signs (a 1-element output, the gradient of a 1-element leaf) can cancel to ~0, so `check`
+    wants positive=True there."""
+    build = build or (lambda **t: tuple(t.values()))
+    meta_out = ref_op(*build(**{k: torch.empty_like(v, device="meta") for k, v in leaves.items()}))
+    return min(meta_out.numel(), *(v.numel() for v in leaves.values())) < FEW
+
+
 def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtype=None, positive=False,
-          peer=None, upstream_contiguous=False, grad_layout="format", zero_grad_degree=None):
+          peer=None, upstream_contiguous=False, grad_layout="format", zero_grad_degree=None, autocast=None):
     """Checks op(*build(**leaves)) forward and, with backward, the gradient of every floating leaf not in
     `constant`.
 
@@ -134,7 +148,9 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     their own); `peer` (default ref_op) run on the leaves themselves gives PyTorch's own error (the 2x rule).
     - build turns the leaves into the op's arguments (views, etc.); leaves are used as given, views included.
       Leaves in `constant` are cast like the others but get no gradient. The op may return a tuple.
-    - dtype: the tolerance row (default: the first leaf's dtype).
+    - dtype: the tolerance row (default: autocast, else the first leaf's dtype).
+    - autocast: a dtype; op and peer run under torch.autocast(DEVICE, dtype=autocast) and the reference sees the
+      floating leaves rounded to it, as autocast does (outputs and gradients in the dtypes of torch's).
     - Inputs must come back unmodified; a 4-D output must have torch's memory format.
     - Each output gets a random upstream gradient in torch's output's memory format (as a model's next layer
       gives it), or contiguous with upstream_contiguous.
@@ -149,17 +165,23 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     build = build or (lambda **t: tuple(t.values()))
     if positive:
         leaves = {k: v.abs().clamp_min(0.25) if v.is_floating_point() else v for k, v in leaves.items()}
-    dtype = dtype or next(iter(leaves.values())).dtype
+    dtype = dtype or autocast or next(iter(leaves.values())).dtype
     originals = {k: v.clone() for k, v in leaves.items()}
 
-    def run(fn, cast):
+    def run(fn, cast, amp=False):
         ins = {k: cast(v).detach().requires_grad_(backward and k not in constant and v.is_floating_point())
                for k, v in leaves.items()}
-        return ins, _as_tuple(fn(*build(**ins)))
+        with torch.autocast(DEVICE, dtype=autocast) if amp else contextlib.nullcontext():
+            return ins, _as_tuple(fn(*build(**ins)))
 
-    ins, outs = run(op, lambda t: t)
-    ins_t, outs_t = run(peer or ref_op, lambda t: t)
-    ins_64, refs = run(ref_op, lambda t: t.cpu().double() if t.is_floating_point() else t.cpu())
+    def to_reference(t):
+        if not t.is_floating_point():
+            return t.cpu()
+        return (t.to(autocast) if autocast else t).cpu().double()
+
+    ins, outs = run(op, lambda t: t, amp=autocast is not None)
+    ins_t, outs_t = run(peer or ref_op, lambda t: t, amp=autocast is not None)
+    ins_64, refs = run(ref_op, to_reference)
     for k, v in leaves.items():
         torch.testing.assert_close(v, originals[k], rtol=0, atol=0, equal_nan=True,
                                    msg=lambda m, k=k: f"the op modified its input '{k}': {m}")

@@ -50,7 +50,8 @@ def qkv(B, H, HK, Lq, Lk, E, dtype):
             "v": randn(B, HK, Lk, E, dtype=dtype)}
 
 
-def check(leaves: dict, build=None, peer=F.scaled_dot_product_attention, attn_mask=None, **kwargs):
+def check(leaves: dict, build=None, peer=F.scaled_dot_product_attention, attn_mask=None, backward=True,
+          autocast=None, **kwargs):
     """The shared check of attention(*build(**leaves), attn_mask, **kwargs): the mask is a constant leaf (in
     float64 for the reference if a float one); a gradient 0 in exact arithmetic (each row attends to one key:
     a softmax of one entry is constant) must be rounding-small, scaled by the upstream gradient times two leaves."""
@@ -59,7 +60,7 @@ def check(leaves: dict, build=None, peer=F.scaled_dot_product_attention, attn_ma
     mask = {} if attn_mask is None else {"attn_mask": attn_mask}
     _check.check(bind(dropin.ops.attention), bind(attn.attention_ref), {**leaves, **mask}, peer=bind(peer),
                  build=lambda attn_mask=None, **qkv: (*build(**qkv), attn_mask), constant=("attn_mask",),
-                 grad_layout=None, zero_grad_degree=2)
+                 grad_layout=None, zero_grad_degree=2, backward=backward, autocast=autocast)
 
 
 # ------------------------------------------------------------------------------------- lengths, causal
@@ -460,13 +461,8 @@ def test_float32_follows_allow_tf32(tf32, allow_tf32):
 @gpu
 @pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_autocast(amp_dtype):
-    leaves = qkv(2, 4, 4, 128, 128, 64, torch.float32)
-    with torch.autocast("cuda", dtype=amp_dtype):
-        out = dropin.ops.attention(**leaves, is_causal=True)
-        out_t = F.scaled_dot_product_attention(*leaves.values(), is_causal=True)
-    assert out.dtype == out_t.dtype == amp_dtype
-    ref = F.scaled_dot_product_attention(*(t.to(amp_dtype).double() for t in leaves.values()), is_causal=True)
-    assert_close(out, ref, amp_dtype, "fwd", torch_out=out_t)
+    """fp32 leaves under torch.autocast: the output in its dtype, against float64 on the leaves rounded to it."""
+    check(qkv(2, 4, 4, 128, 128, 64, torch.float32), autocast=amp_dtype, backward=False, is_causal=True)
 
 
 # ------------------------------------------------------------------------------------------ reference

@@ -51,10 +51,10 @@ def leaves(x_shape, w_shape, bias=True, dtype=torch.float32, channels_last=False
     return out
 
 
-def check(op, ref_op, inputs: dict):
+def check(op, ref_op, inputs: dict, autocast=None):
     """The shared check, for an NCHW upstream gradient (also under a channels_last output), each gradient in its
     input's layout; a residual's gradient is the output's, in the output's layout (as torch's add gives)."""
-    _check.check(op, ref_op, inputs, upstream_contiguous=True,
+    _check.check(op, ref_op, inputs, upstream_contiguous=True, autocast=autocast,
                  grad_layout={k: "torch" if k == "r" else "input" for k in inputs})
 
 
@@ -620,17 +620,13 @@ AUTOCAST = [  # (x shape, w shape, conv kwargs, residual)
 def test_autocast(x_shape, w_shape, kw, residual, amp_dtype):
     """fp32 leaves under torch.autocast: cast to its dtype as F.conv2d's operands (the output in that dtype,
     fp32 gradients), against float64 on the leaves rounded to it; the residual is cast alike."""
+    kw = dict(kw)  # (the parameter's own dict serves every amp_dtype)
     act = kw.pop("activation", None)
     inputs = leaves(x_shape, w_shape)
     if x_shape[1] == w_shape[1] and w_shape[2] == 1:
         inputs["x"] = inputs["x"].to(memory_format=torch.channels_last)
     if residual:
         inputs["r"] = torch.randn(x_shape[0], w_shape[0], *x_shape[2:], device=DEVICE)
-
-    def run(conv, cast, amp):
-        ins = {k: cast(v).detach().requires_grad_() for k, v in inputs.items()}
-        with torch.autocast(DEVICE, dtype=amp_dtype, enabled=amp):
-            return ins, conv(**ins)
 
     def ours(x, w, b, r=None):
         return dropin.conv2d(x, w, b, activation=act, residual=r, **kw)
@@ -639,18 +635,7 @@ def test_autocast(x_shape, w_shape, kw, residual, amp_dtype):
         y = F.conv2d(x, w, b, **kw)
         return ACTS[act](y if r is None else y + r.to(y.dtype))
 
-    ins, out = run(ours, lambda t: t, True)
-    ins_t, out_t = run(torch_ref, lambda t: t, True)
-    ins_64, ref = run(torch_ref, lambda t: t.to(amp_dtype).cpu().double(), False)
-    assert out.dtype == amp_dtype == out_t.dtype
-    assert_close(out, ref.to(out.device), amp_dtype, "fwd", torch_out=out_t)
-    grad = torch.randn(ref.shape, device=DEVICE, dtype=amp_dtype)
-    grads = torch.autograd.grad(out, list(ins.values()), grad)
-    grads_t = torch.autograd.grad(out_t, list(ins_t.values()), grad)
-    grads_64 = torch.autograd.grad(ref, list(ins_64.values()), grad.cpu().double())
-    for name, g, g_t, g_64 in zip(ins, grads, grads_t, grads_64):
-        assert g.dtype == torch.float32, f"gradient of '{name}': {g.dtype}, the leaf's is float32"
-        assert_close(g, g_64.to(g.device), amp_dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
+    check(ours, torch_ref, inputs, autocast=amp_dtype)
 
 
 @gpu

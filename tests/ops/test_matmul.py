@@ -5,7 +5,6 @@ gradient), against PyTorch in float64 (the reference) and against PyTorch's own 
 On the CPU the kernels run under the Triton interpreter, so shapes stay small there; `gpu` tests add
 large shapes, bfloat16, torch.compile, autocast and TF32.
 """
-import contextlib
 import importlib
 import math
 
@@ -55,55 +54,11 @@ def matmul_leaves(a_shape, b_shape, dtype):
     return {"a": randn(*a_shape, dtype=dtype), "b": randn(*b_shape, dtype=dtype)}
 
 
-FEW = 4  # below this many numbers in the output or in a leaf, check() makes every number positive
-
-
-def check(op, ref_op, leaves: dict, build=None, backward=True, autocast_dtype=None):
-    """Checks op(*build(**leaves)) forward and, with backward, the gradient of every leaf.
-
-    ref_op is the PyTorch peer: run on float64 copies of the leaves it is the reference, run on the leaves
-    themselves it gives PyTorch's own error. build turns the leaves into the op's arguments (views, etc.).
-    With autocast_dtype, op and PyTorch run under torch.autocast and the reference sees the leaves
-    rounded to that dtype, as autocast does.
-    When the output or a leaf holds fewer than FEW numbers, the leaves and the upstream gradient are made
-    positive: a lone sum of random signs (a 1-element output, the gradient of a 1-element leaf) can cancel
-    to ~0, where any rounding is a large relative error (PyTorch's too).
-    """
-    build = build or (lambda **t: tuple(t.values()))
-    dtype = autocast_dtype or next(iter(leaves.values())).dtype
-    meta_out = ref_op(*build(**{k: torch.empty_like(v, device="meta") for k, v in leaves.items()}))
-    positive = min(meta_out.numel(), *(v.numel() for v in leaves.values())) < FEW
-    if positive:
-        leaves = {k: v.abs() for k, v in leaves.items()}
-    originals = {k: v.clone() for k, v in leaves.items()}
-
-    def run(fn, cast, autocast):
-        ins = {k: cast(v).detach().requires_grad_(backward) for k, v in leaves.items()}
-        ctx = torch.autocast(DEVICE, dtype=autocast_dtype) if autocast else contextlib.nullcontext()
-        with ctx:
-            out = fn(*build(**ins))
-        return ins, out
-
-    on_ref = (lambda t: t.to(autocast_dtype).double()) if autocast_dtype else (lambda t: t.double())
-    ins, out = run(op, lambda t: t, autocast_dtype is not None)
-    ins_t, out_t = run(ref_op, lambda t: t, autocast_dtype is not None)
-    ins_64, ref = run(ref_op, on_ref, False)
-    for k, v in leaves.items():
-        torch.testing.assert_close(v, originals[k], rtol=0, atol=0, equal_nan=True,
-                                   msg=lambda m, k=k: f"the op modified its input '{k}': {m}")
-    assert_close(out, ref, dtype, "fwd", torch_out=out_t, what="forward")
-    if not backward:
-        return
-    assert out.requires_grad, "forward output does not require grad: no autograd support"
-    grad = torch.randn(ref.shape, device=DEVICE, dtype=out_t.dtype)
-    if positive:
-        grad = grad.abs()
-    grads = torch.autograd.grad(out, list(ins.values()), grad, allow_unused=True)
-    grads_t = torch.autograd.grad(out_t, list(ins_t.values()), grad)
-    grads_64 = torch.autograd.grad(ref, list(ins_64.values()), grad.double())
-    for name, g, g_t, g_64 in zip(leaves, grads, grads_t, grads_64):
-        assert g is not None, f"no gradient for '{name}'"
-        assert_close(g, g_64, dtype, "bwd", torch_out=g_t, what=f"gradient of '{name}'")
+def check(op, ref_op, leaves: dict, build=None, backward=True, autocast=None):
+    """The shared check (forward and the gradient of every leaf against float64 and PyTorch's own error), every
+    number positive where the output or a leaf holds fewer than _check.FEW of them (`holds_few_numbers`)."""
+    _check.check(op, ref_op, leaves, build=build, backward=backward, autocast=autocast,
+                 positive=_check.holds_few_numbers(ref_op, leaves, build))
 
 
 def shape_id(shape):
@@ -629,7 +584,7 @@ def test_autocast(op, amp_dtype):
     else:
         fn, ref = getattr(dropin.ops, op), getattr(torch, op)
         leaves = {"a": randn(4, 96, 256), "b": randn(4, 256, 160)}
-    check(fn, ref, leaves, autocast_dtype=amp_dtype)
+    check(fn, ref, leaves, autocast=amp_dtype)
 
 
 @gpu  # (bf16 products: the interpreter's are wrong)
