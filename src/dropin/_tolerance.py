@@ -48,7 +48,7 @@ def limit(dtype: torch.dtype, torch_err: float, backward: bool = False) -> float
     switches are on (on the GPU)."""
     key = dtype
     if key == torch.float32 and not _runtime.INTERPRET and (
-            torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32):
+            _runtime.tf32_allowed("conv") or _runtime.tf32_allowed("matmul")):
         key = "tf32"
     key = key if key in TOLERANCES else torch.float32
     return max(TOLERANCES[key][backward], 2 * torch_err + NOISE_ULPS * UNIT_ROUNDOFF[key])
