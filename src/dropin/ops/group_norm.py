@@ -208,18 +208,22 @@ def _out_like(x: torch.Tensor) -> torch.Tensor:
     return empty_in(x.shape, fmt, x.dtype, x.device)
 
 
+TILE = 4096  # elements of a tile (at most)
+MERGE = 256  # tile statistics merged per step (BLOCK_T at most)
+
+
 def _geometry(x: torch.Tensor, groups: int) -> dict:
     """Sizes and tiles: N, C, G, CG, P, TP, the number of tiles T per group and the launch constexprs."""
     N, C = x.shape[:2]
     P = math.prod(x.shape[2:])
     CG = C // groups
-    block_c = min(_runtime.next_power_of_2(CG), 64)
-    block_p = max(1, min(_runtime.next_power_of_2(P), 4096 // block_c))
+    block_c = min(_runtime.next_power_of_2(CG), 64, TILE)
+    block_p = max(1, min(_runtime.next_power_of_2(P), TILE // block_c))
     TP = _runtime.cdiv(P, block_p)
     T = _runtime.cdiv(CG, block_c) * TP
     return dict(N=N, C=C, G=groups, CG=CG, P=P, TP=TP, T=T,
                 tiles=dict(BLOCK_C=block_c, BLOCK_P=block_p, num_warps=4 if block_c * block_p <= 2048 else 8),
-                BLOCK_T=min(_runtime.next_power_of_2(T), 256))
+                BLOCK_T=min(_runtime.next_power_of_2(T), MERGE))
 
 
 def _fwd_plan(x, groups: int, w, b, y, eps: float, act: str, stats: bool, traced: bool):
