@@ -81,6 +81,10 @@ def _conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
     return _unsupported(input, weight, bias) or ops.conv2d(input, weight, bias, stride, padding, dilation, groups)
 
 
+def _conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _unsupported(input, weight, bias) or ops.conv1d(input, weight, bias, stride, padding, dilation, groups)
+
+
 def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     mask_device = _runtime.KERNEL_DEVICE if attn_mask is None else attn_mask.device.type
     return (_unsupported(query, key, value) or _argument("dropout_p", dropout_p, dropout_p == 0)
@@ -90,6 +94,10 @@ def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 
 def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     return _unsupported(input, weight, bias) or ops.layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    return _unsupported(input, weight, bias) or ops.group_norm(input, num_groups, weight, bias, eps)
 
 
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
@@ -185,8 +193,10 @@ ROUTES = _routes(
     ([torch.mm, torch.Tensor.mm], "mm", _mm),
     ([torch.bmm, torch.Tensor.bmm], "bmm", _bmm),
     ([F.conv2d], "F.conv2d", _conv2d),
+    ([F.conv1d], "F.conv1d", _conv1d),
     ([F.scaled_dot_product_attention], "F.scaled_dot_product_attention", _attention),
     ([F.layer_norm], "F.layer_norm", _layer_norm),
+    ([F.group_norm], "F.group_norm", _group_norm),
     ([F.rms_norm], "F.rms_norm", _rms_norm),
     ([torch.softmax, torch.Tensor.softmax], "softmax", _softmax),
     ([F.softmax], "F.softmax", _f_softmax),
