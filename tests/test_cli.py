@@ -56,7 +56,8 @@ def test_bench_no_matching_case_lists_the_cases(capsys):
     assert "no case" in err and names and all(f"\n  {name}" in err for name in names)
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["inject", "--help"], ["--version"]])
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["inject", "--help"], ["zoo", "--help"],
+                                  ["--version"]])
 def test_help_and_version_import_no_torch(argv):
     """Help and --version are quick: neither imports torch nor dropin's kernels."""
     code = (f"import sys; from dropin.cli import main\n"

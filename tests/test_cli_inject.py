@@ -91,8 +91,8 @@ def test_inject_train_step_wrong_gradient_exits_1(capsys, monkeypatch):
     assert "verified: output within" in out and "BEYOND the limit" in out
 
 
-ROW_KEYS = {"model", "provider", "mode", "dtype", "batch", "median_ms", "mean_ms", "min_ms", "max_ms", "graph_ms",
-            "speedup_vs_original", "rel_err_vs_fp64", "coverage_modules", "coverage_flops", "coverage_time"}
+ROW_KEYS = {"model", "provider", "mode", "dtype", "batch", "median_ms", "mean_ms", "min_ms", "max_ms", "first_call_ms",
+            "graph_ms", "speedup_vs_original", "rel_err_vs_fp64", "coverage_modules", "coverage_flops", "coverage_time"}
 
 
 def test_inject_bench_writes_rows(capsys, tmp_path):

@@ -1,4 +1,4 @@
-"""Command line: `dropin info`, `dropin bench SUITE [options]`, `dropin inject MODEL [options]`.
+"""Command line: `dropin info`, `dropin bench SUITE [options]`, `dropin inject MODEL [options]`, `dropin zoo`.
 
 torch and dropin's kernels are imported by the commands that use them, so that `--help` and `--version` are quick.
 """
@@ -22,6 +22,8 @@ SUITES = {
 }
 # Suites with a runner of their own (not checked and timed cases): name -> "module:function(args) -> exit code".
 RUNNERS = {"overhead": "dropin.bench.overhead:run"}
+# `dropin zoo --dtype` (dropin.bench.zoo.DTYPES, named here so that --help imports no torch).
+ZOO_DTYPES = ("bfloat16", "float32", "both")
 
 
 # Llama defaults: seed 002's LlamaModel (1 layer, hidden 1024, 4 heads of 256, intermediate 11008, vocab 32000,
@@ -338,6 +340,12 @@ def _inject(args) -> int:
     return 0
 
 
+def _zoo(args) -> int:
+    from dropin.bench import zoo
+
+    return zoo.run(args)
+
+
 def _sizes(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",")]
@@ -410,6 +418,37 @@ def build_parser() -> argparse.ArgumentParser:
         if flag != "batch":
             llama.add_argument(f"--{flag.replace('_', '-')}", type=int, dest=flag)
     inject.set_defaults(func=_inject)
+    zoo = commands.add_parser(
+        "zoo", help="inject, verify and time every model of the zoo: one row per model and dtype",
+        description="For each model (every torchvision classifier, one variant of each common timm family, HF "
+                    "models built from their configs; random weights): builds it in a process of its own, injects, "
+                    "verifies against float64, measures coverage and times original and injected in eager and "
+                    "every mode of `dropin inject --bench`; writes one row per (model, dtype) to "
+                    "RESULTS_DIR/<gpu>/zoo.json after each model. A run resumes: models with a row for the same "
+                    "versions are skipped (--rerun runs them again). Images: batch 8, 224x224 (or the model's "
+                    "size); text: 2x512 tokens. Without a GPU --tiny is on and speed is not measured.")
+    zoo.add_argument("--models", nargs="+", metavar="NAME", help="names or glob patterns (torchvision/resnet*, "
+                     "hf/*, resnet50), or MODULE:FUNCTION for a model of one's own (FUNCTION(tiny) returns (model, "
+                     "inputs)); default: the whole zoo")
+    zoo.add_argument("--list", action="store_true", help="print the (model, dtype) rows a run would make, and stop")
+    zoo.add_argument("--dtype", choices=sorted(ZOO_DTYPES), default="both",
+                     help="both: bfloat16 for every model, float32 for image models too (default); float32: every "
+                     "model in float32 (the interpreter's bfloat16 is not reliable)")
+    zoo.add_argument("--tiny", action="store_true", help="tiny inputs and configs (always on without a GPU); "
+                     "rows go to zoo-tiny.json")
+    zoo.add_argument("--no-speed", action="store_true", help="inject, verify and measure coverage, time nothing")
+    zoo.add_argument("--time-limit", type=float, default=600, metavar="SECONDS",
+                     help="per model and dtype; its row says when it ran out (default: %(default)s)")
+    zoo.add_argument("--budget", type=float, metavar="SECONDS", help="stop starting models after this long (a "
+                     "model cut short by it gets no row: it runs again next time)")
+    zoo.add_argument("--rerun", action="store_true", help="run the chosen models again (their rows replaced)")
+    zoo.add_argument("--results-dir", default="benchmarks/results", help="default: %(default)s")
+    zoo.add_argument("--file", metavar="PATH", help="the result file (default: RESULTS_DIR/<gpu>/zoo.json)")
+    zoo.add_argument("--table", action="store_true", help="print the markdown zoo table and its summary against "
+                     "the issue's bar from the result file (also written beside it, .md), run nothing")
+    zoo.add_argument("--warmup", type=float, default=25, help="warm-up time per mode, ms (default: %(default)s)")
+    zoo.add_argument("--rep", type=float, default=100, help="timed repetitions per mode, ms (default: %(default)s)")
+    zoo.set_defaults(func=_zoo)
     return parser
 
 

@@ -5,8 +5,9 @@ Providers (PROVIDERS), each for the original model and the injected one: eager (
 forward captured in one CUDA graph and replayed (`_graph`, inference only); torch.compile default (`_compile`) and
 mode="reduce-overhead" (`_compile_ro`). A mode that cannot run gives a row with the reason in `error` or `note`.
 Row keys (`--json` / `--csv`): model, provider, mode (inference | train: forward + backward), dtype, batch,
-median_ms, mean_ms, min_ms, max_ms, graph_ms (GPU time without the host's launch cost, eager inference rows only;
-None under the interpreter), speedup_vs_original (original eager median / this median), rel_err_vs_fp64
+median_ms, mean_ms, min_ms, max_ms, first_call_ms (the first call, ms: for the torch.compile providers the compile
+time with it), graph_ms (GPU time without the host's launch cost, eager inference rows only; None under the
+interpreter), speedup_vs_original (original eager median / this median), rel_err_vs_fp64
 (||x - x_64|| / ||x_64|| against the original model run in float64: the output, and in train mode the worst of the
 output and every parameter's gradient, see `step_errors`), coverage_modules, coverage_flops, coverage_time (see
 `coverage`; None on original rows), note, error.
@@ -14,6 +15,7 @@ output and every parameter's gradient, see `step_errors`), coverage_modules, cov
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 from torch import nn
@@ -131,14 +133,16 @@ NO_PLAIN_GRAPH = {"llama": "HF Llama's forward cannot be captured in one plain C
                            "code asserts on the device when replayed); reduce-overhead captures it"}
 
 
-def _provider_step(name: str, provider: str, model: nn.Module, inputs: tuple, grad: torch.Tensor | None):
-    """The step to check and time for one provider (see PROVIDERS) of model `name`."""
+def _provider_step(name: str, provider: str, model: nn.Module, inputs: tuple, grad: torch.Tensor | None,
+                   no_graph: str | None):
+    """The step to check and time for one provider (see PROVIDERS) of model `name`; no_graph: why its forward
+    cannot be captured in one plain CUDA graph (else NO_PLAIN_GRAPH's reason, if any)."""
     mode = provider.partition("_")[2]
     if mode == "graph":
         if grad is not None:
             raise harness.Skipped("no plain CUDA graph of a training step (reduce-overhead captures one)")
-        if name in NO_PLAIN_GRAPH:
-            raise harness.Skipped(NO_PLAIN_GRAPH[name])
+        if no_graph or name in NO_PLAIN_GRAPH:
+            raise harness.Skipped(no_graph or NO_PLAIN_GRAPH[name])
         return graphed(model, inputs)
     forward = {"": model, "compile": harness.compiled(model),
                "compile_ro": harness.compiled(model, mode="reduce-overhead")}[mode]
@@ -147,24 +151,31 @@ def _provider_step(name: str, provider: str, model: nn.Module, inputs: tuple, gr
 
 def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tuple, *, grad: torch.Tensor | None,
                reference: tuple, dtype: str, batch: int, cover: dict, warmup_ms: float = 25,
-               rep_ms: float = 100) -> list[dict]:
+               rep_ms: float = 100, no_graph: str | None = None) -> list[dict]:
     """One row per PROVIDERS entry (see the module docstring): a training step with upstream gradient `grad`, or
     inference for None; errors against `reference` (float64_step's for the same grad). A provider that cannot run
-    here gets a `note` (skipped) or an `error` (it raised) and the others still run."""
+    here gets a `note` (skipped) or an `error` (it raised) and the others still run. no_graph: why the model's
+    forward cannot be captured in one plain CUDA graph (its `_graph` rows say so instead of running)."""
     models = {"original": original, "dropin": injected}
     rows = []
     for provider in PROVIDERS:
         model = models[provider.split("_")[0]]
         row = {"model": name, "provider": provider, "mode": "inference" if grad is None else "train", "dtype": dtype,
-               "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None, "graph_ms": None,
+               "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
+               "first_call_ms": None, "graph_ms": None,
                "speedup_vs_original": None, "rel_err_vs_fp64": None, "coverage_modules": None,
                "coverage_flops": None, "coverage_time": None}
         if provider.startswith("dropin"):
             row.update(cover)
         rows.append(row)
         def measure():
-            step = _provider_step(name, provider, model, inputs, grad)
-            row["rel_err_vs_fp64"] = max(step_errors(step(), reference).values())
+            step = _provider_step(name, provider, model, inputs, grad, no_graph)
+            start = time.perf_counter()
+            outs = step()
+            if not _runtime.INTERPRET:
+                torch.cuda.synchronize()
+            row["first_call_ms"] = (time.perf_counter() - start) * 1e3
+            row["rel_err_vs_fp64"] = max(step_errors(outs, reference).values())
             return step, harness.time_fn(step, warmup_ms, rep_ms)
 
         measured = harness.attempt(row, measure)
