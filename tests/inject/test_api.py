@@ -85,3 +85,15 @@ def test_float64_model_left_whole_with_the_reason():
     with pytest.raises(InjectError, match="float64"):
         dropin.inject_(model, example_inputs=x, strict=True)
     assert_whole(model, children)
+
+
+def test_progress_of_the_slow_stages_is_logged(caplog):
+    """inject_ logs its slow stages (verification, coverage) on the 'dropin.progress' logger at INFO, each with
+    its time; nothing below WARNING by default."""
+    model = mlp()
+    with caplog.at_level("INFO", logger="dropin.progress"):
+        dropin.inject_(model, example_inputs=torch.randn(3, 16, device=DEVICE))
+    messages = [r.getMessage() for r in caplog.records if r.name == "dropin.progress"]
+    assert messages[0] == "inject_: 4 module(s) replaced, 0 left to torch", messages  # (linear + activation fused)
+    assert messages[1].startswith("verifying against float64") and messages[1].endswith("...")
+    assert messages[2].startswith("verifying against float64") and " done in " in messages[2]

@@ -1,5 +1,7 @@
 """inject_, revert_ and the report: swap dropin modules into a model in place, verify them, undo it."""
 import copy
+import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -11,6 +13,18 @@ from .._tolerance import limit, rel_err, to_float64
 from ..nn import DropinModule, Folded
 from . import registry
 from .coverage import Coverage, measure
+
+# Progress of the slow stages (verification's first calls tune and compile kernels; coverage profiles a forward):
+# INFO records that `dropin inject` shows on a terminal; a library user turns them on with logging.
+progress = logging.getLogger("dropin.progress")
+
+
+@contextmanager
+def _stage(what: str):
+    progress.info("%s ...", what)
+    start = time.perf_counter()
+    yield
+    progress.info("%s: done in %.1f s", what, time.perf_counter() - start)
 
 
 class InjectError(RuntimeError):
@@ -394,19 +408,21 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
         elif not isinstance(model, DropinModule) and not registry.is_passive(model):
             report.left.append(Left("", type(model).__name__, "inject_ replaces children in place, not the root "
                                                               "module itself: wrap it in an nn.Sequential"))
+        progress.info("inject_: %d module(s) replaced, %d left to torch", len(report.replaced), len(report.left))
         if report.replaced and _REFRESH_HOOK not in model.__dict__:
             model.__dict__[_REFRESH_HOOK] = model.register_load_state_dict_post_hook(_refresh_after_load)
         if strict and report.left:
             raise InjectError("inject_(strict=True): these modules would stay torch (the model is reverted):\n" +
                               "\n".join(f"  {e.name or '<root>'} ({e.type}): {e.reason}" for e in report.left))
         if verify and inputs is not None:
-            _verify(model, inputs, report)
+            with _stage("verifying against float64 (a new shape's first call tunes and compiles kernels)"):
+                _verify(model, inputs, report)
         elif verify:
             report.verification = "NOT verified (pass example_inputs or InjectConfig(input_shape=...))"
         else:
             report.verification = "not verified (verify=False)"
         if coverage:
-            with torch.no_grad(), _buffers_kept(model):
+            with _stage("measuring coverage (profiling a forward)"), torch.no_grad(), _buffers_kept(model):
                 report.coverage = measure(model, revert_(_deepcopy(model)), lambda m: m(*inputs))
     except BaseException:
         revert_(model)
