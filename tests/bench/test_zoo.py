@@ -1,6 +1,7 @@
 """`dropin zoo` under the interpreter (--tiny, no speed): the list, rows of real and fake models, resume and merge,
 failures and the time limit, the table and its summary. The fake models are tests/bench/zoo_fakes.py's."""
 import json
+import os
 import time
 from pathlib import Path
 
@@ -16,7 +17,8 @@ ROW_KEYS = {"model", "dtype", "versions", "status", "error", "input", "replaced"
 
 @pytest.fixture
 def fakes(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", FAKES)  # the zoo's worker processes import zoo_fakes
+    # the zoo's worker processes import zoo_fakes (and dropin, from src/ where PYTHONPATH says so)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [FAKES, os.environ.get("PYTHONPATH")])))
 
 
 def rows_of(path: Path) -> dict:
@@ -49,7 +51,7 @@ def test_tiny_run_rows_resume_and_failures(tmp_path, capsys, fakes):
     """Two real-shaped models and a broken one: rows with every field, the broken model's failure does not stop
     the run; a second run skips them, and a new model merges into the same file."""
     path = tmp_path / "zoo.json"
-    argv = ["zoo", "--tiny", "--dtype", "float32", "--file", str(path)]
+    argv = ["zoo", "--tiny", "--no-speed", "--dtype", "float32", "--file", str(path)]
     assert main([*argv, "--models", "zoo_fakes:raises", "zoo_fakes:convnet", "hf/llama"]) == 0
     rows = rows_of(path)
     assert set(rows) == {(m, "float32") for m in ("zoo_fakes:raises", "zoo_fakes:convnet", "hf/llama")}

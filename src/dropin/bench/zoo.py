@@ -202,11 +202,16 @@ def measure(task: dict) -> dict:
 def run_isolated(task: dict, limit_s: float) -> tuple[dict | None, bool]:
     """(the task's row from a process of its own, whether it ran out of limit_s); the row is None when it ran out
     or its process died, the process group killed at the limit."""
+    import dropin
+
+    # the worker imports the dropin that this process runs
+    path = os.pathsep.join(filter(None, [str(Path(dropin.__file__).parents[1]), os.environ.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
         out, log = Path(tmp) / "row.json", Path(tmp) / "log"
         with log.open("w") as f:
             proc = subprocess.Popen([sys.executable, "-m", "dropin.bench.zoo", json.dumps(task), str(out)],
-                                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+                                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, "PYTHONPATH": path})
             try:
                 proc.wait(timeout=limit_s)
             except subprocess.TimeoutExpired:
@@ -288,8 +293,8 @@ def run(args) -> int:
         print(f"dropin zoo: wrote {path.with_suffix('.md')}", file=sys.stderr)
         return 0
     chosen, notes, unmatched = select(args.models)
-    for note in notes:
-        print(f"dropin zoo: {note}", file=sys.stderr)
+    for text in notes:
+        print(f"dropin zoo: {text}", file=sys.stderr)
     if unmatched:
         print(f"dropin zoo: no model matches {', '.join(unmatched)} (see dropin zoo --list)", file=sys.stderr)
         return 2
@@ -314,8 +319,7 @@ def run(args) -> int:
         if deadline is not None:
             left = deadline - time.monotonic()
             if left < min(MIN_START_S, limit_s):
-                print(f"dropin zoo: --budget spent; {len(tasks) - i + 1} model(s) left for the next run",
-                      file=sys.stderr)
+                print(f"dropin zoo: --budget spent; the next run goes on from {name} {dtype}", file=sys.stderr)
                 break
             limit_s = min(limit_s, left)
         print(f"{label} ...", file=sys.stderr, flush=True)
