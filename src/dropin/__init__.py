@@ -12,10 +12,10 @@ _SOURCES = {"ops": ".ops", "nn": ".nn", "inject": ".inject", "route": ".route",
             **dict.fromkeys(["inject_", "revert_", "refresh_", "InjectConfig"], ".inject"),
             **dict.fromkeys(["enable", "disable", "use", "route_report"], ".route"),
             **dict.fromkeys(["matmul", "bmm", "linear", "conv1d", "conv2d", "attention", "rms_norm", "group_norm",
-                             "rope", "swiglu_mlp"], ".ops")}
+                             "rope", "swiglu_mlp", "linear_cross_entropy"], ".ops")}
 
 __all__ = ["ops", "nn", "route", "matmul", "bmm", "linear", "conv1d", "conv2d", "attention", "rms_norm", "group_norm",
-           "rope", "swiglu_mlp",
+           "rope", "swiglu_mlp", "linear_cross_entropy",
            "inject_", "revert_", "refresh_", "InjectConfig", "enable", "disable", "use", "route_report", "__version__"]
 
 

@@ -1,0 +1,344 @@
+"""Fused linear + cross-entropy for language-model heads: F.cross_entropy(hidden @ weight.T + bias, target) without
+the whole [tokens, vocab] logits in memory; forward and backward.
+
+The tokens are cut into chunks whose logits take at most MAX_CHUNK_BYTES (and at most about 1/CHUNKS of the whole
+logits). For each chunk, in the forward:
+1. logits = hidden_chunk @ weight.T + bias: dropin's product (`mm_impl`, fp32 accumulation, stored in the inputs'
+   dtype as F.linear's logits are);
+2. `_cross_entropy_kernel`, one program per token: the row's logsumexp (online over vocab tiles, fp32), its loss
+   and, where gradients are wanted, the logits' gradient (softmax - one-hot, label smoothing's share, times the
+   token's scale) written over the logits in place;
+3. the gradient of the chunk's hidden rows (dropin's product, `grad @ weight`), of the weight
+   (`_weight_grad_kernel`: weight_grad += grad.T @ hidden_chunk, fp32 accumulation, rounded to the weight's dtype
+   once per chunk as Liger-Kernel's addmm does) and of the bias (a column sum).
+So the gradients are made in the forward, three GEMMs in all, and for the "mean" and "sum" reductions the backward
+only scales them by the incoming gradient (in place: it runs once per forward). With reduction="none" the incoming
+gradient differs per token: the forward computes the losses alone and the backward runs the same chunk pass with
+the incoming gradient as the tokens' scales (one product more).
+Why dropin's products and a separate loss kernel rather than one fused kernel: the two big products are plain GEMMs
+that `mm_impl` already tunes (TMA, persistent grid), and the loss pass over a chunk's logits is memory-bound and
+cheap beside them; the only product the matmul family lacks is the accumulating one, `_weight_grad_kernel`.
+Peak memory beyond the inputs: the weight's and hidden's gradients plus one chunk's logits (and, transiently, its
+hidden gradient), against torch's several [tokens, vocab] tensors.
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from . import _autotune, _gemm
+from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
+from ._gemm import dot_acc, tile_coords
+from .matmul import mm_impl
+
+MAX_CHUNK_BYTES = 256 << 20  # a chunk's logits at most this large
+CHUNKS = 8  # and at most about 1/CHUNKS of the whole logits (but at least MIN_CHUNK_ROWS rows)
+MIN_CHUNK_ROWS = 256
+VOCAB_TILE = 4096  # the loss kernel's widest vocab tile
+REDUCTIONS = ("mean", "sum", "none")
+
+
+# --- 1. Reference -----------------------------------------------------------------------------------
+
+def linear_cross_entropy_ref(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+                             num_items_in_batch=None, label_smoothing=0.0):
+    """F.cross_entropy on the whole logits; with num_items_in_batch, the sum divided by it (HF's
+    fixed_cross_entropy)."""
+    logits = F.linear(hidden, weight, bias).reshape(-1, weight.shape[0])
+    target = target.reshape(-1)
+    if num_items_in_batch is not None:
+        return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum",
+                               label_smoothing=label_smoothing) / num_items_in_batch
+    loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
+    return loss.view(hidden.shape[:-1]) if reduction == "none" else loss
+
+
+# --- 2. Kernels -------------------------------------------------------------------------------------
+
+@triton.jit
+def _cross_entropy_kernel(logits_ptr, target_ptr, scale_ptr, loss_ptr,
+                          V, stride_row, scale_stride, ignore_index, smoothing,
+                          WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One token per program: loss = (1 - smoothing) * (lse - x[target]) + smoothing * (lse - mean(x)), 0 where the
+    target is ignore_index, NaN where it is out of range; with WRITE_GRAD the row becomes
+    (softmax(x) - (1 - smoothing) * onehot - smoothing / V) * scale (0 for an ignored token)."""
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * stride_row
+    target = tl.load(target_ptr + row)
+    cols = tl.arange(0, BLOCK_V)
+    m = float("-inf")  # running max, sum of exp(x - m), sum of x
+    s = 0.0
+    total = 0.0
+    for start in range(0, V, BLOCK_V):
+        mask = start + cols < V
+        x = tl.load(row_ptr + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        total += tl.sum(tl.where(mask, x, 0.0), axis=0)
+        m = m_new
+    lse = m + tl.log(s)
+    valid = target != ignore_index
+    in_range = (target >= 0) & (target < V)
+    x_target = tl.load(row_ptr + target, mask=valid & in_range, other=0.0).to(tl.float32)
+    loss = (1.0 - smoothing) * (lse - x_target) + smoothing * (lse - total / V)
+    loss = tl.where(in_range, loss, float("nan"))
+    tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+    if WRITE_GRAD:
+        scale = tl.where(valid, tl.load(scale_ptr + row * scale_stride), 0.0)
+        for start in range(0, V, BLOCK_V):
+            offs = start + cols
+            mask = offs < V
+            x = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            g = tl.exp(x - lse) - smoothing / V - tl.where(offs == target, 1.0 - smoothing, 0.0)
+            tl.store(row_ptr + offs, (g * scale).to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _weight_grad_kernel(g_ptr, h_ptr, dw_ptr,
+                        V, H, C,
+                        stride_gc, stride_gv, stride_hc, stride_hh,
+                        ACCUMULATE: tl.constexpr, PRECISION: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """dw[V, H] = g[C, V].T @ h[C, H] (+ dw where ACCUMULATE), one [BLOCK_M, BLOCK_N] tile of dw per program, fp32
+    accumulation; dw contiguous, g and h with any strides."""
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(V, BLOCK_M), tl.cdiv(H, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge wrap onto valid ones, so only the token dim needs a load mask.
+    g_ptrs = g_ptr + (offs_m % V).to(tl.int64)[:, None] * stride_gv + offs_k[None, :] * stride_gc
+    h_ptrs = h_ptr + offs_k[:, None] * stride_hc + (offs_n % H).to(tl.int64)[None, :] * stride_hh
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(C, BLOCK_K)):
+        k_left = C - k * BLOCK_K
+        g = tl.load(g_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        h = tl.load(h_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = dot_acc(acc, g, h, PRECISION)
+        g_ptrs += BLOCK_K * stride_gc
+        h_ptrs += BLOCK_K * stride_hc
+    offs = offs_m.to(tl.int64)[:, None] * H + offs_n[None, :]
+    mask = (offs_m[:, None] < V) & (offs_n[None, :] < H)
+    if ACCUMULATE:
+        acc += tl.load(dw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dw_ptr + offs, acc.to(dw_ptr.dtype.element_ty), mask=mask)
+
+
+# --- 3. Launchers -----------------------------------------------------------------------------------
+
+_cfg = _autotune.config
+_WEIGHT_GRAD_CONFIGS = {  # BLOCK_M over the vocab, BLOCK_N over hidden, BLOCK_K over the tokens; smallest last
+    2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 128, 32, 8, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 64, 4, 4),
+        _cfg(32, 32, 32, 4, 2)],
+    4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 64, 32, 4, 4), _cfg(32, 32, 32, 4, 2)],
+}
+
+
+def chunk_rows(tokens: int, vocab: int, element_size: int) -> int:
+    """Tokens per chunk: logits of at most MAX_CHUNK_BYTES and about 1/CHUNKS of the whole (at least MIN_CHUNK_ROWS
+    rows), a multiple of 128 from 128 rows on (whole MMA tiles)."""
+    rows = min(MAX_CHUNK_BYTES // max(1, vocab * element_size), max(MIN_CHUNK_ROWS, -(-tokens // CHUNKS)))
+    rows = rows - rows % 128 if rows >= 128 else max(1, rows)
+    return min(tokens, rows)
+
+
+def _cross_entropy(logits, target, scale, losses, ignore_index: int, smoothing: float, write_grad: bool,
+                   traced: bool):
+    """The loss kernel over the rows of logits [rows, V] (unit column stride); scale [1] or [rows] fp32."""
+    rows, V = logits.shape
+    block = min(VOCAB_TILE, triton.next_power_of_2(V))
+    scale_ptr = scale if write_grad else absent(losses, traced)
+    scale_stride = 1 if write_grad and scale.numel() > 1 else 0
+    Launch(_cross_entropy_kernel, (rows,), dict(WRITE_GRAD=write_grad, BLOCK_V=block,
+                                                num_warps=8 if block >= 2048 else 4), traced=traced)(
+        logits, target, scale_ptr, losses, V, logits.stride(0), scale_stride, ignore_index, smoothing)
+
+
+_plans: dict = {}
+
+
+def _weight_grad(grad, hidden, weight_grad, accumulate: bool, traced: bool):
+    """weight_grad (+)= grad.T @ hidden: grad [C, V], hidden [C, H] (any strides), weight_grad [V, H] contiguous."""
+    (C, V), H = grad.shape, hidden.shape[1]
+    precision = _gemm.precision(grad.dtype, k=C)
+    key = (C, V, H, grad.stride(), hidden.stride(), grad.dtype, grad.device, aligned(grad, traced),
+           aligned(hidden, traced), accumulate, precision)
+    run = plan(_plans, key, lambda: _weight_grad_plan(grad, hidden, weight_grad, accumulate, precision, traced),
+               traced=traced)
+    run(grad, hidden, weight_grad)
+
+
+def _weight_grad_plan(grad, hidden, weight_grad, accumulate: bool, precision: str, traced: bool):
+    """The launcher run(grad, hidden, weight_grad) of this signature, its config tuned once per size bucket."""
+    (C, V), H = grad.shape, hidden.shape[1]
+    size = grad.element_size()
+    configs = _gemm.fits(_WEIGHT_GRAD_CONFIGS[size], V, H, C, _gemm.max_k(precision, size))
+    scalars = (V, H, C, *grad.stride(), *hidden.stride())
+
+    def launcher(cfg, accumulate=accumulate):
+        grid = (_runtime.cdiv(V, cfg["BLOCK_M"]) * _runtime.cdiv(H, cfg["BLOCK_N"]),)
+        launch = Launch(_weight_grad_kernel, grid, dict(cfg, ACCUMULATE=accumulate, PRECISION=precision, GROUP_M=8),
+                        traced=traced)
+        return lambda g, h, dw: launch(g, h, dw, *scalars)
+
+    def prepare(cfg):  # timed into a scratch buffer, never accumulating into the real gradient
+        scratch = torch.empty_like(weight_grad)
+        launch = launcher(cfg, False)
+        return lambda: launch(grad, hidden, scratch)
+
+    key = ("wgrad", grad.dtype, precision, *map(_autotune.bucket, (V, H, C)))
+    return launcher(_autotune.pick("linear_cross_entropy", key, configs, prepare))
+
+
+def _lce_impl(hidden, weight, target, bias, scale, ignore_index: int, label_smoothing: float,
+              need_hidden: bool, need_weight: bool, need_bias: bool, traced: bool = False):
+    """hidden [N, H] (any strides), weight [V, H], target [N] int64 (contiguous), bias [V] or None; scale: None
+    (losses only) or fp32 [1] or [N], the gradient's factor per token. Returns (losses fp32 [N], hidden's gradient
+    [N, H], weight's [V, H], bias's [V]), a gradient not asked for an empty tensor."""
+    (N, H), V = hidden.shape, weight.shape[0]
+    losses = torch.empty(N, dtype=torch.float32, device=hidden.device)
+    grad_hidden = hidden.new_empty((N, H) if need_hidden else 0)
+    grad_weight = weight.new_empty((V, H) if need_weight else 0)
+    grad_bias = torch.zeros(V if need_bias else 0, dtype=torch.float32, device=hidden.device)
+    if N == 0:
+        grad_weight.zero_()
+        return losses, grad_hidden, grad_weight, grad_bias.to(weight.dtype)
+    write_grad = need_hidden or need_weight or need_bias
+    rows = chunk_rows(N, V, hidden.element_size())
+    weight_t = weight.t().unsqueeze(0)
+    for start in range(0, N, rows):
+        stop = min(N, start + rows)
+        chunk = hidden[start:stop]
+        logits = mm_impl(chunk.unsqueeze(0), weight_t, bias, "none", False, traced=traced)[0][0]
+        chunk_scale = scale[start:stop] if write_grad and scale.numel() > 1 else scale
+        _cross_entropy(logits, target[start:stop], chunk_scale, losses[start:stop], ignore_index, label_smoothing,
+                       write_grad, traced)
+        if need_hidden:
+            grad_hidden[start:stop].copy_(mm_impl(logits.unsqueeze(0), weight.unsqueeze(0), None, "none", False,
+                                                  traced=traced)[0][0])
+        if need_weight:
+            _weight_grad(logits, chunk, grad_weight, start > 0, traced)
+        if need_bias:
+            grad_bias += logits.sum(0, dtype=torch.float32)
+    return losses, grad_hidden, grad_weight, grad_bias.to(weight.dtype)
+
+
+# --- 4. Registration as a torch op (what torch.compile traces: `_dispatch`) ----------------------------
+
+@torch_op("dropin::linear_cross_entropy", mutates_args=())
+def _lce_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+            scale: Optional[torch.Tensor], ignore_index: int, label_smoothing: float, need_hidden: bool,
+            need_weight: bool, need_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _lce_impl(hidden, weight, target, bias, scale, ignore_index, label_smoothing, need_hidden, need_weight,
+                     need_bias, traced=True)
+
+
+_lce = switch(_lce_op, _lce_impl)
+
+
+# --- 5. Autograd --------------------------------------------------------------------------------------
+
+class _LinearCrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, reduction, ignore_index, label_smoothing, denominator,
+                loss_dtype):
+        need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
+        ctx.args = (ignore_index, label_smoothing, need_hidden, need_weight, need_bias)
+        ctx.reduction = reduction
+        if reduction == "none":
+            ctx.save_for_backward(hidden, weight, target, bias)
+            losses = _lce(hidden, weight, target, bias, None, ignore_index, label_smoothing, False, False, False)[0]
+            return losses.to(loss_dtype)
+        grads = need_hidden or need_weight or need_bias
+        scale = denominator.reciprocal() if grads else None
+        losses, *gradients = _lce(hidden, weight, target, bias, scale, ignore_index, label_smoothing,
+                                  need_hidden, need_weight, need_bias)
+        ctx.gradients = gradients if grads else None  # kept on ctx: the backward scales them in place
+        return (losses.sum() / denominator).to(loss_dtype)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        ignore_index, label_smoothing, need_hidden, need_weight, need_bias = ctx.args
+        if ctx.reduction == "none":
+            hidden, weight, target, bias = ctx.saved_tensors
+            scale = grad_loss.float().contiguous()
+            gradients = _lce(hidden, weight, target, bias, scale, ignore_index, label_smoothing,
+                             need_hidden, need_weight, need_bias)[1:]
+        else:
+            if ctx.gradients is None:
+                raise RuntimeError("linear_cross_entropy: the forward's gradients are scaled in place by the "
+                                   "backward, which runs once per forward (retain_graph is not supported)")
+            gradients, ctx.gradients = ctx.gradients, None
+            for g in gradients:
+                g.mul_(grad_loss)
+        grad_hidden, grad_weight, grad_bias = (g if need else None for g, need in
+                                               zip(gradients, (need_hidden, need_weight, need_bias)))
+        return grad_hidden, grad_weight, None, grad_bias, None, None, None, None, None
+
+
+# --- 6. Public function -------------------------------------------------------------------------------
+
+def _check(hidden, weight, target, bias, reduction, label_smoothing, num_items_in_batch) -> None:
+    """Argument checks; errors of torch's own types, naming the argument."""
+    op = "linear_cross_entropy"
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: {reduction!r} is not a valid value for 'reduction' (one of {REDUCTIONS})")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"{op}: 'label_smoothing' must be between 0.0 and 1.0, got {label_smoothing}")
+    if num_items_in_batch is not None and reduction != "mean":
+        raise ValueError(f"{op}: 'num_items_in_batch' replaces the mean's divisor: it needs reduction='mean', "
+                         f"got {reduction!r}")
+    _runtime.check_kernel_device(op, hidden=hidden, weight=weight, target=target, bias=bias)
+    _gemm.check_operands(op, hidden=hidden, weight=weight, bias=bias)
+    if target.dtype != torch.int64:
+        raise RuntimeError(f"{op}: argument 'target' must hold class indices of dtype torch.int64, "
+                           f"got {target.dtype}")
+    if weight.dim() != 2 or weight.shape[0] == 0:
+        raise RuntimeError(f"{op}: argument 'weight' must be 2-D [vocab, hidden] with vocab > 0, "
+                           f"got shape {tuple(weight.shape)}")
+    if hidden.dim() == 0 or hidden.shape[-1] != weight.shape[1]:
+        raise RuntimeError(f"{op}: 'hidden' {tuple(hidden.shape)} and 'weight' {tuple(weight.shape)} cannot be "
+                           f"multiplied (hidden size {hidden.shape[-1] if hidden.dim() else None} and "
+                           f"{weight.shape[1]})")
+    if target.shape != hidden.shape[:-1]:
+        raise ValueError(f"{op}: expected 'target' of shape {tuple(hidden.shape[:-1])} (hidden's leading dims), "
+                         f"got {tuple(target.shape)}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise RuntimeError(f"{op}: argument 'bias' must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = "mean",
+                         num_items_in_batch=None, label_smoothing: float = 0.0, *,
+                         loss_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """`F.cross_entropy(F.linear(hidden, weight, bias), target, ...)` without the whole logits in memory.
+
+    hidden [..., H] (any strides), weight [V, H], bias [V] or None, target [...] int64 class indices (hidden's
+    leading dims; ignore_index marks tokens left out). float32 / float16 / bfloat16 (one dtype), products accumulated
+    in fp32 and the logits stored in that dtype (as F.linear's), the loss math in fp32. reduction "mean" (over the
+    tokens not ignored; NaN when all are), "sum" or "none" (a loss per token, 0 where ignored). num_items_in_batch
+    (a number or a tensor, with reduction "mean"): the sum divided by it instead, as HF's fixed_cross_entropy does.
+    label_smoothing as F.cross_entropy's. The loss has hidden's dtype, or loss_dtype (HF's upcast logits: float32).
+    A target outside [0, V) gives a NaN loss (no check of the values: it would wait for the GPU).
+    Differentiable in hidden, weight and bias; with "mean" and "sum" the gradients are made in the forward and the
+    backward runs once per forward (no retain_graph)."""
+    hidden, weight, bias = _gemm.autocast(hidden, weight, bias)
+    for name, t in (("hidden", hidden), ("weight", weight), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"linear_cross_entropy: argument '{name}' must be a Tensor, got {type(t).__name__}")
+    _check(hidden, weight, target, bias, reduction, label_smoothing, num_items_in_batch)
+    hidden2 = hidden.reshape(-1, hidden.shape[-1])
+    target1 = target.reshape(-1).contiguous()
+    bias1 = None if bias is None else bias.contiguous()
+    if num_items_in_batch is not None:
+        denominator = torch.as_tensor(num_items_in_batch, device=hidden.device).float().reshape(1)
+    elif reduction == "mean":
+        denominator = (target1 != ignore_index).sum().float().reshape(1)
+    else:
+        denominator = torch.ones(1, device=hidden.device)
+    loss = _LinearCrossEntropyFunction.apply(hidden2, weight, target1, bias1, reduction, int(ignore_index),
+                                             float(label_smoothing), denominator, loss_dtype or hidden.dtype)
+    return loss.view(target.shape) if reduction == "none" else loss.reshape(())
