@@ -271,6 +271,19 @@ def _bench_processes(args) -> list[list[dict]]:
     return runs
 
 
+def _show_progress(quiet: bool) -> None:
+    """inject_'s progress lines ('dropin.progress', INFO) on stderr where it is a terminal, unless quiet."""
+    import logging
+
+    logger = logging.getLogger("dropin.progress")
+    if quiet or not sys.stderr.isatty() or logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("dropin: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def _inject(args) -> int:
     import copy
 
@@ -284,6 +297,7 @@ def _inject(args) -> int:
     if problem:
         print(f"dropin inject: {problem}", file=sys.stderr)
         return 2
+    _show_progress(args.quiet)
     if _runtime.INTERPRET:
         print("dropin inject: no GPU, kernels run under the Triton interpreter on the CPU (small sizes; "
               "torch.compile rows skipped)")
@@ -408,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="llama with --bench: time HF generate() instead (LlamaForCausalLM, static KV cache, "
                              "greedy, prompts of --seq random tokens, NEW_TOKENS new tokens, each --batch size): "
                              "tokens/s of original and injected, eager and reduce-overhead")
+    inject.add_argument("--quiet", action="store_true", help="no progress lines on stderr (shown only where "
+                        "stderr is a terminal)")
     inject.add_argument("--processes", type=int, default=1, help="with --bench: run it in this many processes "
                         "and give the median of their medians, with the spread (default: %(default)s)")
     llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "
@@ -445,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo.add_argument("--results-dir", default="benchmarks/results", help="default: %(default)s")
     zoo.add_argument("--file", metavar="PATH", help="the result file (default: RESULTS_DIR/<gpu>/zoo.json)")
     zoo.add_argument("--table", action="store_true", help="print the markdown zoo table and its summary against "
-                     "the issue's bar from the result file (also written beside it, .md), run nothing")
+                     "the zoo's targets from the result file (also written beside it, .md), run nothing")
     zoo.add_argument("--warmup", type=float, default=25, help="warm-up time per mode, ms (default: %(default)s)")
     zoo.add_argument("--rep", type=float, default=100, help="timed repetitions per mode, ms (default: %(default)s)")
     zoo.set_defaults(func=_zoo)

@@ -39,7 +39,7 @@ from pathlib import Path
 from . import zoo_models
 
 DTYPES = {"bfloat16": ("bfloat16",), "float32": ("float32",), "both": ("bfloat16", "float32")}
-# The issue's bar (summary lines): share of the models that must meet each criterion (crashes: none).
+# The zoo's targets (summary lines): share of the models that must meet each criterion (crashes: none).
 BAR = {"crashes": 0.0, "flops": 0.90, "verified": 1.0, "best": 0.80, "eager": 0.80}
 FLOPS_BAR = 0.95  # a model meets the FLOPs criterion with at least this share in dropin kernels
 MIN_START_S = 30  # with --budget: a model starts only with at least this much of it left
@@ -367,7 +367,7 @@ def note(row: dict) -> str:
 
 
 def summary(rows: list[dict]) -> list[str]:
-    """Markdown lines: for all rows and for each dtype, the counts against the issue's bar."""
+    """Markdown lines: for all rows and for each dtype, the counts against the zoo's targets."""
     counted = [r for r in rows if r["status"] != "skipped"]
     groups = {"all": counted, **{d: [r for r in counted if r["dtype"] == d]
                                  for d in sorted({r["dtype"] for r in counted})}}
