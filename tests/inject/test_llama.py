@@ -39,7 +39,7 @@ def test_llama_injected_verified_and_hf_forward_unchanged():
     original, x = copy.deepcopy(model), ids()
     report = dropin.inject_(model, example_inputs=x)
     expected = {f"model.layers.{i}.{name}": kernel for i in range(2) for name, kernel in LAYER.items()}
-    expected.update({"model.norm": "rms_norm", "lm_head": "linear"})
+    expected.update({"model.norm": "rms_norm", "lm_head": "linear", "": dnn.CausalLMForward.kernel})
     assert {r.name: r.kernel for r in report.replaced} == expected
     assert {(e.name, e.type) for e in report.left} == {("model.embed_tokens", "Embedding"),
                                                       ("model.rotary_emb", "LlamaRotaryEmbedding")}

@@ -10,7 +10,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .._tolerance import limit, rel_err, to_float64
-from ..nn import DropinModule, Folded
+from ..nn import CausalLMForward, DropinModule, Folded
 from . import registry
 from .coverage import Coverage, measure
 
@@ -170,6 +170,18 @@ def _walk(module: torch.nn.Module, prefix: str, config: InjectConfig, report: In
             _walk(new, path + ".", config, report)
 
 
+def _inject_root(model: torch.nn.Module, config: InjectConfig, report: InjectReport) -> None:
+    """Sets the root handler's forward on the model instance (`registry.handle_root`), once."""
+    if isinstance(model.__dict__.get("forward"), CausalLMForward):
+        return
+    forward = registry.handle_root(model, config)
+    if isinstance(forward, str):
+        report.notes.append(Left("", type(model).__name__, forward))
+    elif forward is not None:
+        model.__dict__["forward"] = forward
+        report.replaced.append(Replaced("", type(model).__name__, forward.kernel, covers=0))
+
+
 def refresh_(model: torch.nn.Module) -> torch.nn.Module:
     """Recomputes what the drop-ins in `model` derive from its tensors (BatchNorms folded into convs), in place, so
     that torch.compile'd code and captured CUDA graphs read current values: call it after changing the model's
@@ -193,6 +205,8 @@ def revert_(model: torch.nn.Module) -> torch.nn.Module:
     hook = model.__dict__.pop(_REFRESH_HOOK, None)
     if hook is not None:
         hook.remove()
+    if isinstance(model.__dict__.get("forward"), CausalLMForward):
+        del model.__dict__["forward"]
     for name, child in list(model._modules.items()):
         if isinstance(child, DropinModule):
             setattr(model, name, child.original)
@@ -405,6 +419,7 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
             report.left.append(Left("", type(model).__name__, unsupported))
         elif model._modules:
             _walk(model, "", config, report)
+            _inject_root(model, config, report)
         elif not isinstance(model, DropinModule) and not registry.is_passive(model):
             report.left.append(Left("", type(model).__name__, "inject_ replaces children in place, not the root "
                                                               "module itself: wrap it in an nn.Sequential"))

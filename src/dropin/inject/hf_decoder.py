@@ -6,7 +6,9 @@ _ATTENTIONS); any other class whose forward has one of their code (registry.same
 modeling files copy one family's modules into the next) is handled as that reference, whatever its name. An
 attention whose code is none of them (Gemma2's softcapping, Qwen3's q/k norms) is named with the reason, its
 projections injected one by one. (nn.Embedding and the rotary embedding module stay torch: no dropin op for them;
-lm_head is an nn.Linear, which the generic handler takes.)"""
+lm_head is an nn.Linear, which the generic handler takes.) A causal LM given to inject_ as the root
+(LlamaForCausalLM and the classes of its code) gets dropin.nn.CausalLMForward: with labels, the loss from the fused
+linear + cross-entropy, without logits."""
 import importlib
 import inspect
 from typing import Optional
@@ -15,13 +17,14 @@ from torch import nn
 
 from .. import nn as dnn
 from .generic import sparse_layers_reason
-from .registry import HANDLERS, code_names, recognizer, register, same_code, when_imported
+from .registry import HANDLERS, code_names, recognizer, register, register_root, same_code, when_imported
 
 # (family, class) of transformers.models.<family>.modeling_<family>: the modules whose computation dropin follows
 _NORMS = {"llama": ("llama", "LlamaRMSNorm"), "gemma": ("gemma", "GemmaRMSNorm")}  # form -> its reference
 _MLP = ("llama", "LlamaMLP")
 _ATTENTIONS = (("llama", "LlamaAttention"), ("mistral", "MistralAttention"), ("qwen2", "Qwen2Attention"))
 _PROJECTIONS = frozenset(dnn.attention.PROJECTIONS)
+_CAUSAL_LM = ("llama", "LlamaForCausalLM")  # a root model whose loss with labels runs linear_cross_entropy
 _ATTENTION_READS = ("config", "head_dim", "layer_idx", "is_causal", "scaling")  # what RotaryAttention reads
 
 
@@ -94,6 +97,11 @@ def gemma_rms_norm(module: nn.Module, site):
     return _adopted(module, dnn.RMSNorm.from_gemma, _norm_kernel)
 
 
+def causal_lm(model: nn.Module, config):
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    return dnn.CausalLMForward(model, ForCausalLMLoss)
+
+
 def unfollowed_attention(module: nn.Module, site):
     references = ", ".join(name for _, name in _ATTENTIONS)
     return (f"its forward is not the code of an attention dropin follows ({references}; e.g. logit softcapping, "
@@ -109,6 +117,9 @@ def _register():
     references = [(kind, op, fn) for kind, op, fn in references if kind is not None]
     for kind, op, fn in references:
         register(kind, op=op)(fn)
+    causal_lm_reference = _reference(*_CAUSAL_LM)
+    if causal_lm_reference is not None:
+        register_root(causal_lm_reference, "linear_cross_entropy", causal_lm)
 
     @recognizer
     def same_code_as_a_reference(kind: type):

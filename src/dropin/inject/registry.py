@@ -39,7 +39,29 @@ def chain(parent_type: type, *names: str) -> None:
 
 def ops() -> set:
     """Names of the ops that the registered handlers use."""
-    return {op for op, _ in HANDLERS.values() if op is not None}
+    return {op for op, _ in [*HANDLERS.values(), *ROOT_HANDLERS.values()] if op is not None}
+
+
+ROOT_HANDLERS: dict = {}  # model type -> (op, fn(model, config) -> a forward for the model instance, or the reason)
+
+
+def register_root(kind: type, op: str, fn: Callable) -> None:
+    """Registers fn for the models of type `kind` (and of types whose forward has its code, `same_code`) that
+    inject_ is given as the root: fn returns the forward that inject_ sets on the instance (revert_ removes it)."""
+    ROOT_HANDLERS[kind] = (op, fn)
+
+
+def handle_root(model: torch.nn.Module, config):
+    """The root handler's forward for `model`, or the reason it keeps its own; None where no root handler takes its
+    type."""
+    kind = type(model)
+    reference = next((t for t in ROOT_HANDLERS if t is kind or same_code(kind, t)), None)
+    if reference is None:
+        return None
+    op, fn = ROOT_HANDLERS[reference]
+    if not config.uses(op):
+        return f"op '{op}' is switched off by the config"
+    return fn(model, config)
 
 
 @dataclass

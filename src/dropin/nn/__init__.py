@@ -1,5 +1,6 @@
 """nn.Module drop-ins built on dropin.ops; each can adopt a HF module's parameters without copying them."""
 from .attention import CvtSelfAttention, RotaryAttention
+from .causal_lm import CausalLMForward
 from .conv import Conv2d, ConvBNAct
 from .conv1d import Conv1d
 from .functional import Op
@@ -12,7 +13,7 @@ from .sparse import SparseConv2d, SparseLinear, SparsifiedConv2d, SparsifiedLine
 from .swiglu import SwiGLUMLP
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
-__all__ = ["Adopted", "Conv1d", "Conv2d", "ConvBNAct", "CvtSelfAttention", "Derived", "DropinModule", "Folded",
+__all__ = ["Adopted", "CausalLMForward", "Conv1d", "Conv2d", "ConvBNAct", "CvtSelfAttention", "Derived", "DropinModule", "Folded",
            "GroupNorm", "Linear", "MultiheadAttention", "ResidualBlock", "RMSNorm", "RotaryAttention", "SparseConv2d",
            "SparseLinear", "SparsifiedConv2d", "SparsifiedLinear", "SwiGLUMLP", "TransformerEncoder",
            "TransformerEncoderLayer", "TransposedLinear"]
