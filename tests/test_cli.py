@@ -68,9 +68,10 @@ def test_help_and_version_import_no_torch(argv):
     assert (f"dropin {dropin.__version__}" if argv == ["--version"] else "usage: dropin") in run.stdout
 
 
-@pytest.mark.parametrize("suite", ["swiglu", "rms_norm", "rope"])
+@pytest.mark.parametrize("suite", ["swiglu", "rms_norm", "rope", "flce"])
 def test_bench_llm_suites_quick(suite, capsys):
-    """The LLM block suites run their quick cases, forward and forward + backward, and pass."""
+    """The LLM block suites run their quick cases (forward and forward + backward; flce: forward + backward) and
+    pass."""
     rc = main(["bench", suite, "--quick", "--no-save", *FAST])
     out = capsys.readouterr().out
     assert "fwd+bwd" in out and "MiB" in out and "Failed: 0" in out

@@ -19,6 +19,7 @@ SUITES = {
     "rope": "dropin.bench.rope:rope_cases",
     "attention": "dropin.bench.attention:attention_cases",
     "sparse": "dropin.bench.sparse:sparse_cases",
+    "flce": "dropin.bench.flce:flce_cases",
 }
 # Suites with a runner of their own (not checked and timed cases): name -> "module:function(args) -> exit code".
 RUNNERS = {"overhead": "dropin.bench.overhead:run"}
