@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test setup test-gpu test-gpu-quick test-gpu-slow
+.PHONY: run test setup test-gpu test-gpu-quick test-gpu-slow fuzz-gpu
 setup: $(BIN)/.ready
 
 $(BIN)/.ready: pyproject.toml
@@ -29,11 +29,14 @@ test: setup
 GPU_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 16 ] && n=16; echo $$n)
 GPU_PYTEST = PYTHONPATH=src $(PYTHON) -m pytest -q -n $(GPU_WORKERS) --dist worksteal -p no:cacheprovider
 
-test-gpu:         # every GPU test but the slow sweeps (under 8 minutes on one H100)
-	$(GPU_PYTEST) -m "not slow" --junitxml=$(or $(REPORT),test-gpu.xml) tests
+test-gpu:         # every GPU test but the slow sweeps and the fuzz suite (under 8 minutes on one H100)
+	$(GPU_PYTEST) -m "not slow and not fuzz" --junitxml=$(or $(REPORT),test-gpu.xml) tests
 
 test-gpu-quick:   # each public op, injector handler and execution mode once (under 2 minutes)
 	$(GPU_PYTEST) -m quick --junitxml=$(or $(REPORT),test-gpu-quick.xml) tests
 
 test-gpu-slow:    # the sweeps test-gpu leaves out: every kernel config, long fp32 attention, full-size CLI runs
 	$(GPU_PYTEST) -m slow --junitxml=$(or $(REPORT),test-gpu-slow.xml) tests
+
+fuzz-gpu:         # tests/fuzz's hypothesis suite, DROPIN_FUZZ_EXAMPLES cases an op (default 700: ~12,000 in all)
+	$(GPU_PYTEST) -m fuzz --junitxml=$(or $(REPORT),fuzz-gpu.xml) tests/fuzz

@@ -1,0 +1,113 @@
+"""What the fuzz tests share: the example budget, hypothesis's settings, the per-op case counter, the test
+dtypes, sizes and tensor layouts.
+
+DROPIN_FUZZ_EXAMPLES is the number of cases per op, split over the op's dtype tests (fp32 and fp16 on the CPU,
+bf16 too on the GPU); default 4 on the CPU (the interpreter), 700 on the GPU (17 tests of 3 dtypes: ~12,000
+cases). Each case draws its own torch seed,
+so hypothesis's falsifying example (and its blob, print_blob) replays the case with its tensors.
+"""
+import collections
+import math
+import os
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+import _check
+from _tol import DEVICE, ON_GPU
+
+EXAMPLES = int(os.environ.get("DROPIN_FUZZ_EXAMPLES", 700 if ON_GPU else 4))
+# Each test runs one dtype: an op's cases split over its dtype tests (bf16's is skipped on the CPU).
+PER_TEST = max(1, math.ceil(EXAMPLES / (3 if ON_GPU else 2)))
+
+FUZZ = settings(max_examples=PER_TEST, deadline=None, derandomize=False, database=None, print_blob=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                       HealthCheck.data_too_large])
+
+# Cases run, by the public function they called (tests/fuzz/conftest.py reports them).
+CASES: collections.Counter = collections.Counter()
+
+SEEDS = st.integers(0, 2**31 - 1)
+
+# Sizes grow on the GPU, where a case costs milliseconds; the interpreter keeps them small.
+GROW = 3 if ON_GPU else 1
+_SPECIAL = (1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 64, 65, 127, 128)
+
+
+def start(op: str, seed: int) -> None:
+    """Counts one case of `op` and seeds torch for its tensors."""
+    CASES[op] += 1
+    torch.manual_seed(seed)
+
+
+def sizes(lo: int = 1, hi: int = 8) -> st.SearchStrategy:
+    """A dim size in [lo, hi * GROW]: 1, primes, powers of two and their neighbours more often than others."""
+    hi *= GROW
+    return st.one_of(st.sampled_from([v for v in _SPECIAL if lo <= v <= hi] or [lo]), st.integers(lo, hi))
+
+
+class Layout:
+    """How a test tensor lies in memory: "contiguous"; "transposed" (its dims stored in the order `perm`: (0, 2,
+    3, 1) is channels_last); "sliced" (every other element of dim `dim`, from an odd offset: no dense layout, an
+    unaligned start); "expanded" (stride 0 along `dims`)."""
+
+    def __init__(self, kind: str, perm=(), dim=0, dims=()):
+        self.kind, self.perm, self.dim, self.dims = kind, tuple(perm), dim, tuple(dims)
+
+    def __repr__(self):
+        detail = {"transposed": f"perm={self.perm}", "sliced": f"dim={self.dim}", "expanded": f"dims={self.dims}"}
+        return f"Layout({self.kind}{', ' + detail[self.kind] if self.kind in detail else ''})"
+
+    def tensor(self, shape, dtype, scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:
+        """A random normal tensor of `shape` (times scale, plus offset) in this layout."""
+        def randn(*size):
+            if dtype == torch.bool:  # (a mask: mostly True)
+                return torch.rand(size, device=DEVICE) > 0.25
+            return (torch.randn(size, device=DEVICE) * scale + offset).to(dtype)
+        shape = tuple(shape)
+        if self.kind == "transposed":
+            base = randn(*(shape[p] for p in self.perm))
+            return base.permute(*sorted(range(len(shape)), key=lambda d: self.perm[d]))
+        if self.kind == "sliced":
+            index = [slice(None)] * len(shape)
+            index[self.dim] = slice(1, None, 2)
+            return randn(*(2 * s + 1 if d == self.dim else s for d, s in enumerate(shape)))[tuple(index)]
+        if self.kind == "expanded":
+            return randn(*(1 if d in self.dims else s for d, s in enumerate(shape))).expand(shape)
+        return randn(*shape)
+
+
+CONTIGUOUS = Layout("contiguous")
+CHANNELS_LAST = Layout("transposed", perm=(0, 2, 3, 1))
+
+
+@st.composite
+def layouts(draw, rank: int, expanded: bool = True, channels_last: bool = False) -> Layout:
+    """A layout of a rank-`rank` tensor; expanded=False where the op writes the tensor (or torch rejects stride
+    0 there); channels_last: 4-D, channels_last drawn as often as the others."""
+    if rank == 0:
+        return CONTIGUOUS
+    kinds = ["contiguous", "transposed", "sliced"] + ["expanded"] * expanded + ["channels_last"] * (
+        channels_last and rank == 4)
+    kind = draw(st.sampled_from(kinds))
+    if kind == "channels_last":
+        return CHANNELS_LAST
+    if kind == "transposed":
+        return Layout(kind, perm=draw(st.permutations(range(rank))))
+    if kind == "sliced":
+        return Layout(kind, dim=draw(st.integers(0, rank - 1)))
+    if kind == "expanded":
+        return Layout(kind, dims=draw(st.sets(st.integers(0, rank - 1), min_size=1)))
+    return CONTIGUOUS
+
+
+
+def compare(op, ref_op, leaves: dict, **kwargs) -> None:
+    """`_check.check`, with positive numbers where an output or a leaf holds fewer than `_check.FEW` (a lone sum
+    of random signs can cancel to ~0; as `_check.holds_few_numbers`, for several outputs too)."""
+    build = kwargs.get("build") or (lambda **t: tuple(t.values()))
+    outs = ref_op(*build(**{k: torch.empty_like(v, device="meta") for k, v in leaves.items()}))
+    numels = [o.numel() for o in (outs if isinstance(outs, tuple) else (outs,))]
+    kwargs.setdefault("positive", min(*numels, *(v.numel() for v in leaves.values())) < _check.FEW)
+    _check.check(op, ref_op, leaves, **kwargs)
