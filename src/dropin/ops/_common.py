@@ -84,6 +84,13 @@ def merge_dims(sizes, strides) -> list:
     return out
 
 
+def is_dense(t: torch.Tensor) -> bool:
+    """True when t's elements fill one block of memory without gaps or overlaps, in any dim order."""
+    dims = sorted(zip(t.stride(), t.shape), reverse=True)
+    merged = merge_dims([s for _, s in dims], [st for st, _ in dims])
+    return not merged or len(merged) == 1 and merged[0][1] == 1
+
+
 def joint_dims(shape, strides: list) -> list:
     """The dims of several same-shaped views merged where every view allows it: [(size, (strides...))], size-1 dims
     dropped."""

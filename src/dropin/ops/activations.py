@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, joint_dims, merge_dims
+from ._common import check_float, is_dense, joint_dims
 from ._dispatch import Checks, Launch, Shortcuts, Unary, absent, plan, switch, torch_op, writing
 
 ACTIVATIONS = ("relu", "relu6", "gelu", "gelu_tanh", "silu")
@@ -121,18 +121,11 @@ def _act_kernel(x_ptr, dy_ptr, out_ptr,
     tl.store(out_ptr + oo, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """True when t's elements fill one block of memory without gaps or overlaps, in any dim order."""
-    dims = sorted(zip(t.stride(), t.shape), reverse=True)
-    merged = merge_dims([s for _, s in dims], [st for st, _ in dims])
-    return not merged or len(merged) == 1 and merged[0][1] == 1
-
-
 def _act_plan(x, dy: Optional[torch.Tensor], out, act: str, traced: bool):
     """The launch of `_act_impl`'s signature: (run, copies), run(x, dy, out) writes out; copies: whether run
     copies x and dy first."""
     layouts = [x.stride(), (x if dy is None else dy).stride(), out.stride()]
-    flat = layouts[0] == layouts[1] == layouts[2] and _dense(x)
+    flat = layouts[0] == layouts[1] == layouts[2] and is_dense(x)
     dims = [] if flat else joint_dims(x.shape, layouts)
     copies = len(dims) > 4  # more than 4 dims that do not merge (rare >= 5-D views): copies in out's layout, flat
     if copies:

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from ._common import is_dense
 from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -157,8 +158,20 @@ def _rope_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], q_out, k_ou
                                                                              k_out)
 
 
+def _outputs(q, k, cos, sin, position_ids: Optional[torch.Tensor]):
+    """q's and k's outputs laid out as torch lays out rope_ref's: their own layouts where both are dense (the
+    first operand decides TensorIterator's order); where one is not (an expanded dim), the order rope_ref
+    gives on meta tensors, where the tables decide that dim."""
+    if is_dense(q) and is_dense(k):
+        return torch.empty_like(q), torch.empty_like(k)
+    metas = [None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+             for t in (q, k, cos, sin, position_ids)]
+    return tuple(torch.empty_strided(t.shape, like.stride(), dtype=t.dtype, device=t.device)
+                 for t, like in zip((q, k), rope_ref(*metas)))
+
+
 def _rope_out_impl(q, k, cos, sin, position_ids: Optional[torch.Tensor], backward: bool, traced: bool = False):
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # q's and k's own layouts where dense
+    q_out, k_out = _outputs(q, k, cos, sin, position_ids)
     _rope_impl(q, k, cos, sin, position_ids, q_out, k_out, backward, traced=traced)
     return q_out, k_out
 
@@ -359,7 +372,7 @@ class _RopeShortcut(Differentiable):
     @staticmethod
     def _backward_run(dq, dk, cos, sin, position_ids):
         """run(dq, dk, cos, sin, position_ids) -> the gradients of q and k, for dq and dk of these layouts."""
-        dq_out, dk_out = torch.empty_like(dq), torch.empty_like(dk)  # (as `_rope_out_impl` lays them out)
+        dq_out, dk_out = _outputs(dq, dk, cos, sin, position_ids)  # (as `_rope_out_impl` lays them out)
         rotate = _rope_plan(dq, dk, cos, sin, position_ids, dq_out, dk_out, True)
         layouts = [(t.shape, t.stride(), t.dtype, t.device) for t in (dq_out, dk_out)]
 
