@@ -1,8 +1,11 @@
-"""DESIGN.md's tolerance table, the relative error it is measured in and the float64 copies it is measured against.
+"""DESIGN.md's tolerance table, the relative error it is measured in and the float64 copies (and runs) it is measured
+against.
 
 The one copy: inject_'s verification and the CLI read it here, the benchmark harness by the short dtype names of
 its cases (ROWS), the tests through tests/_tol.py.
 """
+import contextlib
+
 import torch
 
 from . import _runtime
@@ -25,6 +28,18 @@ NOISE_ULPS = 2
 def to_float64(x):
     """float64 copy of a floating tensor; anything else unchanged."""
     return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to `dtype` inside (a float64 reference run: tensors its forward creates match),
+    the caller's restored after."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -21,7 +21,6 @@ best_original, best_dropin, speed_notes ({provider: why it has no time}), note, 
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import datetime
 import fnmatch
@@ -74,19 +73,6 @@ def new_row(model: str, dtype: str, versions_: dict) -> dict:
 
 # --- one model, in its own process ----------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def default_dtype(dtype):
-    """torch's default dtype set to `dtype` inside (tensors that a forward creates match the float64 run)."""
-    import torch
-
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
-
-
 def _on_device(inputs: tuple, dtype) -> tuple:
     import torch
 
@@ -134,7 +120,7 @@ def measure(task: dict) -> dict:
     import torch
 
     from .. import _runtime
-    from .._tolerance import limit, rel_err
+    from .._tolerance import default_dtype, limit, rel_err
     from ..inject import VerificationError, inject_
     from . import harness, models
 

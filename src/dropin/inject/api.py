@@ -9,7 +9,7 @@ from typing import Optional, Union
 import torch
 from torch.utils import _pytree as pytree
 
-from .._tolerance import limit, rel_err, to_float64
+from .._tolerance import default_dtype, limit, rel_err, to_float64
 from ..nn import CausalLMForward, DropinModule, Folded
 from . import registry
 from .coverage import Coverage, measure
@@ -271,17 +271,6 @@ def _run(model: torch.nn.Module, inputs: tuple, names: list, seed: int, run: str
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype):
-    """torch's default dtype set to `dtype` inside, the caller's restored after."""
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
-
-
-@contextmanager
 def _buffers_kept(model: torch.nn.Module):
     """Restores the model's buffers (BatchNorm statistics that a training-mode forward updates)."""
     saved = [(b, b.clone()) for b in model.buffers()] if any(m.training for m in model.modules()) else []
@@ -318,7 +307,7 @@ def _verify(model: torch.nn.Module, inputs: tuple, report: InjectReport) -> None
     with torch.no_grad(), _buffers_kept(model):
         out, seen, order = _run(model, inputs, list(names), seed, "injected model")
         out_t, seen_t, _ = _run(reference, inputs, list(names.values()), seed, "original model")
-        with _default_dtype(torch.float64):  # tensors the forward creates match the reference's
+        with default_dtype(torch.float64):  # tensors the forward creates match the reference's
             out_64, seen_64, _ = _run(reference.double(), pytree.tree_map(to_float64, inputs), list(names.values()),
                                       seed, "float64 reference (the original model in float64)")
     problem = _divergence(out, out_t, out_64)
