@@ -152,8 +152,9 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     - autocast: a dtype; op and peer run under torch.autocast(DEVICE, dtype=autocast) and the reference sees the
       floating leaves rounded to it, as autocast does (outputs and gradients in the dtypes of torch's).
     - Inputs must come back unmodified; a 4-D output must have torch's memory format.
-    - Each output gets a random upstream gradient in torch's output's memory format (as a model's next layer
-      gives it), or contiguous with upstream_contiguous.
+    - Each output requires grad where torch's does (an output of constant leaves alone does not); each that does
+      gets a random upstream gradient in torch's output's memory format (as a model's next layer gives it), or
+      contiguous with upstream_contiguous.
     - grad_layout: the `_assert_layout` rule for every gradient, or a dict leaf name -> rule; None: unchecked.
     - positive: leaves and upstream gradients are made positive and at least 1/4, for results that are a sum or
       a product of a few numbers (a lone sum of random signs can cancel to ~0, a product of a few small ones
@@ -174,10 +175,11 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
         with torch.autocast(DEVICE, dtype=autocast) if amp else contextlib.nullcontext():
             return ins, _as_tuple(fn(*build(**ins)))
 
-    def to_reference(t):
+    def to_reference(t):  # (contiguous: the value is layout-free, and torch's CPU float64 kernels have layout
+        # bugs: conv2d's weight gradient for an input [1, 4, 1, 2] of strides (8, 1, 4, 4), groups 2, is wrong)
         if not t.is_floating_point():
-            return t.cpu()
-        return (t.to(autocast) if autocast else t).cpu().double()
+            return t.cpu().contiguous()
+        return (t.to(autocast) if autocast else t).cpu().double().contiguous()
 
     ins, outs = run(op, lambda t: t, amp=autocast is not None)
     ins_t, outs_t = run(peer or ref_op, lambda t: t, amp=autocast is not None)
@@ -194,13 +196,17 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     if not backward:
         return
     names = [k for k in leaves if ins[k].requires_grad]
+    for i, (out, out_t) in enumerate(zip(outs, outs_t)):  # (an output of constants alone does not, in torch)
+        assert out.requires_grad == out_t.requires_grad, \
+            f"output {i}: requires_grad {out.requires_grad}, torch's {out_t.requires_grad}"
+    assert any(out.requires_grad for out in outs), "no output requires grad: no autograd support"
+    live = [i for i, out in enumerate(outs) if out.requires_grad]
+    outs, outs_t, refs = ([t[i] for i in live] for t in (outs, outs_t, refs))
     grads_in = [torch.randn(ref.shape, device=DEVICE, dtype=out_t.dtype) for ref, out_t in zip(refs, outs_t)]
     if positive:
         grads_in = [g.abs().clamp_min(0.25) for g in grads_in]
     if not upstream_contiguous:
         grads_in = [g.contiguous(memory_format=CL) if _channels_last(o) else g for g, o in zip(grads_in, outs_t)]
-    for out in outs:
-        assert out.requires_grad, "forward output does not require grad: no autograd support"
     grads = torch.autograd.grad(outs, [ins[k] for k in names], grads_in, allow_unused=True)
     grads_t = torch.autograd.grad(outs_t, [ins_t[k] for k in names], grads_in)
     grads_64 = torch.autograd.grad(refs, [ins_64[k] for k in names], [g.cpu().double() for g in grads_in])

@@ -1,5 +1,5 @@
 """Probe: the Python part of an injected model's forward, measurable without a GPU: every kernel launch is stubbed
-out (as in host_python.py), so a forward costs the modules' Python, argument checks, plan look-ups and output
+out (host_grad.py's `stub_launches`), so a forward costs the modules' Python, argument checks, plan look-ups and output
 allocations (CPU tensors). Prints ms per forward (eager, no_grad), the number of dropin op calls, and the top
 functions by own time (cProfile). Usage: PYTHONPATH=src TRITON_INTERPRET=1 python3
 benchmarks/probes/host_model.py resnet50|cvt-13|llama [--grad] (outputs are garbage, only the time counts)."""
@@ -12,7 +12,7 @@ import torch
 
 import dropin
 from dropin import cli
-from dropin.ops import _dispatch
+from host_grad import launches, stub_launches
 
 
 def build(name: str):
@@ -28,14 +28,7 @@ def main():
     grad = "--grad" in sys.argv
     model, inputs = build(name)
     dropin.inject_(model)
-    launches = [0]
-
-    def stub(*args, **kwargs):
-        launches[0] += 1
-    _dispatch.Launch.__call__ = lambda self, *args: stub()
-    for module in list(sys.modules.values()):
-        if getattr(module, "launch", None) is _dispatch.launch:
-            module.launch = stub
+    stub_launches()
 
     def forward():
         if grad:

@@ -1,23 +1,15 @@
 """Probe: the host cost of `dropin.use()` (a TorchFunctionMode) per call, measurable without a GPU: kernel launches
-are stubbed out as in host_python.py, so a call costs its Python (the CPU tensors' allocations are cheaper than CUDA
+are stubbed out as in host_grad.py, so a call costs its Python (the CPU tensors' allocations are cheaper than CUDA
 ones). Per case: the plain call, the same call under the route, and for routed calls dropin's op called directly.
 Usage: PYTHONPATH=src python3 benchmarks/probes/route_overhead.py (outputs are garbage, only the time counts)."""
 import statistics
-import sys
 
 import torch
 import torch.nn.functional as F
 
 import dropin
 from dropin.bench import overhead
-from dropin.ops import _dispatch
-
-
-def stub_launches():
-    _dispatch.Launch.__call__ = lambda self, *args: None
-    for module in list(sys.modules.values()):  # (the ops import `launch` by name)
-        if getattr(module, "launch", None) is _dispatch.launch:
-            module.launch = lambda *args, **kwargs: None
+from host_grad import stub_launches
 
 
 def us(call, routed: bool) -> float:

@@ -4,7 +4,7 @@ the 2x rule (`_check.check`)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import dropin
@@ -210,6 +210,9 @@ def window_cases(draw, op: str):
         kw.update(count_include_pad=draw(st.booleans()),
                   divisor_override=draw(st.one_of(st.none(), st.integers(1, 9))))
     shape = (*draw(st.sampled_from(((), (1,), (2,), (3,)))), draw(sizes(1, 5)), *hw)
+    # a window wholly in the padding (dilation skips the input) is -inf, its gradient undefined: torch routes it
+    # to an element outside the window, dropin to none (max_pool2d's docstring)
+    assume(op != "max_pool2d" or not F.max_pool2d(torch.zeros(shape), **kw).isinf().any())
     return dict(op=op, kw=kw, shape=shape, layout=draw(layouts(len(shape), channels_last=True)),
                 backward=draw(BACKWARD))
 

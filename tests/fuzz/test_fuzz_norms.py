@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from torch._prims_common import suggest_memory_format
 
 import dropin
 from _fuzz import CONTIGUOUS, FUZZ, SEEDS, compare, layouts, sizes, start
@@ -124,9 +125,36 @@ def test_group_norm(dtype, case, seed):
     # is, x's gradient eps-sized (as layer_norm's)
     per_group = torch.Size(shape[1:]).numel() // G
     constant = ("x", "weight") if per_group == 1 else ("x",) if per_group == 2 else ()
+    ones = torch.ones(shape[1], device=DEVICE, dtype=dtype)
+
+    def peer(t):
+        """torch in the test dtype, as dropin's contract has it: a weight of ones where there is none (it rounds
+        nothing; torch's backward allocates the bias's gradient like the weight, an undefined one: "tensor does
+        not have a device"); a 4-D output and x's gradient in x's suggested memory format (torch's CPU
+        kernel's; its CUDA kernel's are NCHW whatever the input, where dropin keeps a channels_last model's)."""
+        x = _InFormat.apply(t["x"])
+        y = group_norm_ref(x, G, t.get("weight", ones), t.get("bias"), *args)
+        return y.contiguous(memory_format=_format(x))
     compare(lambda t: dropin.ops.group_norm(t["x"], G, t.get("weight"), t.get("bias"), *args),
-            lambda t: group_norm_ref(t["x"], G, t.get("weight"), t.get("bias"), *args), leaves,
+            lambda t: group_norm_ref(t["x"], G, t.get("weight"), t.get("bias"), *args), leaves, peer=peer,
             build=lambda **t: (t,), constant=constant, backward=case["backward"])
+
+
+def _format(x) -> torch.memory_format:
+    return suggest_memory_format(x) if x.dim() == 4 else torch.contiguous_format
+
+
+class _InFormat(torch.autograd.Function):
+    """x itself, its gradient in `_format(x)`."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.format = _format(x)
+        return x.clone()  # (its strides exactly: a view's size-1 dims may get others, which can change the format)
+
+    @staticmethod
+    def backward(ctx, dx):
+        return dx.contiguous(memory_format=ctx.format)
 
 
 @st.composite
@@ -160,20 +188,23 @@ def test_batch_norm(dtype, case, seed):
         if case["stats"] else None
     training, momentum, eps = case["training"], case["momentum"], case["eps"]
 
-    def bind(fn):  # fresh copies of the running statistics in each call (in float64 for the reference)
+    def bind(fn, weight=None):  # fresh copies of the running statistics in each call (float64 for the reference)
         def call(t):
             x = t["x"]
             rm, rv = (None, None) if stats is None else (
                 s.to(x.device, torch.float64 if x.dtype == torch.float64 else s.dtype, copy=True) for s in stats)
-            return fn(x, rm, rv, t.get("weight"), t.get("bias"), training, momentum, eps)
+            return fn(x, rm, rv, t.get("weight", weight), t.get("bias"), training, momentum, eps)
         return call
     # training on two values a channel: x's gradient is eps-sized, a cancellation fp32 cannot resolve (torch's own
     # error ~1e-2)
     values = torch.Size(case["shape"][:1] + case["shape"][2:]).numel()
     constant = ("x",) if training and values == 2 else ()
     # inference: torch's CUDA backward gives an NCHW gradient for a channels_last input, dropin the input's layout
-    compare(bind(dropin.ops.batch_norm), bind(F.batch_norm), leaves, build=lambda **t: (t,), constant=constant,
-            grad_layout="format" if training else None, backward=case["backward"])
+    # torch's peer: a weight of ones where there is none (it rounds nothing; torch's CUDA backward returns an empty
+    # gradient for a bias without a weight)
+    peer = bind(F.batch_norm, torch.ones(C, device=DEVICE, dtype=params))
+    compare(bind(dropin.ops.batch_norm), bind(F.batch_norm), leaves, peer=peer, build=lambda **t: (t,),
+            constant=constant, grad_layout="format" if training else None, backward=case["backward"])
 
 
 @st.composite
@@ -254,4 +285,6 @@ def test_rope(dtype, case, seed):
         if inplace:
             q, k = q * 1, k * 1
         return dropin.ops.rope(q, k, cos, sin, position_ids, inplace=inplace)
-    compare(ours, rope_ref, leaves, constant=("cos", "sin"), backward=case["backward"])
+    # gradients unchecked for layout: torch's is autograd's order of accumulating q's three uses (contiguous for a
+    # channels_last-stored q), dropin's the upstream gradient's
+    compare(ours, rope_ref, leaves, constant=("cos", "sin"), grad_layout=None, backward=case["backward"])

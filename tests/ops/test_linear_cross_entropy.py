@@ -38,7 +38,7 @@ def test_matches_torch(small_chunks, dtype, reduction, label_smoothing):
     leaves, target = _inputs(dtype)
 
     def run(op):
-        return lambda hidden, weight, bias: op(hidden, weight, target, bias, reduction=reduction,
+        return lambda hidden, weight, bias: op(hidden, weight, target.to(hidden.device), bias, reduction=reduction,
                                                label_smoothing=label_smoothing)
     _check.check(run(lce.linear_cross_entropy), run(lce.linear_cross_entropy_ref), leaves,
                  positive=reduction != "none")
@@ -51,7 +51,8 @@ def test_num_items_in_batch(small_chunks, dtype, as_tensor):
     items = torch.tensor(50, device=DEVICE) if as_tensor else 50
 
     def run(op):
-        return lambda hidden, weight: op(hidden, weight, target, num_items_in_batch=items)
+        return lambda hidden, weight: op(hidden, weight, target.to(hidden.device),
+                                         num_items_in_batch=items.to(hidden.device) if as_tensor else items)
     _check.check(run(lce.linear_cross_entropy), run(lce.linear_cross_entropy_ref), leaves, positive=True)
 
 
@@ -62,7 +63,7 @@ def test_strided_hidden_and_leading_dims(small_chunks):
     target = target.reshape(9, 2)
 
     def run(op):
-        return lambda hidden, weight, bias: op(hidden, weight, target, bias, reduction="none")
+        return lambda hidden, weight, bias: op(hidden, weight, target.to(hidden.device), bias, reduction="none")
     _check.check(run(lce.linear_cross_entropy), run(lce.linear_cross_entropy_ref), leaves)
 
 

@@ -37,11 +37,13 @@ def empty_in(shape, memory_format, dtype: torch.dtype, device) -> torch.Tensor:
 
 def is_channels_last(t: torch.Tensor) -> bool:
     """torch's suggest_memory_format for a 4-D tensor (the rule its convolutions pick the output layout by);
-    dense tensors of one unambiguous layout are answered by two cheap contiguity checks first."""
+    dense tensors of one unambiguous layout and no size-1 dim are answered by two cheap contiguity checks first
+    (a size-1 dim's stride is free: [5, 2, 1, 2] of strides (4, 1, 2, 2) is channels_last-contiguous, yet torch
+    suggests NCHW for it)."""
     if t.dim() != 4:
         return False
     nchw, nhwc = t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last)
-    if nchw != nhwc:
+    if nchw != nhwc and 1 not in t.shape:
         return nhwc
     return suggest_memory_format(t) == torch.channels_last
 

@@ -144,11 +144,6 @@ def _typed(a):
     return (tuple, *map(_typed, a)) if type(a) is tuple else (type(a), a)
 
 
-def layout(t: torch.Tensor) -> tuple:
-    """What a plan is made for: t's shape, strides, dtype, device and 16-byte alignment."""
-    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
-
-
 class Shortcuts:
     """A public function's eager calls, each signature's reduced to one function of the call's tensors (its
     shortcut) that allocates the outputs and runs the signature's plan: a repeat call skips the argument checks,
@@ -159,7 +154,8 @@ class Shortcuts:
     The public function first `find`s (key, shortcut) and returns shortcut(*tensors) where there is one; else it
     runs its own path and `keep`s the shortcut that this call's path allows (the op's `*_shortcut` maker: None
     where a call does more than allocate and launch, e.g. a copy of an operand or a check of values). The key:
-    whether autograd records the call, with each tensor's requires_grad then; each tensor's `layout`; the other
+    whether autograd records the call, with each tensor's requires_grad then; each tensor's layout (what a plan is
+    made for: shape, strides, dtype, device, 16-byte alignment); the other
     arguments with their types. No key (no shortcut, none kept) while torch.compile traces, under autocast (it
     casts operands), or where autograd records the call of an op that keeps no `Differentiable`; none is kept
     during a CUDA graph capture (its plan is untimed); past MAX_PLANS signatures the cache is emptied.
@@ -186,7 +182,7 @@ class Shortcuts:
                 elif not self.differentiable:
                     return None, None
             key = (grads, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
-                            for t in tensors], *map(_typed, args))  # (`layout` inlined: every call builds it)
+                            for t in tensors], *map(_typed, args))
             return key, self._runs.get(key)
         except (AttributeError, TypeError, RuntimeError):  # no tensor, no key (unhashable, no strides or address):
             return None, None  # the op's own path says
@@ -230,7 +226,10 @@ class Differentiable:
 
     def backward_plan(self, grads: tuple, make):
         """make()'s backward plan for gradients of these layouts, made once (None, none: asked again each call)."""
-        return plan(self._backward_plans, tuple(None if g is None else layout(g) for g in grads), make)
+        key = tuple([None if g is None else (g.shape, g.stride(), g.dtype, g.device, g.data_ptr() & 15)
+                     for g in grads])  # (layouts as `find`'s; plan's look-up inlined: every backward builds it)
+        found = self._backward_plans.get(key)
+        return plan(self._backward_plans, key, make) if found is None else found
 
 
 def shaped(t: torch.Tensor, shape) -> torch.Tensor:

@@ -248,6 +248,8 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, eps, gemma):
         y, s, rstd = _rms_norm_fwd(x, weight, residual, eps, gemma)
+        if residual is not None and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[2]):
+            ctx.mark_non_differentiable(s)  # (x + residual of constants, as torch's sum)
         ctx.has_residual, ctx.gemma = residual is not None, gemma
         ctx.save_for_backward(s if residual is not None else x, weight, rstd)
         return (y, s) if residual is not None else y
@@ -371,6 +373,8 @@ class _RMSNormShortcut(Differentiable):
 
     def forward(self, ctx, x, weight, residual):
         out, rstd = self.forward_run(x, weight, residual)
+        if self.residual and not (ctx.needs_input_grad[1] or ctx.needs_input_grad[3]):
+            ctx.mark_non_differentiable(out[1])  # (as the op's own path)
         # [R, N] rows, as the op's own path saves them (a checkpoint's recomputation served here saves the same)
         ctx.save_for_backward((out[1] if self.residual else x).view(self.rows, self.N), weight, rstd)
         return out

@@ -394,7 +394,7 @@ def _make_plan(x, values, offsets, chunk_ptr, bias, N: int, block_k: int, traced
                 return y
             partial = torch.empty((splits, M, N), device=x.device, dtype=torch.float32)
             product(xt, values, offsets, chunk_ptr, bias, partial, *scalars)
-            split_sum(partial, y, bias, y, M, N)
+            split_sum(partial, y, bias, absent(y, traced), M, N)
             return y
         return run
 

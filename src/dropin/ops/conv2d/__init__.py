@@ -21,7 +21,7 @@ import triton.language as tl
 from ... import _runtime
 from .. import _autotune, _gemm
 from .._common import column_sums, empty_in, is_channels_last, pixel
-from .._dispatch import Checks, Differentiable, Shortcuts, absent, aligned, launch, plan, switch, torch_op, writing
+from .._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
 from ..activations import activation_grad, activation_ref
 from ..matmul import ProductShortcut, canonical_product, product_shortcut
 from . import depthwise, implicit_gemm, planning, tma
@@ -101,7 +101,7 @@ def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int
     dims = planning.dims(x, w, stride, padding, dilation, groups)
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
     fmt = planning.out_format(x, w)
-    precision = planning.precision(x.dtype)
+    precision = planning.precision(x.dtype, C_G * KH * KW)
     r = y if residual is None else residual
     key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), y.stride(), r.stride(), x.dtype,
            *(None if t is None else aligned(t, traced) for t in (x, w, y, bias, residual)),
@@ -177,14 +177,20 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool =
         dx = _fwd_impl(dz, derived(w, "mirrored", lambda w: w.flip(2, 3), traced), None, None, (1, 1),
                        tuple(2 - p for p in padding), (1, 1), groups, "none", False, traced=traced)[0]
         return dx if dx.stride() == x.stride() else torch.empty_like(x).copy_(dx)  # (dz's layout was not x's)
-    dims = planning.dims(x, w, stride, padding, dilation, groups)
-    N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
     dx = torch.empty_like(x)
     if dx.numel() == 0:
         return dx
-    if dz.numel() == 0 or COUT_G == 0:
+    if dz.numel() == 0 or w.shape[0] == 0:
         return dx.zero_()
-    precision = planning.precision(x.dtype)
+    _dgrad_plan(dz, x, w, dx, stride, padding, dilation, groups, traced)(dz, w, dx)
+    return dx
+
+
+def _dgrad_plan(dz, x, w, dx, stride, padding, dilation, groups: int, traced: bool = False):
+    """run(dz, w, dx): `_dgrad_impl`'s general route (no TMA, no walk) for this signature, made once."""
+    dims = planning.dims(x, w, stride, padding, dilation, groups)
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
+    precision = planning.precision(x.dtype, COUT_G * KH * KW)
     key = ("dgrad", dz.shape, dz.stride(), dx.stride(), w.shape, w.stride(), x.shape, x.dtype,
            *(aligned(t, traced) for t in (dz, w, dx)), stride, padding, dilation, groups, precision)
 
@@ -205,22 +211,27 @@ def _dgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool =
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *depthwise.direct_tag(direct, H, W))
         return planning.pick("conv2d", tkey, configs, launcher, (dz, w, dx))
 
-    plan(_plans, key, make, traced)(dz, w, dx)
-    return dx
+    return plan(_plans, key, make, traced)
 
 
 def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool = False):
     """The gradient of the weight w (same strides as w where w is dense, else contiguous)."""
     if x.is_contiguous(memory_format=torch.channels_last):  # (a channels_last model's dz is; a copy otherwise)
         dz = dz.contiguous(memory_format=torch.channels_last)
-    dims = planning.dims(x, w, stride, padding, dilation, groups)
-    N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
     dw = torch.empty_like(w)
     if dw.numel() == 0:
         return dw
     if dz.numel() == 0:
         return dw.zero_()
-    precision = planning.precision(x.dtype)
+    _wgrad_plan(dz, x, w, dw, stride, padding, dilation, groups, traced)(dz, x, dw)
+    return dw
+
+
+def _wgrad_plan(dz, x, w, dw, stride, padding, dilation, groups: int, traced: bool = False):
+    """run(dz, x, dw): `_wgrad_impl`'s plan for this signature, made once."""
+    dims = planning.dims(x, w, stride, padding, dilation, groups)
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
+    precision = planning.precision(x.dtype, N * OH * OW)
     key = ("wgrad", dz.shape, dz.stride(), x.shape, x.stride(), w.shape, dw.stride(), x.dtype,
            *(aligned(t, traced) for t in (dz, x, dw)), stride, padding, dilation, groups, precision)
 
@@ -252,28 +263,39 @@ def _wgrad_impl(dz, x, w, stride, padding, dilation, groups: int, traced: bool =
                 *(("tma",) if tma_configs else ()), *(("walk",) if walk else ()))
         return planning.pick("conv2d", tkey, configs, launcher, (dz, x, dw))
 
-    plan(_plans, key, make, traced)(dz, x, dw)
-    return dw
+    return plan(_plans, key, make, traced)
 
 
 def _act_grad_impl(dy, z, activation: str, bias_grad: bool, traced: bool = False):
     """(dz, dbias) for y = act(z): dz in z's strides (empty for activation "none", where it is dy) and the
     bias gradient (empty unless bias_grad)."""
+    if traced:
+        return _act_grad_plan(dy, z, activation, bias_grad, traced)(dy, z)
+    key = ("act_grad", dy.shape, dy.stride(), z.stride(), dy.dtype, dy.device, aligned(dy), aligned(z), activation,
+           bias_grad)
+    return plan(_plans, key, lambda: _act_grad_plan(dy, z, activation, bias_grad, traced))(dy, z)
+
+
+def _act_grad_plan(dy, z, activation: str, bias_grad: bool, traced: bool):
+    """`_act_grad_impl`'s launch for this signature: run(dy, z) -> (dz, dbias)."""
     N, COUT, OH, OW = dy.shape
-    dz = torch.empty_like(z) if activation != "none" else dy.new_empty(0)
+    act = activation != "none"
     P = N * OH * OW
     block_p, block_c = 64, min(64, _runtime.next_power_of_2(max(COUT, 1)))
     tiles_p = _runtime.cdiv(P, block_p)
-    part = torch.empty((tiles_p, COUT) if bias_grad else (0,), device=dy.device, dtype=torch.float32)
-    if P * COUT > 0:
-        act = activation != "none"
-        launch(_conv_act_grad_kernel, (tiles_p, _runtime.cdiv(COUT, block_c)), dy,
-               z if act else absent(dy, traced), dz if act else absent(dy, traced), part, COUT, OH, OW, P,
-               *dy.stride(), *(z if act else dy).stride(),
-               ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c, traced=traced)
-    if not bias_grad:
-        return dz, dy.new_empty(0)
-    return dz, column_sums(part, dy.new_empty(COUT), traced) if P * COUT > 0 else dy.new_zeros(COUT)
+    grad = Launch(_conv_act_grad_kernel, (tiles_p, _runtime.cdiv(COUT, block_c)),
+                  dict(ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c), traced=traced)
+    scalars = (COUT, OH, OW, P, *dy.stride(), *(z if act else dy).stride())
+
+    def run(dy, z):
+        dz = torch.empty_like(z) if act else dy.new_empty(0)
+        part = torch.empty((tiles_p, COUT) if bias_grad else (0,), device=dy.device, dtype=torch.float32)
+        if P * COUT > 0:
+            grad(dy, z if act else absent(dy, traced), dz if act else absent(dy, traced), part, *scalars)
+        if not bias_grad:
+            return dz, dy.new_empty(0)
+        return dz, column_sums(part, dy.new_empty(COUT), traced) if P * COUT > 0 else dy.new_zeros(COUT)
+    return run
 
 
 # --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ---------------------------------
@@ -336,23 +358,78 @@ class _Conv2dFunction(torch.autograd.Function):
         return *_backward(dy, x, w, z, ctx.args, ctx.activation, ctx.needs_input_grad[:4]), None, None, None, None, None
 
 
-def _backward(dy, x, w, z, args: tuple, activation: str, needs) -> tuple:
-    """The gradients of (x, w, bias, residual) where needs says, for args (stride, padding, dilation, groups)."""
+def _backward(dy, x, w, z, args: tuple, activation: str, needs, dgrad=_dgrad, wgrad=_wgrad) -> tuple:
+    """The gradients of (x, w, bias, residual) where needs says, for args (stride, padding, dilation, groups);
+    dgrad(dz, x, w, *args) and wgrad(...) make the input's and the weight's."""
     need_x, need_w, need_bias, need_residual = needs
     dz, dbias = dy, None
     if activation != "none" or need_bias:
         gz, gbias = _act_grad(dy, dy if z is None else z, activation, need_bias)
         dz = gz if activation != "none" else dy
         dbias = gbias if need_bias else None
-    dx = _dgrad(dz, x, w, *args) if need_x else None
-    dw = _wgrad(dz, x, w, *args) if need_w else None
-    return dx, dw, dbias, dz if need_residual else None
+    dx = dgrad(dz, x, w, *args) if need_x else None
+    dw = wgrad(dz, x, w, *args) if need_w else None
+    dres = dz if need_residual else None
+    if need_residual and activation != "relu" and dz.stride() != dy.stride() and (
+            dy.is_contiguous() or dy.is_contiguous(memory_format=torch.channels_last)):
+        # (torch's: its activation's backward, dy its first operand, lays the gradient out as a dense dy; relu's,
+        # threshold_backward(result, dy), as relu's result, the output's layout: dz's)
+        dres = torch.empty_like(dy).copy_(dz)
+    return dx, dw, dbias, dres
+
+
+def _backward_run(dy, x, w, z, args: tuple, activation: str, needs):
+    """run(dy, x, w, z) -> `_backward`'s gradients for later calls of a `_ConvShortcut` with a dy of this layout:
+    the input and weight gradients' plans looked up once, not per call (the depthwise walk's input gradient, which
+    mirrors w, through `_dgrad_impl`). A float32 call whose precision setting changed since runs `_backward`."""
+    if x.is_contiguous(memory_format=torch.channels_last):  # (the passes read dz so, as the impls copy it)
+        def read(dz):
+            return dz.contiguous(memory_format=torch.channels_last)
+    else:
+        def read(dz):
+            return dz
+    dz = read(torch.empty_like(z) if activation != "none" else dy)  # (dz's layout: made alike on every call)
+    stride, padding, dilation, groups = args
+    as_conv = tma.dgrad_as_conv(dz, x, w, stride, padding, dilation, groups, False)
+    if as_conv is not None:
+        dx = empty_in(x.shape, planning.out_format(dz, as_conv[0]), x.dtype, x.device)
+        conv = _fwd_plan(dz, as_conv[0], dx, dx, None, None, (1, 1), as_conv[1], dilation, 1, "none", False,
+                         False)[0]
+        dx_layout = dx.shape, dx.stride()
+
+        def dgrad(dz, x, w, *args):
+            dx = torch.empty_strided(*dx_layout, dtype=x.dtype, device=x.device)
+            conv(read(dz), tma.flipped(w, False), dx, dx, dx, dx)
+            return dx
+    elif not depthwise.dgrad_as_walk(x, w, stride, padding, dilation, groups):
+        dx_plan = _dgrad_plan(dz, x, w, torch.empty_like(x), *args)
+
+        def dgrad(dz, x, w, *args):
+            dx = torch.empty_like(x)
+            dx_plan(read(dz), w, dx)
+            return dx
+    else:
+        dgrad = _dgrad_impl
+    dw_plan = _wgrad_plan(dz, x, w, torch.empty_like(w), *args)
+
+    def wgrad(dz, x, w, *args):
+        dw = torch.empty_like(w)
+        dw_plan(read(dz), x, dw)
+        return dw
+    precision = planning.precision(x.dtype) if x.dtype == torch.float32 else None
+
+    def run(dy, x, w, z):
+        if precision is not None and planning.precision(x.dtype) != precision:
+            return _backward(dy, x, w, z, args, activation, needs)
+        return _backward(dy, x, w, z, args, activation, needs, dgrad, wgrad)
+    return run
 
 
 class _ConvShortcut(Differentiable):
     """conv2d's later eager calls of this signature where autograd records them (`Differentiable`): (input, weight,
     bias, residual, out None) -> y, the forward's plan on a new y (and pre-activation, saved, where an activation's
-    gradient is wanted) laid out as this call's; the backward as the op's own."""
+    gradient is wanted) laid out as this call's; the backward as the op's own with its plans kept per layout of dy
+    (`_backward_run`)."""
 
     def __init__(self, x, w, y, bias, residual, args: tuple, activation: str, needs):
         super().__init__()
@@ -377,7 +454,8 @@ class _ConvShortcut(Differentiable):
 
     def backward(self, ctx, dy):
         x, w, z = ctx.saved_tensors
-        return *_backward(dy, x, w, z, self.args, self.activation, self.needs), None
+        run = self.backward_plan((dy,), lambda: _backward_run(dy, x, w, z, self.args, self.activation, self.needs))
+        return *run(dy, x, w, z), None
 
 
 # --- 6. Public function ----------------------------------------------------------------------------------
@@ -431,10 +509,11 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         return out
     if (KH, KW, groups) == (1, 1, 1) and stride == (1, 1) and pads == (0, 0, 0, 0) and residual is None:
         pixels = x.permute(0, 2, 3, 1)
-        if pixels.is_contiguous() and (x.dtype != torch.float32
-                                       or planning.precision(x.dtype) == _gemm.precision(x.dtype)):
+        if pixels.is_contiguous() and planning.out_format(x, weight) == torch.channels_last and (
+                x.dtype != torch.float32 or planning.precision(x.dtype) == _gemm.precision(x.dtype)):
             # A 1x1 conv over channels_last pixels is a GEMM [N*H*W, C] x [C, Cout]: matmul's kernels (TMA on
-            # Hopper), bias and activation fused, its autograd; the output is channels_last as torch's is.
+            # Hopper), bias and activation fused, its autograd; the output is channels_last as torch's is (an x
+            # dense both ways, e.g. of one channel, is NCHW to torch unless the weight is channels_last).
             # (matmul's product directly, not linear: the checks are done, and a call's CPU time counts here)
             (n, h, w, c), cout = pixels.shape, weight.shape[0]
             operands = (pixels.reshape(1, n * h * w, c), weight.reshape(cout, c).t().unsqueeze(0), bias)

@@ -1,5 +1,7 @@
 """Host-side pieces every conv2d kernel family plans with: the output's size and layout, the problem's sizes and
 geometry constexprs, tl.dot's precision, pipeline stages cut to the shared memory, the tuner's pick."""
+from typing import Optional
+
 import torch
 
 from ... import _runtime
@@ -7,10 +9,11 @@ from .. import _autotune, _gemm
 from .._common import is_channels_last
 
 
-def precision(dtype: torch.dtype) -> str:
+def precision(dtype: torch.dtype, k: Optional[int] = None) -> str:
     """tl.dot's input precision: tf32 where torch's convolutions allow it (cuDNN's rule, `_runtime.tf32_allowed`),
-    else true fp32 as tf32x3 (`_gemm.precision`)."""
-    return _gemm.precision(dtype, _runtime.tf32_allowed("conv") and not _runtime.INTERPRET)
+    else true fp32 (`_gemm.precision`'s rule for a reduction of length k: FMAs below TF32X3_MIN_K, where tf32x3's
+    truncations went over 2x cuDNN's error, a 1-pixel weight gradient 10x; None: tf32x3)."""
+    return _gemm.precision(dtype, _runtime.tf32_allowed("conv") and not _runtime.INTERPRET, k)
 
 
 def conv_out_hw(H, W, KH, KW, stride, padding, dilation):

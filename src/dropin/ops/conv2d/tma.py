@@ -160,7 +160,7 @@ WGRAD_CONFIGS = [
 ]
 
 
-def _flipped(w: torch.Tensor, traced: bool) -> torch.Tensor:
+def flipped(w: torch.Tensor, traced: bool) -> torch.Tensor:
     """The weight of the convolution that is the input gradient of a stride-1 one: [C, COUT, KH, KW], the taps
     mirrored, channels_last (the TMA forward's layout)."""
     return derived(w, "flipped", lambda w: w.flip(2, 3).transpose(0, 1).contiguous(memory_format=torch.channels_last),
@@ -196,7 +196,7 @@ def wgrad_configs(dz, x, stride, groups: int, precision: str, traced: bool) -> l
 
 
 def dgrad_as_conv(dz, x, w, stride, padding, dilation, groups: int, traced: bool):
-    """(weight, padding) of the stride-1 convolution of dz that gives the input gradient: _flipped(w), padded by
+    """(weight, padding) of the stride-1 convolution of dz that gives the input gradient: flipped(w), padded by
     dilation * (K - 1) - the forward's padding (top, bottom, left, right), where the TMA forward takes it: one
     group, stride 1, channels_last x and dz, the forward's padding at most the kernel's reach. None elsewhere."""
     if tuple(stride) != (1, 1) or groups != 1 or not x.is_contiguous(memory_format=torch.channels_last):
@@ -204,10 +204,9 @@ def dgrad_as_conv(dz, x, w, stride, padding, dilation, groups: int, traced: bool
     reach = [dilation[0] * (w.shape[2] - 1)] * 2 + [dilation[1] * (w.shape[3] - 1)] * 2
     if any(p > r for p, r in zip(padding, reach)):
         return None
-    flipped = _flipped(w, traced)
-    if not fwd_configs(dz, flipped, (1, 1), 1, traced):
+    if not fwd_configs(dz, dz, (1, 1), 1, traced):  # (dz in the weight's place: the copy is dense channels_last)
         return None
-    return flipped, tuple(r - p for p, r in zip(padding, reach))
+    return flipped(w, traced), tuple(r - p for p, r in zip(padding, reach))
 
 
 def fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, dilation, precision: str, epilogue_meta: dict,
