@@ -68,11 +68,12 @@ _PTR_CONFIGS = {
         _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2), _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4),
         _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
-# The few-rows kernel, 16-bit operands, M <= 16 (decoding): B streams through 64-column tiles; the first config
-# (untimed plans take it) splits K in two where the column tiles alone make under two waves.
-_SKINNY_CONFIGS = [_cfg(16, 64, 128, 4, 3, SPLIT_K=2), _cfg(16, 64, 128, 4, 3), _cfg(16, 64, 128, 4, 5, SPLIT_K=2),
-                   _cfg(16, 64, 256, 4, 3, SPLIT_K=2), _cfg(16, 128, 128, 4, 3, SPLIT_K=4),
-                   _cfg(16, 64, 128, 4, 3, SPLIT_K=4), _cfg(16, 32, 128, 4, 3, SPLIT_K=2)]
+# The few-rows kernel, 16-bit operands, M <= 16 (decoding): B streams through 64-column tiles. The first config
+# (untimed plans take it: torch.compile, capture) keeps four 32 KB tiles of B in flight per program, no K split: the
+# fastest at M = 1 and 8, K = 4096 and 11008 on an H200 (perf-notes, "Decoding: the skinny products").
+_SKINNY_CONFIGS = [_cfg(16, 64, 256, 4, 5), _cfg(16, 64, 128, 4, 5, SPLIT_K=2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4),
+                   _cfg(16, 128, 128, 4, 3, SPLIT_K=4), _cfg(16, 64, 256, 4, 3, SPLIT_K=2),
+                   _cfg(16, 64, 128, 4, 3, SPLIT_K=2), _cfg(16, 32, 128, 4, 3, SPLIT_K=2)]
 # The CUDA-core kernel (any dtype): M == 1 (vector-matrix), and at most 16 columns (candidates beside `ptr`).
 _FMA_CONFIGS = {
     "vector": [_cfg(1, 64, 128, 4, 1), _cfg(1, 16, 256, 4, 1), _cfg(1, 32, 256, 4, 1), _cfg(1, 128, 64, 4, 1),
@@ -276,15 +277,9 @@ def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Te
     return y
 
 
-def _skinny_configs(batch, N, K, device) -> list:
-    """The few-rows kernel's candidates; first (the untimed choice) with its K split only where the column tiles
-    alone make under two waves of programs."""
-    configs = [dict(cfg, KERNEL="skinny") for cfg in _gemm.fits(_SKINNY_CONFIGS, 16, N, K)]
-    first = configs[0]
-    if batch * _runtime.cdiv(N, first["BLOCK_N"]) >= 2 * _runtime.num_sms(device.index or 0):
-        first = dict(first)
-        first.pop("SPLIT_K", None)
-    return [first] + [cfg for cfg in configs if cfg != first]
+def _skinny_configs(N, K) -> list:
+    """The few-rows kernel's candidates (the first is the untimed choice)."""
+    return [dict(cfg, KERNEL="skinny") for cfg in _gemm.fits(_SKINNY_CONFIGS, 16, N, K)]
 
 
 def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced: bool):
@@ -312,7 +307,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
         configs += [dict(cfg, KERNEL="fma") for cfg in _FMA_CONFIGS["narrow"]]
     skinny = M <= 16 and size == 2 and tuned
     if skinny:
-        configs = _skinny_configs(batch, N, K, a.device) + configs
+        configs = _skinny_configs(N, K) + configs
     epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision)
 
     def launcher(cfg):

@@ -43,28 +43,46 @@ def swiglu_mlp_ref(x, gate_weight, up_weight, down_weight, activation="silu"):
 @triton.jit
 def _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
                   stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(x @ G^T, x @ U^T) for one tile, fp32, each x tile loaded once for both products; pointer loads with
-    any strides."""
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                  PRECISION: tl.constexpr, SWAP: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(x @ G^T, x @ U^T) for one [BLOCK_M, BLOCK_N] tile, fp32, each x tile loaded once for both products;
+    pointer loads with any strides. SWAP (few rows: decoding) computes each as (W x^T)'s [BLOCK_N, BLOCK_M], the
+    weights' rows on the MMA's 64-row side and x's few rows on its narrow one (matmul's skinny_kernel)."""
     offs_k = tl.arange(0, BLOCK_K)
     # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask.
-    rows_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    rows_n = ((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[None, :]
-    x_ptrs = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    g_ptrs = g_ptr + offs_k[:, None] * stride_gk + rows_n * stride_gn
-    u_ptrs = u_ptr + offs_k[:, None] * stride_uk + rows_n * stride_un
+    rows_m = ((pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M).to(tl.int64)
+    rows_n = ((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N).to(tl.int64)
+    if SWAP:
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        x_ptrs = x_ptr + offs_k[:, None] * stride_xk + rows_m[None, :] * stride_xm
+        g_ptrs = g_ptr + rows_n[:, None] * stride_gn + offs_k[None, :] * stride_gk
+        u_ptrs = u_ptr + rows_n[:, None] * stride_un + offs_k[None, :] * stride_uk
+    else:
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        x_ptrs = x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+        g_ptrs = g_ptr + offs_k[:, None] * stride_gk + rows_n[None, :] * stride_gn
+        u_ptrs = u_ptr + offs_k[:, None] * stride_uk + rows_n[None, :] * stride_un
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_left = K - k * BLOCK_K
-        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc_g = dot_acc(acc_g, a, g, PRECISION)
-        acc_u = dot_acc(acc_u, a, u, PRECISION)
+        if SWAP:
+            a = tl.load(x_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            g = tl.load(g_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            u = tl.load(u_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            acc_g = dot_acc(acc_g, g, a, PRECISION)
+            acc_u = dot_acc(acc_u, u, a, PRECISION)
+        else:
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            acc_g = dot_acc(acc_g, a, g, PRECISION)
+            acc_u = dot_acc(acc_u, a, u, PRECISION)
         x_ptrs += BLOCK_K * stride_xk
         g_ptrs += BLOCK_K * stride_gk
         u_ptrs += BLOCK_K * stride_uk
+    if SWAP:
+        acc_g, acc_u = tl.trans(acc_g), tl.trans(acc_u)
     return acc_g, acc_u
 
 
@@ -80,7 +98,7 @@ def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
                    M, N, K,
                    stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
                    BACKWARD: tl.constexpr, SAVE: tl.constexpr, SAVED: tl.constexpr, ACT: tl.constexpr,
-                   PRECISION: tl.constexpr,
+                   PRECISION: tl.constexpr, SWAP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One [M, N] tile per program: g = x @ G^T and u = x @ U^T in registers (pointer loads); writes h, and
     when BACKWARD also du and dg over dh (_swiglu_values). SAVE (forward): g and u are also written to zg and
@@ -97,7 +115,7 @@ def _swiglu_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_ptr,
     else:
         g, u = _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
                              stride_xm, stride_xk, stride_gn, stride_gk, stride_un, stride_uk,
-                             PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                             PRECISION, SWAP, BLOCK_M, BLOCK_N, BLOCK_K)
     dh = 0.0
     if BACKWARD:
         dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -163,11 +181,13 @@ def _swiglu_tma_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_pt
 _cfg = _autotune.config
 # Two accumulators per tile: a 128 x 128 tile holds as many fp32 numbers as matmul's 128 x 256. The
 # smallest last (_gemm.fits keeps it when nothing else fits); true fp32 needs BLOCK_K <= 64 (see dot_acc).
+# SWAP: the few-rows tile (decoding), first among the candidates where M <= 16.
 _CONFIGS = {
     2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 128, 32, 8, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
-        _cfg(64, 64, 64, 4, 4), _cfg(16, 64, 128, 4, 3), _cfg(16, 32, 64, 4, 2)],
+        _cfg(64, 64, 64, 4, 4), _cfg(16, 64, 128, 4, 4, SWAP=True), _cfg(16, 64, 128, 4, 3, SWAP=True),
+        _cfg(16, 64, 128, 4, 3), _cfg(16, 32, 64, 4, 2)],
     4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4), _cfg(64, 64, 32, 4, 4),
-        _cfg(16, 64, 64, 4, 3), _cfg(16, 32, 32, 4, 2)],
+        _cfg(16, 64, 64, 4, 3, SWAP=True), _cfg(16, 64, 64, 4, 3), _cfg(16, 32, 32, 4, 2)],
 }
 _TMA_CONFIGS = {  # _swiglu_tma_kernel's (persistent, a program an SM)
     2: [_cfg(128, 128, 64, 8, 3, WARP_SPECIALIZE=False), _cfg(128, 128, 64, 8, 3, WARP_SPECIALIZE=True),
@@ -236,6 +256,8 @@ def _make_plan(ptrs, backward, saved, save, act, precision, tma, traced: bool):
             if _runtime.size_hint(M) >= 64:  # the 16-row tiles are for few tokens: fewer candidates (tunes only)
                 fitting = [cfg for cfg in fitting if cfg["BLOCK_M"] > 16] or fitting
             configs += [dict(cfg, TMA=kind) for cfg in fitting]
+        if _runtime.size_hint(M) <= 16:  # few rows: the swapped tiles first (the untimed choice)
+            configs.sort(key=lambda cfg: not cfg.get("SWAP", False))
 
     def launcher(cfg):
         cfg = dict(cfg)
@@ -249,6 +271,7 @@ def _make_plan(ptrs, backward, saved, save, act, precision, tma, traced: bool):
         else:
             strides = (0,) * 6 if saved else (*x.stride(), *gate_weight.stride(), *up_weight.stride())
             scalars = (M, N, K, *strides)
+            cfg.setdefault("SWAP", False)
             launch = Launch(_swiglu_kernel, (tiles,), dict(meta, SAVED=saved, **cfg), traced=traced)
         return lambda *tensors: launch(*tensors, *scalars)
 
