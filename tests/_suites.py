@@ -7,7 +7,7 @@ QUICK = (
     "tests/ops/test_matmul.py::test_linear_activation[relu-bias-bf16]",
     "tests/ops/test_matmul.py::test_float32_follows_allow_tf32[linear-allow_tf32-off]",
     "tests/ops/test_conv2d.py::test_seed000[k3-s1-p1-bf16]",
-    "tests/ops/test_conv2d.py::test_depthwise_direct[m1-s1-nchw-bf16]",
+    "tests/ops/test_conv2d_kernels.py::test_depthwise_direct[m1-s1-nchw-bf16]",
     "tests/ops/test_conv2d.py::test_residual[dense-channels_last]",
     "tests/ops/test_conv2d.py::test_fold_batchnorm[True-True]",
     "tests/ops/test_attention.py::test_lengths[70x64-d64-causal-bf16]",

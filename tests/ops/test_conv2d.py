@@ -1,4 +1,5 @@
-"""dropin.ops.conv2d against torch.nn.functional.conv2d: torch semantics, DESIGN.md tolerances.
+"""dropin.ops.conv2d against torch.nn.functional.conv2d: torch semantics, DESIGN.md tolerances (the kernels' configs
+and candidates: test_conv2d_kernels.py).
 
 Every numerical test goes through `check`: forward and the gradients of input, weight and bias (for a random
 upstream gradient) against F.conv2d in float64 on the CPU (the reference) and against PyTorch's own error in the same
@@ -15,47 +16,15 @@ from hypothesis import strategies as st
 
 import _check
 import dropin
+from _conv2d import ACTS, check, dropin_conv, leaves, randn, torch_conv
 from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, slow
 
 from dropin import _runtime
 from dropin.ops import _autotune
-from dropin.ops.conv2d import depthwise, implicit_gemm, tma
 
 cv = __import__("dropin.ops.conv2d", fromlist=["_plans"])
 
-ACTS = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-        "silu": F.silu}
-
-
 pytestmark = pytest.mark.usefixtures("true_fp32")  # conftest: cuDNN's TF32 default off; tests set it themselves
-
-
-def torch_conv(activation=None, **kw):
-    return lambda x, w, b=None: ACTS[activation](F.conv2d(x, w, b, **kw))
-
-
-def dropin_conv(activation=None, **kw):
-    return lambda x, w, b=None: dropin.conv2d(x, w, b, activation=activation, **kw)
-
-
-def leaves(x_shape, w_shape, bias=True, dtype=torch.float32, channels_last=False, weight_channels_last=False):
-    x = torch.randn(*x_shape, dtype=dtype, device=DEVICE)
-    w = torch.randn(*w_shape, dtype=dtype, device=DEVICE) / (w_shape[1] * w_shape[2] * w_shape[3]) ** 0.5
-    if channels_last:
-        x = x.to(memory_format=torch.channels_last)
-    if weight_channels_last:
-        w = w.to(memory_format=torch.channels_last)
-    out = {"x": x, "w": w}
-    if bias:
-        out["b"] = torch.randn(w_shape[0], dtype=dtype, device=DEVICE)
-    return out
-
-
-def check(op, ref_op, inputs: dict, autocast=None):
-    """The shared check, for an NCHW upstream gradient (also under a channels_last output), each gradient in its
-    input's layout; a residual's gradient is the output's, in the output's layout (as torch's add gives)."""
-    _check.check(op, ref_op, inputs, upstream_contiguous=True, autocast=autocast,
-                 grad_layout={k: "torch" if k == "r" else "input" for k in inputs})
 
 
 # ----------------------------------------------------------------------------------------- seed shapes
@@ -191,7 +160,7 @@ def test_fold_batchnorm(conv_bias, affine):
 
 
 def test_fold_batchnorm_errors():
-    w = _t(10, 6, 3, 3)
+    w = randn(10, 6, 3, 3)
     with pytest.raises(RuntimeError, match="'bn'"):
         dropin.ops.fold_batchnorm(w, None, torch.nn.BatchNorm2d(10, track_running_stats=False))
     with pytest.raises(RuntimeError, match="'bn'"):
@@ -236,14 +205,14 @@ def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch):
     strided depthwise 3x3 with gelu, a channels_last 1x1 through matmul's product) take their signature's shortcut
     and give what the op's own path gives, bit for bit (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
     cl = torch.channels_last
-    calls = [(lambda x, w, b: dropin.conv2d(x, w, b, padding=1), (_t(2, 4, 6, 6), _t(6, 4, 3, 3), _t(6))),
+    calls = [(lambda x, w, b: dropin.conv2d(x, w, b, padding=1), (randn(2, 4, 6, 6), randn(6, 4, 3, 3), randn(6))),
              (lambda x, w, b, r: dropin.conv2d(x, w, b, padding=1, activation="relu", residual=r),
-              (_t(2, 4, 6, 6).to(memory_format=cl), _t(4, 4, 3, 3).to(memory_format=cl), _t(4),
-               _t(2, 4, 6, 6).to(memory_format=cl))),
+              (randn(2, 4, 6, 6).to(memory_format=cl), randn(4, 4, 3, 3).to(memory_format=cl), randn(4),
+               randn(2, 4, 6, 6).to(memory_format=cl))),
              (lambda x, w: dropin.conv2d(x, w, stride=2, padding=1, groups=4, activation="gelu"),
-              (_t(2, 4, 7, 7), _t(4, 1, 3, 3))),
+              (randn(2, 4, 7, 7), randn(4, 1, 3, 3))),
              (lambda x, w, b: dropin.conv2d(x, w, b, activation="silu"),
-              (_t(2, 8, 3, 3).to(memory_format=cl), _t(5, 8, 1, 1), _t(5)))]
+              (randn(2, 8, 3, 3).to(memory_format=cl), randn(5, 8, 1, 1), randn(5)))]
     _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
@@ -283,18 +252,18 @@ def test_out(case):
 
 @pytest.mark.parametrize("case", ["grad", "overlap", "expanded"])
 def test_out_errors(case):
-    x, w = _t(1, 4, 8, 8), _t(6, 4, 3, 3)
-    out = _t(1, 6, 6, 6)
+    x, w = randn(1, 4, 8, 8), randn(6, 4, 3, 3)
+    out = randn(1, 6, 6, 6)
     if case == "grad":
         with pytest.raises(RuntimeError, match="out="):
             dropin.conv2d(x, w.requires_grad_(), out=out)
     elif case == "overlap":
-        buf = _t(1, 6, 8, 8)
+        buf = randn(1, 6, 8, 8)
         with pytest.raises(RuntimeError, match="'out' overlaps 'input'"):
-            dropin.conv2d(buf[:, :4], _t(6, 4, 3, 3), out=buf[:, :, 1:7, 1:7])
+            dropin.conv2d(buf[:, :4], randn(6, 4, 3, 3), out=buf[:, :, 1:7, 1:7])
     else:
         with pytest.raises(RuntimeError, match="'out'"):
-            dropin.conv2d(x, w, out=_t(1, 6, 6, 1).expand(1, 6, 6, 6))
+            dropin.conv2d(x, w, out=randn(1, 6, 6, 1).expand(1, 6, 6, 6))
 
 
 def test_empty_batch():
@@ -302,168 +271,45 @@ def test_empty_batch():
     assert y.shape == (0, 4, 3, 3)
 
 
-# ----------------------------------------------------------------------------------------- every config
-def _configs():
-    for name, cfgs in (("fwd", implicit_gemm.FWD_CONFIGS), ("dgrad", implicit_gemm.DGRAD_CONFIGS),
-                       ("wgrad", implicit_gemm.WGRAD_CONFIGS)):
-        for i, c in enumerate(cfgs):
-            yield pytest.param(name, dict(c, KERNEL="gemm"), id=f"{name}-{i}")
-    for name, cfgs in (("fwd", depthwise.FWD_CONFIGS), ("dgrad", depthwise.DGRAD_CONFIGS),
-                       ("wgrad", depthwise.WGRAD_CONFIGS)):
-        for i, c in enumerate(cfgs):
-            yield pytest.param(name, dict(c, KERNEL="direct"), id=f"{name}-direct-{i}")
-    for name, cfgs in (("fwd", tma.FWD_CONFIGS), ("wgrad", tma.WGRAD_CONFIGS)):
-        for i, c in enumerate(cfgs):
-            yield pytest.param(name, dict(c, KERNEL="tma"), id=f"{name}-tma-{i}")
-    for i, c in enumerate(implicit_gemm.ROWS_CONFIGS):
-        yield pytest.param("fwd", dict(c, KERNEL="rows"), id=f"fwd-rows-{i}")
-    for name, cfgs in (("fwd", depthwise.WALK_FWD_CONFIGS), ("wgrad", depthwise.WALK_WGRAD_CONFIGS)):
-        for i, c in enumerate(cfgs):
-            yield pytest.param(name, dict(c, KERNEL="walk"), id=f"{name}-walk-{i}")
-
-
-@gpu
-@pytest.mark.parametrize("cfg", tma.FWD_CONFIGS, ids=lambda c: f"{c['TH']}x{c['TW']}x{c['BLOCK_N']}")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_tma_forward_resnet_shapes(dtype, cfg, monkeypatch):
-    """Each TMA tile on ResNet-50's 3x3 shapes (8 images): vs float64 and the 2x rule."""
-    monkeypatch.setattr(_autotune, "pick", lambda name, key, configs, prepare, **timing: dict(cfg, KERNEL="tma"))
-    cv._plans.clear()
-    try:
-        for c, hw, s in ((64, 56, 1), (256, 14, 1), (512, 7, 1), (128, 56, 2)):
-            x = torch.randn(8, c, hw, hw, device=DEVICE, dtype=dtype).to(memory_format=torch.channels_last)
-            w = (torch.randn(c, c, 3, 3, device=DEVICE, dtype=dtype) / (9 * c) ** 0.5).to(
-                memory_format=torch.channels_last)
-            b = torch.randn(c, device=DEVICE, dtype=dtype)
-            ref = F.conv2d(x.cpu().double(), w.cpu().double(), b.cpu().double(), s, 1).to(DEVICE)
-            assert_close(dropin.conv2d(x, w, b, s, 1), ref, dtype, "fwd", torch_out=F.conv2d(x, w, b, s, 1),
-                         what=f"{c} channels at {hw}x{hw}, stride {s}")
-    finally:
-        cv._plans.clear()
-
-
-@slow
-@pytest.mark.parametrize("which,cfg", list(_configs()))
-def test_every_config(which, cfg, monkeypatch):
-    """The tuner is bypassed: each candidate (clamped to the problem as the plan clamps it) runs on ragged
-    edges with stride, padding, dilation, groups, bias and activation."""
-    real_pick = _autotune.pick
-
-    def pick(name, key, configs, prepare, **timing):
-        if key[0] == which and cfg["KERNEL"] == "tma":  # as offered: stages cut to the shared memory (planning.staged)
-            return next(c for c in configs if dict(c, num_stages=0) == dict(cfg, num_stages=0))
-        if key[0] == which and cfg["KERNEL"] == "gemm":  # unclamped (tiles larger than the problem are masked),
-            return implicit_gemm.gemm_staged([cfg], 4)[0]  # stages cut to the shared memory as offered (fp32 leaves)
-        if key[0] == which:
-            return dict(cfg)
-        return real_pick(name, key, configs, prepare, **timing)
-
-    monkeypatch.setattr(_autotune, "pick", pick)
-    if cfg["KERNEL"] == "tma":  # offered on any device: the interpreter runs it on the CPU
-        monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: True)
-    cv._plans.clear()
-    try:
-        if cfg.get("KERNEL") == "tma":  # one group, channels_last x and w; an NCHW residual (fwd or wgrad)
-            # stride 1 with channels past C in a box (32 of 64), then strides 2 and 3 (x viewed by phase)
-            for x_shape, stride in (((2, 32, 9, 11), 1), ((2, 64, 10, 12), (2, 2)), ((1, 64, 9, 8), (3, 2))):
-                if stride != 1 and x_shape[1] % cfg.get("BLOCK_K", cfg["BLOCK_N"]):
-                    continue  # tma.fwd_configs / tma.wgrad_configs offer no such config there
-                kw = dict(stride=stride, padding=(1, 2), dilation=(1, 2))
-                inputs = leaves(x_shape, (24, x_shape[1], 3, 2), dtype=torch.float16, channels_last=True,
-                                weight_channels_last=True)  # (fp32 cuts the 128 x 128 weight-gradient tiles)
-                inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE,
-                                          dtype=torch.float16)
-                check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
-                      lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
-            return
-        if cfg.get("KERNEL") == "rows":  # fewer than 16 channels a group, over a padded copy of x
-            # a stem (3 channels, 7x7, stride 2, channels_last: 28-column rows padded to 32, ragged last tile);
-            # 2 groups of 3 channels, NCHW, dilation and asymmetric padding with a residual; 9 channels a group
-            # in a 1x9 row (9 x 16 columns: chunked where BLOCK_K is shorter)
-            for x_shape, w_shape, kw, channels_last in (
-                    ((2, 3, 19, 17), (16, 3, 7, 7), dict(stride=2, padding=3), True),
-                    ((2, 6, 11, 13), (10, 3, 3, 2), dict(stride=(1, 2), padding=(2, 1), dilation=(2, 3), groups=2),
-                     False),
-                    ((1, 9, 5, 12), (4, 9, 1, 9), dict(padding=(0, 4)), True)):
-                inputs = leaves(x_shape, w_shape, channels_last=channels_last, dtype=torch.float16)  # (fp32: stages
-                inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE,  # are cut)
-                                          dtype=torch.float16)
-                check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
-                      lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
-            return
-        if cfg.get("KERNEL") == "walk":  # depthwise 3x3, the forward's or the weight gradient's walk forced:
-            # multiplier 2, strides (2, 1), padding past the kernel's reach across, silu; strides (1, 2),
-            # channels_last, 13 rows (ragged row tiles), relu (whose gradient keeps the output's layout in torch,
-            # silu's the upstream's); both with an NCHW residual
-            for x_shape, w_shape, kw, act, channels_last in (
-                    ((2, 40, 17, 9), (80, 1, 3, 3), dict(stride=(2, 1), padding=(1, 3), groups=40), "silu", False),
-                    ((1, 24, 13, 10), (24, 1, 3, 3), dict(stride=(1, 2), padding=(2, 0), groups=24), "relu", True)):
-                inputs = leaves(x_shape, w_shape, channels_last=channels_last)
-                inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE)
-                check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation=act, residual=r, **kw),
-                      lambda x, w, b, r: getattr(F, act)(F.conv2d(x, w, b, **kw) + r), inputs)
-            return
-        if cfg.get("KERNEL") == "direct":  # depthwise, channel multiplier 2: 40 channels, 80 outputs
-            kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=40)
-            check(dropin_conv("silu", **kw), torch_conv("silu", **kw), leaves((2, 40, 17, 9), (80, 1, 3, 2)))
-            return
-        # 40 input and 36 output channels over 2 groups: 20 / 18 per group, neither a multiple of 16;
-        # wgrad reduces over 2*9*7 = 126 pixels, split up to 64 ways by the split configs; NCHW and
-        # channels_last (whose wgrad columns run over channels first), there also 64 channels a group (a
-        # column tile of 64 within one tap)
-        kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
-        for x_shape, w_shape, channels_last in (((2, 40, 17, 9), (36, 20, 3, 2), False),
-                                                 ((2, 40, 17, 9), (36, 20, 3, 2), True),
-                                                 ((2, 128, 17, 9), (36, 64, 3, 2), True)):
-            check(dropin_conv("silu", **kw), torch_conv("silu", **kw),
-                  leaves(x_shape, w_shape, channels_last=channels_last))
-    finally:
-        cv._plans.clear()
-
-
 # ----------------------------------------------------------------------------------------- errors
-def _t(*shape, dtype=torch.float32):
-    return torch.randn(*shape, dtype=dtype, device=DEVICE)
-
-
 ERRORS = [
-    ("groups-mismatch", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 2, 3, 3), groups=3), RuntimeError, "input"),
-    ("channel-mismatch", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 3, 3, 3)), RuntimeError, "input"),
-    ("cout-not-divisible", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(5, 2, 3, 3), groups=2), RuntimeError,
+    ("groups-mismatch", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 2, 3, 3), groups=3), RuntimeError, "input"),
+    ("channel-mismatch", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 3, 3, 3)), RuntimeError, "input"),
+    ("cout-not-divisible", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(5, 2, 3, 3), groups=2), RuntimeError,
      "weight"),
-    ("groups-zero", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), groups=0), RuntimeError, "groups"),
-    ("input-too-small", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 9, 9)), RuntimeError, "input"),
-    ("dilated-too-small", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), dilation=4), RuntimeError,
+    ("groups-zero", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), groups=0), RuntimeError, "groups"),
+    ("input-too-small", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 9, 9)), RuntimeError, "input"),
+    ("dilated-too-small", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), dilation=4), RuntimeError,
      "input"),
-    ("dtype-mismatch", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3, dtype=torch.float16)), RuntimeError,
+    ("dtype-mismatch", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3, dtype=torch.float16)), RuntimeError,
      "weight"),
-    ("bias-dtype", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), _t(6, dtype=torch.float16)),
+    ("bias-dtype", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), randn(6, dtype=torch.float16)),
      RuntimeError, "bias"),
-    ("float64", lambda: dropin.conv2d(_t(1, 4, 8, 8, dtype=torch.float64), _t(6, 4, 3, 3, dtype=torch.float64)),
+    ("float64", lambda: dropin.conv2d(randn(1, 4, 8, 8, dtype=torch.float64), randn(6, 4, 3, 3, dtype=torch.float64)),
      RuntimeError, "input"),
-    ("bias-shape", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), _t(5)), RuntimeError, "bias"),
-    ("input-2d", lambda: dropin.conv2d(_t(4, 8), _t(6, 4, 3, 3)), RuntimeError, "input"),
-    ("weight-3d", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3)), RuntimeError, "weight"),
-    ("bad-padding-string", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), padding="foo"), RuntimeError,
+    ("bias-shape", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), randn(5)), RuntimeError, "bias"),
+    ("input-2d", lambda: dropin.conv2d(randn(4, 8), randn(6, 4, 3, 3)), RuntimeError, "input"),
+    ("weight-3d", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3)), RuntimeError, "weight"),
+    ("bad-padding-string", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), padding="foo"), RuntimeError,
      "padding"),
-    ("same-strided", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), padding="same", stride=2),
+    ("same-strided", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), padding="same", stride=2),
      RuntimeError, "stride"),
-    ("negative-padding", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), padding=-1), RuntimeError,
+    ("negative-padding", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), padding=-1), RuntimeError,
      "padding"),
-    ("stride-zero", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), stride=0), RuntimeError, "stride"),
-    ("dilation-zero", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), dilation=(1, 0)), RuntimeError,
+    ("stride-zero", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), stride=0), RuntimeError, "stride"),
+    ("dilation-zero", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), dilation=(1, 0)), RuntimeError,
      "dilation"),
-    ("stride-3-values", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), stride=(1, 2, 3)), RuntimeError,
+    ("stride-3-values", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), stride=(1, 2, 3)), RuntimeError,
      "stride"),
-    ("bad-activation", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), activation="tanh"), ValueError,
+    ("bad-activation", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), activation="tanh"), ValueError,
      "activation"),
-    ("not-a-tensor", lambda: dropin.conv2d(_t(1, 4, 8, 8), [[1.0]]), TypeError, "weight"),
-    ("residual-shape", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), residual=_t(1, 6, 8, 8)),
+    ("not-a-tensor", lambda: dropin.conv2d(randn(1, 4, 8, 8), [[1.0]]), TypeError, "weight"),
+    ("residual-shape", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), residual=randn(1, 6, 8, 8)),
      RuntimeError, "residual"),
-    ("residual-dtype", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3),
-                                             residual=_t(1, 6, 6, 6, dtype=torch.float16)), RuntimeError, "residual"),
-    ("out-shape", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), out=_t(1, 6, 8, 8)), RuntimeError, "out"),
-    ("out-dtype", lambda: dropin.conv2d(_t(1, 4, 8, 8), _t(6, 4, 3, 3), out=_t(1, 6, 6, 6, dtype=torch.float16)),
+    ("residual-dtype", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3),
+                                             residual=randn(1, 6, 6, 6, dtype=torch.float16)), RuntimeError, "residual"),
+    ("out-shape", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), out=randn(1, 6, 8, 8)), RuntimeError, "out"),
+    ("out-dtype", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), out=randn(1, 6, 6, 6, dtype=torch.float16)),
      RuntimeError, "out"),
 ]
 
@@ -476,7 +322,7 @@ def test_errors(make, error, name):
 
 def test_errors_match_torch_types():
     """torch raises the same error types for the same mistakes (checked against F.conv2d itself)."""
-    x, w = _t(1, 4, 8, 8), _t(6, 4, 3, 3)
+    x, w = randn(1, 4, 8, 8), randn(6, 4, 3, 3)
     for kw in (dict(padding="foo"), dict(padding="same", stride=2), dict(padding=-1), dict(stride=0)):
         with pytest.raises(RuntimeError):
             F.conv2d(x, w, **kw)
@@ -487,7 +333,7 @@ def test_errors_match_torch_types():
 def test_errors_after_a_checked_call():
     """A repeat call skips the checks (they are remembered per shapes, dtypes, devices and arguments): arguments
     that equal a checked one as dict keys (True == 1, 1.0 == 1) are still refused."""
-    x, w = _t(1, 4, 8, 8), _t(6, 4, 3, 3)
+    x, w = randn(1, 4, 8, 8), randn(6, 4, 3, 3)
     dropin.conv2d(x, w, None, (1, 1), 1, 1, 1)
     for bad in (dict(stride=(True, 1)), dict(stride=(1.0, 1)), dict(stride=True), dict(dilation=1.0)):
         with pytest.raises(RuntimeError, match=f"'{next(iter(bad))}'"):
@@ -499,7 +345,7 @@ def test_errors_after_a_checked_call():
 @pytest.mark.skipif(ON_GPU, reason="needs the interpreter (CPU tensors are the kernel device)")
 def test_error_device_meta():
     with pytest.raises(RuntimeError, match="'weight'"):
-        dropin.conv2d(_t(1, 4, 8, 8), torch.empty(6, 4, 3, 3, device="meta"))
+        dropin.conv2d(randn(1, 4, 8, 8), torch.empty(6, 4, 3, 3, device="meta"))
 
 
 # ----------------------------------------------------------------------------------------- registered ops
@@ -540,19 +386,19 @@ def test_registered_ops(case, monkeypatch):
     monkeypatch.setattr(_autotune, "pick", pick)
     monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: layout == "tma")
     cv._plans.clear()
-    x, w = _t(*x_shape, dtype=dtype), _t(*w_shape, dtype=dtype)
+    x, w = randn(*x_shape, dtype=dtype), randn(*w_shape, dtype=dtype)
     if layout == "strided":
-        x = _t(*x_shape[:-1], 2 * x_shape[-1], dtype=dtype)[..., ::2]
+        x = randn(*x_shape[:-1], 2 * x_shape[-1], dtype=dtype)[..., ::2]
     elif layout != "nchw":
         x = x.contiguous(memory_format=torch.channels_last)
         w = w.contiguous(memory_format=torch.channels_last) if layout == "tma" else w
     geometry = (list(stride), list(pads), list(dilation), groups)
-    b = _t(w_shape[0], dtype=dtype)
+    b = randn(w_shape[0], dtype=dtype)
     y, z = torch.ops.dropin.conv2d(x, w, b, None, *geometry, "gelu", True)
     try:
         _check.opcheck(torch.ops.dropin.conv2d.default, x, w, b, torch.randn_like(y), *geometry, "relu", True)
         _check.opcheck(torch.ops.dropin.conv2d.default, x, w, None, None, *geometry, "none", False)
-        out = _t(*y.shape[:-1], 2 * y.shape[-1], dtype=dtype)[..., ::2]
+        out = randn(*y.shape[:-1], 2 * y.shape[-1], dtype=dtype)[..., ::2]
         _check.opcheck(torch.ops.dropin.conv2d_out.default, x, w, b, None, *geometry, "silu", out)
         dy = torch.randn_like(y)
         _check.opcheck(torch.ops.dropin.conv2d_act_grad.default, dy, z, "gelu", True)
@@ -577,7 +423,7 @@ def test_torch_compile_fullgraph():
     def ref_conv(x, w, b, activation=None, **kw):
         return ACTS[activation](F.conv2d(x, w, b, **kw))
 
-    inputs = [_t(2, 4, 9, 8).to(memory_format=torch.channels_last), _t(6, 4, 3, 3), _t(6), _t(4, 3, 3, 3)]
+    inputs = [randn(2, 4, 9, 8).to(memory_format=torch.channels_last), randn(6, 4, 3, 3), randn(6), randn(4, 3, 3, 3)]
     compiled = torch.compile(chain(dropin.conv2d), fullgraph=True)
     ins = [t.clone().requires_grad_() for t in inputs]
     ins_64 = [t.double().requires_grad_() for t in inputs]
@@ -597,7 +443,7 @@ def test_torch_compile_out():
         dropin.conv2d(x, w, b, padding=1, activation="relu", out=buf[..., ::2])
         return dropin.conv2d(x, w, None, padding=1, residual=buf[..., ::2], out=buf[..., ::2])
 
-    x, w, b = _t(2, 4, 6, 5), _t(6, 4, 3, 3), _t(6)
+    x, w, b = randn(2, 4, 6, 5), randn(6, 4, 3, 3), randn(6)
     buf = torch.full((2, 6, 6, 10), float("nan"), device=DEVICE)
     with torch.no_grad():
         out = torch.compile(f, fullgraph=True)(x, w, b, buf)
@@ -646,162 +492,3 @@ def test_float32_follows_cudnn_allow_tf32(tf32, allow_tf32):
     torch.backends.cudnn.allow_tf32 = tf32
     allow_tf32(tf32)
     check(dropin_conv(padding=1), torch_conv(padding=1), leaves((8, 64, 56, 56), (128, 64, 3, 3)))
-
-
-@gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [((64, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1),
-                                   ((32, 256, 14, 14), (256, 1, 3, 3), 1, 1, 256),
-                                   ((16, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1)],
-                         ids=["resnet-3x3", "depthwise-3x3", "stem-7x7"])
-def test_large_gpu(shape, dtype):
-    x_shape, w_shape, stride, padding, groups = shape
-    kw = dict(stride=stride, padding=padding, groups=groups)
-    check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, w_shape, dtype=dtype, channels_last=True))
-
-
-def _seen_candidates(monkeypatch, first=False) -> dict:
-    """pass name -> the kernels of its candidates, in order, for each plan made from now on; with `first`,
-    each plan takes its first candidate (the untuned default) on the GPU too."""
-    seen = {}
-    real_pick = _autotune.pick
-
-    def pick(name, key, configs, prepare, **timing):
-        seen[key[0]] = [c["KERNEL"] for c in configs]
-        return configs[0] if first else real_pick(name, key, configs, prepare, **timing)
-
-    monkeypatch.setattr(_autotune, "pick", pick)
-    cv._plans.clear()
-    return seen
-
-
-def test_depthwise_plan_offers_direct_kernel(monkeypatch):
-    """One input channel per group: in every pass (forward, input and weight gradient) the direct kernel leads
-    the candidates (the untuned default), the implicit GEMM follows, and in a 3x3 forward or weight gradient of
-    dilation 1 and row stride 1 or 2 the walk comes first; a 3x3 of stride 1 takes its input gradient as a
-    forward (the walk's), no input gradient plan of its own. With several input channels per group only the
-    implicit GEMM is offered (in the forward, few channels a group: the rows kernel's GEMM)."""
-    try:
-        for w_shape, groups, dilation, fwd, dgrad, wgrad in (
-                ((4, 1, 3, 3), 4, 1, ["walk", "direct", "rows"], None, ["walk", "direct", "gemm"]),
-                ((4, 1, 3, 3), 4, 2, ["direct", "rows"], ["direct", "gemm"], ["direct", "gemm"]),
-                ((4, 1, 3, 2), 4, 1, ["direct", "rows"], ["direct", "gemm"], ["direct", "gemm"]),
-                ((4, 2, 3, 3), 2, 1, ["rows"], ["gemm"], ["gemm"])):
-            seen = _seen_candidates(monkeypatch)
-            x, w = _t(1, 4, 6, 6).requires_grad_(), _t(*w_shape).requires_grad_()
-            dropin.conv2d(x, w, groups=groups, dilation=dilation).sum().backward()
-            passes = {"fwd": fwd, "dgrad": dgrad, "wgrad": wgrad}
-            assert {k: sorted(set(v), key=v.index) for k, v in seen.items()} == \
-                {k: v for k, v in passes.items() if v is not None}
-    finally:
-        cv._plans.clear()
-
-
-DEPTHWISE = {  # id: (x shape, multiplier, kernel, stride, padding, dilation, channels_last, dtype)
-    "m1-s1-cl-fp32": ((2, 24, 9, 7), 1, (3, 3), 1, 1, 1, True, torch.float32),
-    "m2-s2-nchw-fp16": ((2, 12, 11, 9), 2, (3, 3), 2, 1, 1, False, torch.float16),
-    "m1-s2-d2-cl-fp16": ((1, 20, 13, 10), 1, (3, 3), 2, 2, 2, True, torch.float16),
-    "m2-s21-d12-k35-cl-fp32": ((2, 10, 9, 11), 2, (3, 5), (2, 1), (1, 2), (1, 2), True, torch.float32),
-    "m1-s1-nchw-bf16": ((2, 16, 7, 9), 1, (3, 3), 1, 1, 1, False, torch.bfloat16),
-    "m3-s1-cl-fp32": ((2, 3, 12, 10), 3, (3, 3), 1, 1, 1, True, torch.float32),
-    "m1-s1-wide-cl-fp16": ((1, 8, 5, 37), 1, (3, 3), 1, 1, 1, True, torch.float16),  # 3 tile columns, ragged
-}  # long fp32 weight-gradient sums (20000 pixels) through the direct kernel: test_seed003_single_channel_3x3
-
-
-@pytest.mark.parametrize("case", list(DEPTHWISE))
-def test_depthwise_direct(case, monkeypatch):
-    """The direct depthwise kernels (the untuned default of every pass, forced; in the forward and the weight
-    gradient of a 3x3 of dilation 1 and row stride 1 or 2, the walks) against torch: channel multipliers, strides,
-    dilations, odd sizes, NCHW and channels_last, each dtype."""
-    x_shape, mult, kernel, stride, padding, dilation, channels_last, dtype = DEPTHWISE[case]
-    c = x_shape[1]
-    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=c)
-    seen = _seen_candidates(monkeypatch, first=True)
-    try:
-        check(dropin_conv(**kw), torch_conv(**kw), leaves(x_shape, (c * mult, 1, *kernel), dtype=dtype,
-                                                          channels_last=channels_last))
-        walk = kernel == (3, 3) and dilation == 1 and stride in (1, 2, (2, 1))
-        first = {"fwd": "walk" if walk else "direct", "dgrad": "direct", "wgrad": "walk" if walk else "direct"}
-        if walk and stride == 1 and mult == 1:  # the input gradient as the walk's forward over dz
-            del first["dgrad"]
-        assert {k: v[0] for k, v in seen.items()} == first
-    finally:
-        cv._plans.clear()
-
-
-@pytest.mark.parametrize("padding", [0, 2, (2, 0)], ids=["p0", "p2", "p20"])
-def test_depthwise_3x3_input_gradient_as_walk(padding):
-    """A stride-1 depthwise 3x3 takes its input gradient as the walk over dz with the taps mirrored and padding
-    2 - padding: each padding it takes; x channels_last, and x NCHW under a channels_last weight with the
-    upstream gradient in the output's layout (dz channels_last: the gradient comes back in x's layout)."""
-    kw = dict(padding=padding, groups=16)
-    for channels_last in (True, False):
-        inputs = leaves((2, 16, 7, 9), (16, 1, 3, 3), channels_last=channels_last,
-                        weight_channels_last=not channels_last)
-        _check.check(dropin_conv(**kw), torch_conv(**kw), inputs, grad_layout="input")
-
-
-@pytest.mark.parametrize("stride", [1, 2])
-def test_depthwise_3x3_weight_gradient_inf_rows(stride):
-    """The walk's weight gradient adds no dz row past the output (its zeros times an input row: 0 * inf): an inf
-    in one of the last input rows, which only some taps reach, leaves the other taps finite (stride 1, no padding:
-    row H - 2 in channel 0 is no tap 0's, row H - 1 in channel 1 no tap 0's or 1's; stride 2, even H: row H - 1 is
-    no tap's). OH is 17 at both strides: two tiles of 9 rows (_walk_rows), the second reaching past it."""
-    inputs = leaves((2, 8, 19 if stride == 1 else 36, 6), (8, 1, 3, 3), bias=False, channels_last=True)
-    if stride == 1:
-        inputs["x"][:, 0, -2, 4] = inputs["x"][:, 1, -1, 4] = float("inf")
-    else:
-        inputs["x"][:, :, -1, 4] = float("inf")
-    kw = dict(stride=stride, groups=8)
-    _check.check(dropin_conv(**kw), torch_conv(**kw), inputs, upstream_contiguous=True)
-
-
-def test_depthwise_weight_changed():
-    """The direct kernels read a copy of the weight with the output channel innermost (_co_major), kept while the
-    weight lives: an in-place change of the weight, or new data under it, must reach the next call."""
-    x = torch.randn(2, 16, 9, 7, device=DEVICE).to(memory_format=torch.channels_last)
-    w = torch.nn.Parameter(torch.randn(16, 1, 3, 3, device=DEVICE))
-    for change in (lambda: w.mul_(-0.5).add_(1.0), lambda: setattr(w, "data", torch.randn_like(w)), None):
-        ref = F.conv2d(x.double(), w.double(), padding=1, groups=16)
-        with torch.no_grad():
-            assert_close(dropin.conv2d(x, w, padding=1, groups=16), ref, torch.float32, "fwd", what="depthwise")
-            if change:
-                change()
-
-
-def test_direct_kernel_needs_int32_offsets():
-    """The direct depthwise kernels address one image with int32 offsets: a tensor whose image spans 2^31
-    elements or more is left to the implicit GEMM."""
-    small = torch.empty((2, 8, 5, 5), device="meta")
-    huge = torch.empty((2, 8, 5, 5), device="meta").as_strided((2, 8, 5, 5), (2**33, 1, 2**29, 8))
-    assert depthwise.direct_fits(small, small) and not depthwise.direct_fits(small, huge)
-
-
-@pytest.mark.parametrize("kw", [dict(padding=1), dict(padding="same", dilation=2), dict(padding=(0, 2)),
-                                dict(stride=2, padding=(1, 2))], ids=["p1", "same-d2", "p02", "s2"])
-def test_backward_through_tma_kernels(kw, monkeypatch):
-    """One group, channels_last, the TMA kernels forced on any device (the interpreter runs them on the CPU): the
-    weight gradient by _conv_wgrad_tma_kernel (any stride dividing the image), and at stride 1 the input gradient
-    as the stride-1 convolution of dz by the mirrored, transposed weight (tma.dgrad_as_conv); even kernel widths
-    ('same' pads them asymmetrically), dilation. In true fp32 the weight gradient's pixel tiles (one truncating
-    MMA chain each) hold at most 64 pixels: 128 gave 2x cuDNN's error on this short reduction (seed 266315595)."""
-    monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: True)
-    kernels, tiles = [], []
-    real_pick = _autotune.pick
-
-    def pick(name, key, configs, prepare, **timing):
-        kernels.append((key[0], configs[0]["KERNEL"]))
-        tiles.extend(c["TH"] * c["TW"] for c in configs if key[0] == "wgrad" and c["KERNEL"] == "tma")
-        return real_pick(name, key, configs, prepare, **timing)
-
-    monkeypatch.setattr(_autotune, "pick", pick)
-    cv._plans.clear()
-    try:
-        c = 64 if "stride" in kw else 16  # a column stride over 1 takes channel blocks (of 64) that divide C
-        check(dropin_conv(**kw), torch_conv(**kw),
-              leaves((2, c, 8, 10), (32, c, 3, 4), channels_last=True, weight_channels_last=True))
-    finally:
-        cv._plans.clear()
-    dgrad = ("fwd", "tma") if "stride" not in kw else ("dgrad", "gemm")  # the input gradient's plan
-    assert set(kernels) == {("fwd", "tma"), ("wgrad", "tma"), dgrad}
-    assert tiles and max(tiles) <= 64
