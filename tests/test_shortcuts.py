@@ -50,10 +50,7 @@ def test_repeat_call_takes_the_shortcut(name, taken, monkeypatch):
         assert out.stride() == out_first.stride(), f"{name}: the shortcut's output is laid out otherwise"
 
 
-NO_GRAD_SHORTCUT = ("sparse_linear", "sparse_conv2d")  # (their own Functions)
-
-
-@pytest.mark.parametrize("name", [n for n in PAIRS if n not in NO_GRAD_SHORTCUT])
+@pytest.mark.parametrize("name", list(PAIRS))
 def test_repeat_call_with_autograd_takes_the_shortcut(name, taken, monkeypatch):
     """The same where autograd records the calls (`_dispatch.Differentiable`): the repeat's outputs and the
     gradients of its first n_grad inputs against torch in float64, its allocations NaN-filled."""
@@ -83,7 +80,7 @@ POINTWISE = Pair("conv2d 1x1", lambda: (torch.randn(2, 8, 3, 3, device=DEVICE).t
                  lambda x, w, b: dropin.conv2d(x, w, b, activation="silu"), None, 3)  # (matmul's product)
 
 
-@pytest.mark.parametrize("name", [n for n in PAIRS if n not in NO_GRAD_SHORTCUT] + [POINTWISE.name])
+@pytest.mark.parametrize("name", list(PAIRS) + [POINTWISE.name])
 def test_kept_shortcuts_hold_no_tensor(name, taken):
     """A kept shortcut (and its backward plans) holds none of the tensors of the calls that made it: once the
     caller lets go of its inputs, outputs and gradients, they are freed (the caches live as long as the process)."""
@@ -100,7 +97,7 @@ def test_kept_shortcuts_hold_no_tensor(name, taken):
     assert all(ref() is None for ref in refs), f"{name}: a kept shortcut holds a call's tensor"
 
 
-@pytest.mark.parametrize("name", [n for n in PAIRS if n not in NO_GRAD_SHORTCUT] + [POINTWISE.name])
+@pytest.mark.parametrize("name", list(PAIRS) + [POINTWISE.name])
 def test_checkpoint_recomputation_through_the_shortcut(name, monkeypatch):
     """torch.utils.checkpoint (use_reentrant=False) compares what a recomputed forward saves with what the first
     forward saved: the first call of a signature runs the op's own path (and keeps the shortcut), the backward's

@@ -153,6 +153,18 @@ def test_shortcuts_give_each_weight_its_own_product():
             sparse_linear(torch.randn(3, 256, device=DEVICE), weights[0])
 
 
+def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch):
+    """Repeat calls where autograd records them (2-D and 3-D x, a column slice, with and without bias, the bias's
+    gradient alone) take their signature's shortcut (`SparseShortcut`), forward and backward, and give what the op's
+    own path gives, bit for bit (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    sw = sparsify(torch.randn(12, 40, device=DEVICE) * (torch.rand(12, 40, device=DEVICE) > 0.7))
+    x, bias = torch.randn(2, 5, 40, device=DEVICE), torch.randn(12, device=DEVICE)
+    calls = [(lambda x, b: sparse_linear(x, sw, b), (x[0], bias)), (lambda x: sparse_linear(x, sw), (x,)),
+             (lambda x: sparse_linear(x, sw), (torch.randn(5, 80, device=DEVICE)[:, ::2],)),
+             (lambda b: sparse_linear(x, sw, b), (bias,))]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 @pytest.mark.parametrize("method", ["l1_unstructured", "random_unstructured"])
 def test_prune_masked_linear(method):
     linear = torch.nn.Linear(200, 48, device=DEVICE)

@@ -144,6 +144,18 @@ def test_shortcuts_give_each_weight_its_own_conv():
                 torch.testing.assert_close(sparse_conv2d(x, sw, b, padding=1), F.conv2d(x, d, b, padding=1))
 
 
+def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch):
+    """Repeat calls where autograd records them (NCHW inputs, with and without bias, stride 2, the bias's gradient
+    alone) take their signature's shortcut (`SparseShortcut`), forward and backward, and give what the op's own path
+    gives, bit for bit (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    sw = sparsify(pruned((6, 4, 3, 3), 0.5, torch.float32))
+    x, bias = torch.randn(2, 4, 7, 5, device=DEVICE), torch.randn(6, device=DEVICE)
+    calls = [(lambda x, b: sparse_conv2d(x, sw, b, padding=1), (x, bias)),
+             (lambda x: sparse_conv2d(x, sw, stride=2), (x,)),
+             (lambda b: sparse_conv2d(x[:1], sw, b, padding=1), (bias,))]
+    _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
+
+
 @gpu
 @pytest.mark.parametrize("batch", [1, 8])
 def test_resnet_shapes_gpu(batch):

@@ -173,16 +173,19 @@ def test_what_the_backward_keeps(recompute):
 
 @pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "saved"])
 def test_repeat_calls_with_autograd_through_the_shortcut(recompute, monkeypatch):
-    """Repeat calls where autograd records them (2-D and 3-D x, a column slice, transposed weights) take their
-    signature's shortcut, forward and backward, and give what the op's own path gives, bit for bit
-    (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
+    """Repeat calls where autograd records them (2-D and 3-D x, a column slice, transposed weights, some gradients
+    only) take their signature's shortcut, forward and backward (its products planned per layout of dy), and give
+    what the op's own path gives, bit for bit (`_check.assert_grad_calls_repeat_through_shortcuts`)."""
     def call(x, gate_weight, up_weight, down_weight):
         return dropin.ops.swiglu_mlp(x, gate_weight, up_weight, down_weight, recompute=recompute)
     t = leaves((2, 5, 24), 40)
     weights = [t[k] for k in ("gate_weight", "up_weight", "down_weight")]
+    fixed_x, fixed_gate, fixed_down = t["x"][1].clone(), weights[0].clone(), weights[2].clone()  # (no gradient)
     calls = [(call, (t["x"], *weights)), (call, (t["x"][1], *weights)),
              (call, (torch.randn(2, 5, 48, device=DEVICE)[..., ::2], *weights)),
-             (call, (t["x"], *(w.t().contiguous().t() for w in weights)))]
+             (call, (t["x"], *(w.t().contiguous().t() for w in weights))),
+             (lambda x, u: call(x, fixed_gate, u, fixed_down), (t["x"][0], weights[1])),
+             (lambda g, u, d: call(fixed_x, g, u, d), tuple(weights))]
     _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 

@@ -8,7 +8,7 @@ import triton.language as tl
 from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for, suggest_memory_format
 
 from .. import _runtime
-from ._dispatch import launch
+from ._dispatch import Launch, launch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -66,10 +66,14 @@ def pixel_tiles(P: int, C: int, channels_last: bool) -> tuple:
 
 
 def check_float(op: str, **tensors) -> None:
-    """RuntimeError (torch's type for unsupported dtypes) naming the first tensor that is not fp16/bf16/fp32."""
-    for name, t in tensors.items():
+    """An error naming the first tensor that is not fp16/bf16/fp32, of torch's type: the first tensor given (the
+    op's input, whose dtype torch's kernels dispatch on) raises NotImplementedError, as torch's AT_DISPATCH
+    (`"..." not implemented for 'Long'`, on CPU and CUDA alike; float64, which torch runs and dropin has no kernel
+    for, too); a later one (a parameter) RuntimeError, as torch's mixed-dtype checks."""
+    for i, (name, t) in enumerate(tensors.items()):
         if t is not None and t.dtype not in FLOAT_DTYPES:
-            raise RuntimeError(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
+            error = NotImplementedError if i == 0 else RuntimeError
+            raise error(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
 
 
 def merge_dims(sizes, strides) -> list:
@@ -170,7 +174,25 @@ def column_sums(part: torch.Tensor, out: torch.Tensor, traced: bool = False) -> 
     """out[j] = sum_g part[g, j] in out's dtype (part fp32 [G, N] and out [N], both contiguous), one launch: column
     tiles as narrow as needed for ~128 programs (torch's sum over dim 0 of Llama's 528 x 4096 partials takes 16 us)."""
     G, N = part.shape
-    block_n = min(256, max(16, _runtime.next_power_of_2(_runtime.cdiv(N, 128))))
-    launch(sum_partials_kernel, (1, _runtime.cdiv(N, block_n)), part, out, G, N, 1, 0, 0, KW=1, TAPS=1,
-           BLOCK_T=max(8, 2048 // block_n), BLOCK_C=block_n, num_warps=4, traced=traced)
+    grid, meta = _column_sums_launch(N)
+    launch(sum_partials_kernel, grid, part, out, G, N, 1, 0, 0, **meta, traced=traced)
     return out
+
+
+def column_sums_run(G: int, N: int, traced: bool = False):
+    """`column_sums` for partials [G, N], as a launch that a caller's plan holds (no launch key per call):
+    run(part, out) -> out."""
+    grid, meta = _column_sums_launch(N)
+    summed = Launch(sum_partials_kernel, grid, meta, traced=traced)
+
+    def run(part, out):
+        summed(part, out, G, N, 1, 0, 0)
+        return out
+    return run
+
+
+def _column_sums_launch(N: int):
+    """(grid, constexprs) of `column_sums`' launch over N columns."""
+    block_n = min(256, max(16, _runtime.next_power_of_2(_runtime.cdiv(N, 128))))
+    return (1, _runtime.cdiv(N, block_n)), dict(KW=1, TAPS=1, BLOCK_T=max(8, 2048 // block_n), BLOCK_C=block_n,
+                                                num_warps=4)

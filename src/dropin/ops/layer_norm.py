@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, column_sums, row_config, row_offsets, rows_or_copy
+from ._common import MAX_ROW, check_float, column_sums_run, row_config, row_offsets, rows_or_copy
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, shaped, switch, torch_op,
                         writing)
 
@@ -157,13 +157,14 @@ def _bwd_plan(dy, x, n_last: int, w, wb_dtype: Optional[torch.dtype], traced: bo
     launch = Launch(_ln_bwd_kernel, (G,), dict(HAS_W=w is not None, PARTIALS=need_wb, **cfg), traced=traced)
     scalars = (M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn)
     device = x.device
+    sums = column_sums_run(G, 2 * N, traced) if need_wb else None
 
     def run(dy, x, w, mean, rstd, dx, dwb):
         part = torch.empty((G, 2, N), device=device, dtype=torch.float32) if need_wb else absent(mean, traced)
         launch(x.contiguous() if copies_x else x, absent(dx, traced) if w is None else w,
                dy.contiguous() if copies_dy else dy, dx, mean, rstd, part, *scalars)
         if need_wb:
-            column_sums(part.view(G, 2 * N), dwb.view(2 * N), traced)
+            sums(part.view(G, 2 * N), dwb.view(2 * N))
     return run
 
 

@@ -161,6 +161,23 @@ def product_shortcut(operands: tuple, given: tuple, c, activation: str, out):
     return None if mm is None else writing(out, lambda y, a, b, bias=None, *unused: mm(a, b, y, bias))
 
 
+def matmul_shortcut(a, b):
+    """The shortcut that `matmul(a, b)` keeps without autograd (a and b at least 2-D), for an op that plans its
+    products once per signature: (a, b) -> a new matmul(a, b) for tensors laid out as these; None where matmul
+    keeps none."""
+    operands, shape = _matmul_operands(a, b)
+    c = a.new_empty((operands[0].shape[0], operands[0].shape[1], operands[1].shape[2]))
+    return product_shortcut(operands, (a, b), c, "none", c.view(shape))
+
+
+def linear_shortcut(x, weight):
+    """The shortcut that `linear(x, weight)` (2-D weight, no bias, no activation) keeps without autograd: (x,
+    weight) -> a new linear(x, weight) for tensors laid out as these; None where linear keeps none."""
+    operands = _linear_operands(x, weight)
+    c = x.new_empty((1, operands[0].shape[1], weight.shape[0]))
+    return product_shortcut(operands, (x, weight), c, "none", c.view(*x.shape[:-1], weight.shape[0]))
+
+
 def _product_like_run(x, y, like):
     """(run, c): run(x, y, c) writes x @ y into c, a new [B, M, N] product laid out as `_product_like` lays it out,
     for tensors that start where x and y do; run None where the product copies its operands (tf32)."""
@@ -219,12 +236,13 @@ class ProductShortcut(Differentiable):
         run = self.backward_plan((dy,), lambda: self._backward_run(dy, a3, b3, z))
         return self._backward(dy, a3, b3, z) if run is None else run(dy, a3, b3, z)
 
-    def _gradient_z(self, dy3, z):
-        """(gz, gbias): the gradient of the pre-activation (dy3 itself without activation) and the bias's."""
+    def _gradient_z(self, dy3, z, act_grad=None):
+        """(gz, gbias): the gradient of the pre-activation (dy3 itself without activation) and the bias's; act_grad:
+        their plan for dy3's layout (`_act_grad_run`), None: `_act_grad_impl` looks it up."""
         need_bias = (*self.needs, False, False)[2]
         if self.activation == "none" and not need_bias:
             return dy3, None
-        gz, gbias = _act_grad_impl(dy3, z, self.activation, need_bias)
+        gz, gbias = _act_grad_impl(dy3, z, self.activation, need_bias) if act_grad is None else act_grad(dy3, z)
         return dy3 if self.activation == "none" else gz, gbias
 
     def _backward(self, dy, a3, b3, z):
@@ -241,7 +259,10 @@ class ProductShortcut(Differentiable):
         view of its product."""
         need_a, need_b, need_bias = (*self.needs, False)[:3]
         to_given, from_out, gradient_z, n = self.to_given, self.from_out, self._gradient_z, len(self.needs)
-        gz = gradient_z(from_out(dy), z)[0]
+        dy3 = from_out(dy)
+        act_grad = None if self.activation == "none" and not need_bias else \
+            _act_grad_run(dy3, z, self.activation, need_bias)
+        gz = gradient_z(dy3, z, act_grad)[0]
         products = []
         for i, (x, y, like) in enumerate(((gz, b3.mT, a3), (a3.mT, gz, b3))):
             if not (need_a, need_b)[i]:
@@ -254,7 +275,7 @@ class ProductShortcut(Differentiable):
             products.append((product, (g.shape, g.stride(), g.dtype, g.device)))
 
         def run(dy, a, b, z):
-            gz, gbias = gradient_z(from_out(dy), z)
+            gz, gbias = gradient_z(from_out(dy), z, act_grad)
             grads = []
             for (x, y), found in zip(((gz, b), (a, gz)), products):
                 g = None
@@ -366,9 +387,14 @@ def _act_grad_impl(grad_y, z, activation: str, bias_grad: bool, traced: bool = F
         return grad_z, grad_y.new_empty(grad_y.shape[-1] if bias_grad else 0).zero_()
     if traced:
         return _act_grad_plan(grad_y, activation, bias_grad, traced)(grad_y, z)
+    return _act_grad_run(grad_y, z, activation, bias_grad)(grad_y, z)
+
+
+def _act_grad_run(grad_y, z, activation: str, bias_grad: bool):
+    """The eager plan of `_act_grad_impl` for grad_y of this signature (not empty): run(grad_y, z)."""
     key = ("act_grad", grad_y.shape, grad_y.stride(), grad_y.dtype, grad_y.device, aligned(grad_y), z is None,
            activation, bias_grad)
-    return plan(_plans, key, lambda: _act_grad_plan(grad_y, activation, bias_grad, traced))(grad_y, z)
+    return plan(_plans, key, lambda: _act_grad_plan(grad_y, activation, bias_grad, False))
 
 
 def _act_grad_plan(grad_y, activation: str, bias_grad: bool, traced: bool):

@@ -21,10 +21,9 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import column_sums
+from ._common import check_float, column_sums_run
 from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FORMS = ("llama", "gemma")
 MAX_HIDDEN = 32768  # one row lives in registers
 
@@ -183,9 +182,9 @@ def _rms_norm_fwd_impl(x, weight, residual: Optional[torch.Tensor], eps: float, 
 
 
 def _bwd_plan(dy, ds: Optional[torch.Tensor], x, weight, rstd, gemma: bool, traced: bool = False):
-    """run(dy, ds, x, weight, rstd, dx) -> the fp32 partial sums of dw [programs, N]: the backward's launch for this
-    signature, made once (the tensors' shapes, strides, dtypes and 16-byte alignment, the device); dx as
-    `_rms_norm_bwd_impl` allocates it."""
+    """run(dy, ds, x, weight, rstd, dx, dw) writes dx and, where dw is not None, dw (the fp32 partial sums of each
+    program added up): the backward's launches for this signature, made once (the tensors' shapes, strides, dtypes
+    and 16-byte alignment, the device); dx as `_rms_norm_bwd_impl` allocates it."""
     key = None if traced else (
         "bwd", gemma, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, dy.stride(), dy.dtype, dy.data_ptr() & 15,
         None if ds is None else (ds.stride(), ds.dtype, ds.data_ptr() & 15), weight.stride(0), weight.dtype,
@@ -206,10 +205,13 @@ def _make_bwd_plan(dy, ds, x, weight, gemma, traced):
                     dict(HAS_DS=ds is not None, GEMMA=gemma, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps), traced=traced)
     scalars = (R, N, *dy.stride(), *(dy if ds is None else ds).stride(), *x.stride(), weight.stride(0), rows)
 
-    def run(dy, ds, x, weight, rstd, dx):
+    sums = column_sums_run(programs, N, traced)
+
+    def run(dy, ds, x, weight, rstd, dx, dw):
         partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
         launch(dy, absent(dy, traced) if ds is None else ds, x, weight, rstd, dx, partial, *scalars)
-        return partial
+        if dw is not None:
+            sums(partial, dw)
     return run
 
 
@@ -220,8 +222,9 @@ def _rms_norm_bwd_impl(dy, ds: Optional[torch.Tensor], x, weight, rstd, gemma: b
     dx = x.new_empty((R, N))
     if R * N == 0:
         return dx, torch.zeros_like(weight)
-    partial = _bwd_plan(dy, ds, x, weight, rstd, gemma, traced)(dy, ds, x, weight, rstd, dx)
-    return dx, column_sums(partial, torch.empty(N, device=x.device, dtype=weight.dtype), traced)
+    dw = torch.empty(N, device=x.device, dtype=weight.dtype)
+    _bwd_plan(dy, ds, x, weight, rstd, gemma, traced)(dy, ds, x, weight, rstd, dx, dw)
+    return dx, dw
 
 
 # --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
@@ -269,9 +272,7 @@ def _check(x, weight, eps, residual, form):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"rms_norm: argument '{name}' must be a Tensor, got {type(t).__name__}")
     _runtime.check_kernel_device("rms_norm", x=x, weight=weight, residual=residual)
-    for name, t in (("x", x), ("weight", weight), ("residual", residual)):
-        if t is not None and t.dtype not in _DTYPES:
-            raise RuntimeError(f"rms_norm: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
+    check_float("rms_norm", x=x, weight=weight, residual=residual)
     if x.dim() == 0:
         raise RuntimeError("rms_norm: argument 'x' must be at least 1-D, got 0-D")
     N = x.shape[-1]
@@ -384,6 +385,6 @@ class _RMSNormShortcut(Differentiable):
         dy2, ds2 = (None if t is None else t.reshape(self.rows, self.N) for t in (dy, ds))
         run = self.backward_plan((dy2, ds2), lambda: _bwd_plan(dy2, ds2, x, weight, rstd, self.gemma))
         dx = torch.empty(dy.shape, device=x.device, dtype=x.dtype)
-        partial = run(dy2, ds2, x, weight, rstd, dx)  # (x's, or s's, rows)
-        dw = column_sums(partial, torch.empty(self.N, device=x.device, dtype=weight.dtype)) if self.needs[1] else None
+        dw = torch.empty(self.N, device=x.device, dtype=weight.dtype) if self.needs[1] else None
+        run(dy2, ds2, x, weight, rstd, dx, dw)  # (x's, or s's, rows)
         return dx if self.needs[0] else None, dw, dx if self.needs[2] else None

@@ -32,7 +32,7 @@ import triton.language as tl
 from .. import _runtime
 from . import _autotune
 from ._common import FLOAT_DTYPES
-from ._dispatch import Launch, Shortcuts, absent, launch, plan, switch, torch_op
+from ._dispatch import Differentiable, Launch, Shortcuts, absent, launch, plan, switch, torch_op
 from .conv2d import conv_tap
 from .matmul import mm_impl
 from .matmul_kernels import split_sum_kernel
@@ -475,17 +475,51 @@ def check_sparse_operands(op: str, x, weight, bias, x_name: str, conv: bool) -> 
 
 
 def find_shortcut(shortcuts: Shortcuts, x, weight, bias, args: tuple = ()):
-    """`shortcuts.find` for a call of sparse_linear or sparse_conv2d: (key, shortcut of (x, values, offsets,
-    chunk_ptr, bias)). The key holds the weight's tensors and its format (shape, block_k, kernel): another weight of
-    that format is read the same way, through its own tensors. Not for a weight that is no SparseWeight, or one
-    inconsistent now (the op's checks say why)."""
+    """`shortcuts.find` for a call of sparse_linear or sparse_conv2d: (key, shortcut, tensors), shortcut(*tensors)
+    the call: tensors are (x, values, offsets, chunk_ptr, bias) and, where autograd records the call, W^T's
+    (values, offsets, chunk_ptr), the weight's own where it has no `transposed` (`SparseShortcut` saves them).
+    The key holds the weight's tensors and its format (shape, block_k, kernel): another weight of that format is
+    read the same way, through its own tensors. Not for a weight that is no SparseWeight, or one inconsistent now
+    (the op's checks say why)."""
     if not isinstance(weight, SparseWeight):
-        return None, None
-    key, shortcut = shortcuts.find((x, weight.values, weight.offsets, weight.chunk_ptr, bias),
-                                   (weight.shape, weight.block_k, weight.kernel, *args))
+        return None, None, None
+    tensors = (x, weight.values, weight.offsets, weight.chunk_ptr, bias)
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(bias, "requires_grad", False)):
+        t = weight.transposed or weight
+        tensors += (t.values, t.offsets, t.chunk_ptr)
+    key, shortcut = shortcuts.find(tensors, (weight.shape, weight.block_k, weight.kernel, *args))
     if shortcut is not None and not weight.consistent():
-        return None, None
-    return key, shortcut
+        return None, None, None
+    return key, shortcut, tensors
+
+
+class SparseShortcut(Differentiable):
+    """sparse_linear's and sparse_conv2d's later eager calls of a signature where autograd records them
+    (`Differentiable`), of `find_shortcut`'s tensors: the forward runs the op's shortcut without autograd,
+    forward_run(x, values, offsets, chunk_ptr, bias), and saves W^T's tensors, as the op's Function does; the
+    backward takes dy viewed as `grad_shape` (None: as it comes), x's gradient through the run that
+    backward_run(dy, *W^T's tensors) plans for dy's layout, run(dy, *W^T's tensors), and the bias's as dy summed
+    over `bias_dims` in fp32."""
+
+    def __init__(self, forward_run, backward_run, grad_shape, bias_dims, needs):
+        super().__init__()
+        self.forward_run, self.backward_run, self.grad_shape, self.bias_dims = \
+            forward_run, backward_run, grad_shape, bias_dims
+        self.need_x, self.need_bias = needs[0], needs[4]
+
+    def forward(self, ctx, x, values, offsets, chunk_ptr, bias, t_values, t_offsets, t_ptr):
+        ctx.save_for_backward(t_values, t_offsets, t_ptr)
+        return self.forward_run(x, values, offsets, chunk_ptr, bias)
+
+    def backward(self, ctx, dy):
+        if self.grad_shape is not None:
+            dy = dy.reshape(self.grad_shape)
+        dx = None
+        if self.need_x:
+            transposed = ctx.saved_tensors
+            dx = self.backward_plan((dy,), lambda: self.backward_run(dy, *transposed))(dy, *transposed)
+        dbias = dy.sum(self.bias_dims, dtype=torch.float32).to(dy.dtype) if self.need_bias else None
+        return dx, None, None, None, dbias, None, None, None
 
 
 def _check(x, weight, bias) -> None:
@@ -501,7 +535,7 @@ def _check(x, weight, bias) -> None:
                            f"got {tuple(bias.shape)}")
 
 
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -514,9 +548,9 @@ def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Te
     Non-finite x: the sparse kernels skip the zeros, so an inf or NaN in x reaches only the outputs whose rows
     have a non-zero in its column; the dense path for many tokens multiplies them, as F.linear does (0 * inf =
     NaN in every output). Finite x gives the same results either way."""
-    key, shortcut = find_shortcut(_shortcuts, x, weight, bias)
+    key, shortcut, tensors = find_shortcut(_shortcuts, x, weight, bias)
     if shortcut is not None:
-        return shortcut(x, weight.values, weight.offsets, weight.chunk_ptr, bias)
+        return shortcut(*tensors)
     _check(x, weight, bias)
     if torch.is_autocast_enabled(x.device.type):  # as torch.autocast casts F.linear's operands
         dtype = torch.get_autocast_dtype(x.device.type)
@@ -532,10 +566,12 @@ def sparse_linear(x: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Te
         t = t or weight  # (only the bias gradient is wanted: W^T is never read)
         y = _SparseLinearFunction.apply(x2, weight.values, weight.offsets, weight.chunk_ptr, t.values, t.offsets,
                                         t.chunk_ptr, b, N, weight.block_k)
-    else:
-        y = _sparse_linear(x2, weight.values, weight.offsets, weight.chunk_ptr, b, N, weight.block_k)
+        out = y.view(*x.shape[:-1], N)
+        _shortcuts.keep(key, lambda: _sparse_linear_grad_shortcut(x, x2, weight, bias, b, out, key[0]), grad=True)
+        return out
+    y = _sparse_linear(x2, weight.values, weight.offsets, weight.chunk_ptr, b, N, weight.block_k)
     out = y.view(*x.shape[:-1], N)
-    _shortcuts.keep(key, lambda: _sparse_linear_shortcut(x, x2, weight, bias, b, out))  # (kept without autograd)
+    _shortcuts.keep(key, lambda: _sparse_linear_shortcut(x, x2, weight, bias, b, out))
     return out
 
 
@@ -550,3 +586,21 @@ def _sparse_linear_shortcut(x, x2, weight, bias, b, out):
         return run
     rows, shape = x2.shape, out.shape
     return lambda x, values, offsets, chunk_ptr, bias: run(x.view(rows), values, offsets, chunk_ptr, bias).view(shape)
+
+
+def _sparse_linear_grad_shortcut(x, x2, weight, bias, b, out, needs):
+    """sparse_linear's later eager calls of this signature where autograd records them (`SparseShortcut`): x's
+    gradient the product of dy [M, N] and W^T, as x's shape; None where the call keeps no shortcut without
+    autograd, or x is empty."""
+    forward_run = _sparse_linear_shortcut(x, x2, weight, bias, b, out)
+    if forward_run is None or x.numel() == 0:
+        return None
+    K, block_k, x_shape = x2.shape[1], weight.block_k, x.shape
+
+    def backward_run(dy, t_values, t_offsets, t_ptr):
+        run = _sparse_linear_plan(dy, t_values, t_offsets, t_ptr, None, K, block_k)
+        if len(x_shape) == 2:
+            return lambda dy, *transposed: run(dy, *transposed, None)
+        return lambda dy, *transposed: run(dy, *transposed, None).view(x_shape)
+    grad_shape = None if x.dim() == 2 else (x2.shape[0], out.shape[-1])  # (dy [M, N] as the Function's)
+    return SparseShortcut(forward_run, backward_run, grad_shape, 0, needs)

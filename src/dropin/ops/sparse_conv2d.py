@@ -19,7 +19,7 @@ from . import _autotune
 from ._dispatch import Launch, Shortcuts, absent, plan, switch, torch_op, writing
 from ._common import is_channels_last
 from .conv2d import conv_args, conv_out_hw
-from .sparse import SparseWeight, check_sparse_operands, find_shortcut, sparse_kernel
+from .sparse import SparseShortcut, SparseWeight, check_sparse_operands, find_shortcut, sparse_kernel
 
 # Candidates (BLOCK_N output channels, BLOCK_M pixels, products a step, warps); BLOCK_C covers the chunks (up to
 # 64: beyond, K is split over programs and the fp32 partials summed), BLOCK_P = products / (BLOCK_N * BLOCK_C *
@@ -147,7 +147,7 @@ class _SparseConv2dFunction(torch.autograd.Function):
         return dx, None, None, None, None, None, None, dbias, *(None,) * 8
 
 
-_shortcuts = Shortcuts()
+_shortcuts = Shortcuts(differentiable=True)
 
 
 def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torch.Tensor] = None, stride=1,
@@ -162,9 +162,9 @@ def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torc
     channels_last where the input is (as torch's). Differentiable in input (needs `transpose=True` at
     sparsify time, the default) and bias; the weight is frozen. Non-finite inputs reach only the outputs
     whose weights have a non-zero where they are read (the zeros are skipped, not multiplied)."""
-    key, shortcut = find_shortcut(_shortcuts, input, weight, bias, (stride, padding, dilation, groups))
+    key, shortcut, tensors = find_shortcut(_shortcuts, input, weight, bias, (stride, padding, dilation, groups))
     if shortcut is not None:
-        return shortcut(input, weight.values, weight.offsets, weight.chunk_ptr, bias)
+        return shortcut(*tensors)
     check_sparse_operands("sparse_conv2d", input, weight, bias, "input", conv=True)
     if groups != weight.kernel[2]:
         raise ValueError(f"sparse_conv2d: argument 'groups' ({groups}) differs from the groups the weight was "
@@ -189,6 +189,9 @@ def sparse_conv2d(input: torch.Tensor, weight: SparseWeight, bias: Optional[torc
         t = t or weight  # (only the bias gradient is wanted: the transposed weight is never read)
         y = _SparseConv2dFunction.apply(x, weight.values, weight.offsets, weight.chunk_ptr, t.values, t.offsets,
                                         t.chunk_ptr, b, channels_last, *geometry)
+        if not (channels_last or unbatched):
+            _shortcuts.keep(key, lambda: _sparse_conv2d_grad_shortcut(input, x, weight, bias, b, y, geometry, key[0]),
+                            grad=True)
     else:
         y = _conv(x, weight.values, weight.offsets, weight.chunk_ptr, b, *geometry, False)
         if not (channels_last or unbatched):
@@ -208,3 +211,21 @@ def _sparse_conv2d_shortcut(input, x, weight, bias, b, y, geometry):
     run = _conv_plan(x, weight.values, weight.offsets, weight.chunk_ptr, b, y, rows, block_k, kernel, stride, pads,
                      dilation, False)
     return writing(y, lambda y, x, values, offsets, chunk_ptr, bias: run(x, values, offsets, chunk_ptr, bias, y))
+
+
+def _sparse_conv2d_grad_shortcut(input, x, weight, bias, b, y, geometry, needs):
+    """sparse_conv2d's later eager calls of this signature where autograd records them (`SparseShortcut`): the
+    input's gradient the transposed conv of dy (made contiguous, as the Function does) into a new NCHW tensor; None
+    where the call keeps no shortcut without autograd, or the input is empty."""
+    forward_run = _sparse_conv2d_shortcut(input, x, weight, bias, b, y, geometry)
+    if forward_run is None or x.numel() == 0:
+        return None
+    _, block_k, kernel, stride, pads, dilation, _ = geometry
+    x_shape = x.shape
+
+    def backward_run(dy, t_values, t_offsets, t_ptr):
+        dx = dy.new_empty(x_shape)
+        run = _conv_plan(dy.contiguous(), t_values, t_offsets, t_ptr, None, dx, x_shape[1], block_k, kernel, stride,
+                         pads, dilation, True)
+        return writing(dx, lambda dx, dy, *transposed: run(dy.contiguous(), *transposed, None, dx))
+    return SparseShortcut(forward_run, backward_run, None, (0, 2, 3), needs)

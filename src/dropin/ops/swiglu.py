@@ -28,7 +28,7 @@ from . import _autotune, _gemm
 from ._dispatch import Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op
 from ._gemm import dot_acc, tile_coords
 from .activations import ACTIVATIONS, activation_grad, activation_ref, apply_activation
-from .matmul import linear, matmul
+from .matmul import linear, linear_shortcut, matmul, matmul_shortcut
 
 
 # --- 1. Reference -----------------------------------------------------------------------------------
@@ -316,8 +316,13 @@ def _swiglu_bwd_saved_impl(g, u, dh, act: str = "silu", traced: bool = False) ->
     if g.numel():
         _launch(None, None, None, None, dh, None, g, u, act=act, traced=traced)
     if not traced:  # (the registered op's dispatcher bumps the versions of the arguments it mutates)
-        for t in (g, u, dh):  # written through pointers: tell autograd, whose saved-tensor checks rely on it
-            torch.autograd.graph.increment_version(t)
+        _written(g, u, dh)
+
+
+def _written(*tensors) -> None:
+    """Tells autograd, whose saved-tensor checks rely on it, that a kernel wrote these tensors through pointers."""
+    for t in tensors:
+        torch.autograd.graph.increment_version(t)
 
 
 # --- 4. Registration as torch ops (what torch.compile traces: `_dispatch`) ------------------------------
@@ -359,35 +364,41 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return *_backward(ctx, dy, ctx.needs_input_grad[:4]), None, None
+        return *_backward(ctx, ctx.saved_tensors, dy, ctx.needs_input_grad[:4]), None, None
 
 
-def _backward(ctx, dy, needs) -> tuple:
-    """The gradients of (x [M, K], gate_weight, up_weight, down_weight) where needs says, dy [M, K]; ctx holds the
-    forward's saved tensors (x, the weights), act, saved_mode and pre_activations."""
-    x, gate_weight, up_weight, down_weight = ctx.saved_tensors
+_OWN = ((matmul,) * 6, _swiglu_bwd, _swiglu_bwd_saved)
+
+
+def _backward(ctx, saved, dy, needs, planned=_OWN) -> tuple:
+    """The gradients of (x [M, K], gate_weight, up_weight, down_weight) where needs says, dy [M, K]; saved: the
+    forward's saved tensors (x, the weights; ctx.saved_tensors, read once), ctx holds act, saved_mode and
+    pre_activations. planned: (the six products, the recomputing pass, the pass over the saved pre-activations),
+    the op's own functions or the plans that `_SwiGLUShortcut` keeps for a dy of this layout."""
+    x, gate_weight, up_weight, down_weight = saved
     need_x, need_g, need_u, need_d = needs
-    dg = matmul(dy, down_weight).contiguous()  # dh = dy @ D; it becomes dg in place
+    (mm_dh, mm_down, mm_dx, mm_gate, mm_dx_up, mm_up), bwd, bwd_saved = planned
+    dg = mm_dh(dy, down_weight).contiguous()  # dh = dy @ D; it becomes dg in place
     if not ctx.saved_mode:
-        h, du = _swiglu_bwd(x, gate_weight, up_weight, dg, ctx.act)
+        h, du = bwd(x, gate_weight, up_weight, dg, ctx.act)
     else:
         if ctx.pre_activations is None:
             raise RuntimeError("swiglu_mlp (recompute=False, the default): the backward turns the kept "
                                "pre-activations into its own buffers, so it runs once per forward "
                                "(retain_graph is not supported); use recompute=True")
         (g, u), ctx.pre_activations = ctx.pre_activations, None
-        _swiglu_bwd_saved(g, u, dg, ctx.act)  # in place: g becomes h, u becomes du
+        bwd_saved(g, u, dg, ctx.act)  # in place: g becomes h, u becomes du
         h, du = g, u
         del g, u
-    d_down = matmul(dy.mT, h) if need_d else None
+    d_down = mm_down(dy.mT, h) if need_d else None
     del h
     # dg's products first, then dg is freed: the weight gradients do not pile up on three [M, N] buffers
-    dx = matmul(dg, gate_weight) if need_x else None
-    d_gate = matmul(dg.mT, x) if need_g else None
+    dx = mm_dx(dg, gate_weight) if need_x else None
+    d_gate = mm_gate(dg.mT, x) if need_g else None
     del dg
     if need_x:
-        dx.add_(matmul(du, up_weight))
-    d_up = matmul(du.mT, x) if need_u else None
+        dx.add_(mm_dx_up(du, up_weight))
+    d_up = mm_up(du.mT, x) if need_u else None
     return dx, d_gate, d_up, d_down
 
 
@@ -442,8 +453,8 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     x2 = x.reshape(rows, K)
     if key is None or key[0] is not None:  # (no shortcut may serve the call, or autograd records it)
         y = _SwiGLUFunction.apply(x2, gate_weight, up_weight, down_weight, bool(recompute), activation)
-        _shortcuts.keep(key, lambda: _SwiGLUShortcut.make(x2, gate_weight, up_weight, x, y, bool(recompute),
-                                                          activation, key[0]), grad=True)
+        _shortcuts.keep(key, lambda: _SwiGLUShortcut.make(x2, gate_weight, up_weight, down_weight, x, y,
+                                                          bool(recompute), activation, key[0]), grad=True)
     else:  # no autograd: the forward's launch and the down projection
         h = _swiglu_fwd(x2, gate_weight, up_weight, False, activation)[0]
         y = linear(h, down_weight)
@@ -470,16 +481,18 @@ def _swiglu_shortcut(x2, gate_weight, up_weight, h, x, y, act: str):
 
 class _SwiGLUShortcut(Differentiable):
     """swiglu_mlp's later eager calls of this signature where autograd records them (`Differentiable`): the
-    forward's plan on x at its address (the pre-activations kept on ctx unless recompute), linear (its own shortcut)
-    into y's shape; the backward as the op's own (`_backward`), dx in x's shape."""
+    forward's plan on x at its address (the pre-activations kept on ctx unless recompute), the down projection
+    through linear's shortcut into y's shape; the backward as the op's own (`_backward`) through the products and
+    the elementwise pass planned per layout of dy (`_backward_plan`), dx in x's shape."""
 
-    def __init__(self, run, h_shape, x_shape, save: bool, act: str, needs):
+    def __init__(self, run, down, h_shape, x_shape, save: bool, act: str, needs):
         super().__init__()
-        self.run, self.h_shape, self.x_shape, self.save, self.needs = run, h_shape, x_shape, save, needs
+        self.run, self.down, self.h_shape, self.x_shape, self.save, self.needs = \
+            run, down, h_shape, x_shape, save, needs
         self.act = act
 
     @staticmethod
-    def make(x2, gate_weight, up_weight, x, y, recompute: bool, act: str, needs):
+    def make(x2, gate_weight, up_weight, down_weight, x, y, recompute: bool, act: str, needs):
         """The shortcut; None where x's rows are a copy or there is no work."""
         if y.numel() == 0 or gate_weight.shape[0] == 0 or x2.data_ptr() != x.data_ptr():
             return None
@@ -487,7 +500,8 @@ class _SwiGLUShortcut(Differentiable):
         save = not recompute
         run = _launch_plan(x2, gate_weight, up_weight, h, None, None, h if save else None, h if save else None, save,
                            act, None, False)[0]
-        return _SwiGLUShortcut(run, h.shape, x.shape, save, act, needs)
+        down = linear_shortcut(h, down_weight) or linear  # (linear's own path where it keeps no shortcut: tf32)
+        return _SwiGLUShortcut(run, down, h.shape, x.shape, save, act, needs)
 
     def forward(self, ctx, x, gate_weight, up_weight, down_weight):
         h = torch.empty(self.h_shape, dtype=x.dtype, device=x.device)
@@ -495,8 +509,42 @@ class _SwiGLUShortcut(Differentiable):
         self.run(x, gate_weight, up_weight, h, h, h, g, u)
         ctx.save_for_backward(x.view(self.h_shape[0], x.shape[-1]), gate_weight, up_weight, down_weight)
         ctx.act, ctx.saved_mode, ctx.pre_activations = self.act, self.save, [g, u] if self.save else None
-        return linear(h, down_weight).view(self.x_shape)
+        return self.down(h, down_weight).view(self.x_shape)
 
     def backward(self, ctx, dy):
-        dx, d_gate, d_up, d_down = _backward(ctx, dy.reshape(self.h_shape[0], self.x_shape[-1]), self.needs)
+        dy, saved = dy.reshape(self.h_shape[0], self.x_shape[-1]), ctx.saved_tensors
+        planned = _OWN
+        if not (torch.is_grad_enabled() or torch.is_autocast_enabled(_runtime.KERNEL_DEVICE)):  # (where matmul's
+            # own path records its products or casts their operands, the backward takes it)
+            planned = self.backward_plan((dy,), lambda: self._backward_plan(dy, *saved)) or _OWN
+        dx, d_gate, d_up, d_down = _backward(ctx, saved, dy, self.needs, planned)
         return None if dx is None else dx.view(self.x_shape), d_gate, d_up, d_down
+
+    def _backward_plan(self, dy, x, gate_weight, up_weight, down_weight):
+        """`_backward`'s planned for a dy [M, K] of this layout: matmul's shortcuts of the six products (h, du and
+        dg are new contiguous [M, N] tensors) and the elementwise pass's plan; None where matmul keeps no shortcut
+        of a product wanted."""
+        need_x, need_g, need_u, need_d = self.needs
+        dg = dy.new_empty(self.h_shape)
+        products = []
+        for a, b, need in ((dy, down_weight, True), (dy.mT, dg, need_d), (dg, gate_weight, need_x),
+                           (dg.mT, x, need_g), (dg, up_weight, need_x), (dg.mT, x, need_u)):
+            product = matmul_shortcut(a, b) if need else None
+            if need and product is None:
+                return None
+            products.append(product)
+        g, u = torch.empty_like(dg), torch.empty_like(dg)
+        if self.save:
+            run = _launch_plan(None, None, None, None, dg, None, g, u, False, self.act, None, False)[0]
+
+            def bwd_saved(g, u, dh, act):
+                run(g, g, g, g, dh, g, g, u)
+                _written(g, u, dh)
+            return tuple(products), None, bwd_saved
+        run = _launch_plan(x, gate_weight, up_weight, g, dg, u, None, None, False, self.act, None, False)[0]
+
+        def bwd(x, gate_weight, up_weight, dh, act):
+            h, du = torch.empty_like(dh), torch.empty_like(dh)
+            run(x, gate_weight, up_weight, h, dh, du, h, h)
+            return h, du
+        return tuple(products), bwd, None
