@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ... import _runtime
 from .. import _autotune, _gemm
-from .._common import column_sums, empty_in, is_channels_last, pixel
+from .._common import column_sums_run, empty_in, is_channels_last, pixel
 from .._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
 from ..activations import activation_grad, activation_ref
 from ..matmul import ProductShortcut, canonical_product, product_shortcut
@@ -50,24 +50,30 @@ def _conv_act_grad_kernel(dy_ptr, z_ptr, dz_ptr, part_ptr,
                           sdn, sdc, sdh, sdw, szn, szc, szh, szw,
                           ACT: tl.constexpr, COL_SUM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """dz = dy * act'(z) (dz and z share y's strides; skipped for ACT "none") and, with COL_SUM, the sum of
-    dz over this tile's pixels into part[pid_p, c] (fp32); grid (pixel tiles, channel tiles)."""
+    dz over this program's pixels into part[pid_p, c] (fp32); grid (programs over the pixel tiles, each taking
+    every num_programs(0)-th tile, channel tiles)."""
     pid_p = tl.program_id(0)
-    offs_p = pid_p.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    p_ok = offs_p < P
     c_ok = offs_c < COUT
-    mask = p_ok[:, None] & c_ok[None, :]
-    n, oh, ow = pixel(offs_p, OH, OW)
     cc = offs_c.to(tl.int64)[None, :]
-    dy = tl.load(dy_ptr + (n * sdn + oh * sdh + ow * sdw)[:, None] + cc * sdc, mask=mask, other=0.0)
-    dy = dy.to(tl.float32)
-    if ACT != "none":
-        offs_z = (n * szn + oh * szh + ow * szw)[:, None] + cc * szc
-        z = tl.load(z_ptr + offs_z, mask=mask, other=0.0).to(tl.float32)
-        dy = dy * activation_grad(z, ACT)
-        tl.store(dz_ptr + offs_z, dy.to(dz_ptr.dtype.element_ty), mask=mask)
+    col = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    offs_p = pid_p.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    step = tl.num_programs(0).to(tl.int64) * BLOCK_P
+    for _ in range(pid_p, tl.cdiv(P, BLOCK_P), tl.num_programs(0)):
+        mask = (offs_p < P)[:, None] & c_ok[None, :]
+        n, oh, ow = pixel(offs_p, OH, OW)
+        dy = tl.load(dy_ptr + (n * sdn + oh * sdh + ow * sdw)[:, None] + cc * sdc, mask=mask, other=0.0)
+        dy = dy.to(tl.float32)
+        if ACT != "none":
+            offs_z = (n * szn + oh * szh + ow * szw)[:, None] + cc * szc
+            z = tl.load(z_ptr + offs_z, mask=mask, other=0.0).to(tl.float32)
+            dy = dy * activation_grad(z, ACT)
+            tl.store(dz_ptr + offs_z, dy.to(dz_ptr.dtype.element_ty), mask=mask)
+        if COL_SUM:
+            col += tl.sum(tl.where(mask, dy, 0.0), axis=0)
+        offs_p += step
     if COL_SUM:
-        tl.store(part_ptr + pid_p * COUT + offs_c, tl.sum(tl.where(mask, dy, 0.0), axis=0), mask=c_ok)
+        tl.store(part_ptr + pid_p * COUT + offs_c, col, mask=c_ok)
 
 
 # --- 3. Launchers ----------------------------------------------------------------------------------------
@@ -111,7 +117,7 @@ def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int
 
     def make():
         P = N * OH * OW
-        rows = C_G < 16  # few channels per group: _conv_fwd_rows_kernel over a padded copy of x
+        rows = implicit_gemm.rows_fit(dims, groups, padding, x.element_size())  # a padded copy of x, few channels
         epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
                         STORE_Z=save_preact)
 
@@ -256,8 +262,9 @@ def _wgrad_plan(dz, x, w, dw, stride, padding, dilation, groups: int, traced: bo
         direct = C_G == 1 and depthwise.direct_fits(dz, x)
         walk = depthwise.walkable(direct, KH, KW, stride, dilation)
         tma_configs = tma.wgrad_configs(dz, x, stride, groups, precision, traced)
-        configs = tma_configs + depthwise.candidates(depthwise.WGRAD_CONFIGS, gemm, direct, OH, OW, groups * COUT_G,
-                                                     depthwise.WALK_WGRAD_CONFIGS if walk else ())
+        configs = tma_configs + [c for c in depthwise.candidates(
+            depthwise.WGRAD_CONFIGS, gemm, direct, OH, OW, groups * COUT_G,
+            depthwise.WALK_WGRAD_CONFIGS if walk else ()) if depthwise.wgrad_fits(c, dims, groups)]
         tkey = ("wgrad", x.dtype, precision, is_channels_last(x), KH, KW, stride, C_G == 1,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *depthwise.direct_tag(direct, OH, OW),
                 *(("tma",) if tma_configs else ()), *(("walk",) if walk else ()))
@@ -282,10 +289,12 @@ def _act_grad_plan(dy, z, activation: str, bias_grad: bool, traced: bool):
     act = activation != "none"
     P = N * OH * OW
     block_p, block_c = 64, min(64, _runtime.next_power_of_2(max(COUT, 1)))
-    tiles_p = _runtime.cdiv(P, block_p)
+    # one program a pixel tile, as many as the fp32 partials [programs, COUT] in planning.WORKSPACE allow
+    tiles_p = torch.sym_min(_runtime.cdiv(P, block_p), max(1, planning.WORKSPACE // (4 * max(COUT, 1))))
     grad = Launch(_conv_act_grad_kernel, (tiles_p, _runtime.cdiv(COUT, block_c)),
                   dict(ACT=activation, COL_SUM=bias_grad, BLOCK_P=block_p, BLOCK_C=block_c), traced=traced)
     scalars = (COUT, OH, OW, P, *dy.stride(), *(z if act else dy).stride())
+    sums = column_sums_run(tiles_p, COUT, traced) if bias_grad else None
 
     def run(dy, z):
         dz = torch.empty_like(z) if act else dy.new_empty(0)
@@ -294,7 +303,7 @@ def _act_grad_plan(dy, z, activation: str, bias_grad: bool, traced: bool):
             grad(dy, z if act else absent(dy, traced), dz if act else absent(dy, traced), part, *scalars)
         if not bias_grad:
             return dz, dy.new_empty(0)
-        return dz, column_sums(part, dy.new_empty(COUT), traced) if P * COUT > 0 else dy.new_zeros(COUT)
+        return dz, sums(part, dy.new_empty(COUT)) if P * COUT > 0 else dy.new_zeros(COUT)
     return run
 
 

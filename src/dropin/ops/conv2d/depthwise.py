@@ -12,7 +12,7 @@ import triton.language as tl
 from ... import _runtime
 from .._common import sum_partials_kernel
 from .._dispatch import Launch
-from .planning import geometry_meta, spatial_tiles
+from .planning import WORKSPACE, geometry_meta, spatial_tiles
 from .tiles import conv_tap, epilogue
 from .weights import derived
 
@@ -480,7 +480,8 @@ def dgrad_launcher(cfg: dict, dims: tuple, dz, w, dx, stride, padding, dilation,
 def wgrad_launcher(kernel: str, cfg: dict, dims: tuple, dz, x, dw, stride, padding, dilation, groups: int,
                    traced: bool):
     """The launch of _conv_dw3_wgrad_kernel (kernel "walk") or _conv_dw_wgrad_kernel ("direct") for cfg (KERNEL
-    taken out): run(dz, x, dw), fp32 partial sums per pixel tile, then one sum over the tiles."""
+    taken out): run(dz, x, dw), fp32 partial sums per pixel tile, then one sum over the tiles; in chunks of images
+    where the partials would pass WORKSPACE (the walk's took 1.1 GiB on a 2^31-element output)."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
     if kernel == "walk":
         cfg["TH"] = _walk_rows(OH, cfg["TH"])
@@ -488,17 +489,43 @@ def wgrad_launcher(kernel: str, cfg: dict, dims: tuple, dz, x, dw, stride, paddi
     else:
         direct_kernel = _conv_dw_wgrad_kernel
         meta = dict(geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg)
-    grid = (N * spatial_tiles(OH, OW, cfg), _runtime.cdiv(groups * COUT_G, cfg["BLOCK_N"]))
-    launch = Launch(direct_kernel, grid, meta, traced=traced)
-    scalars = (H, W, groups * COUT_G, COUT_G, OH, OW, *dz.stride(), *x.stride())
-    part_shape = (grid[0], KH * KW, groups * COUT_G)
-    block_c = min(32, _runtime.next_power_of_2(groups * COUT_G))
-    tile_sum = Launch(sum_partials_kernel, (KH * KW, _runtime.cdiv(groups * COUT_G, block_c)),
-                      dict(KW=KW, TAPS=KH * KW, BLOCK_T=64, BLOCK_C=block_c), traced=traced)
-    sum_scalars = (grid[0], groups * COUT_G, dw.stride(0), *dw.stride()[2:])
+    cout, tiles = groups * COUT_G, spatial_tiles(OH, OW, cfg)
+    images = max(1, min(N, WORKSPACE // (tiles * KH * KW * cout * 4)))  # a chunk's fp32 partials in WORKSPACE
+    scalars = (H, W, cout, COUT_G, OH, OW, *dz.stride(), *x.stride())
+    block_c = min(32, _runtime.next_power_of_2(cout))
 
-    def run(dz, x, dw):
-        part = torch.empty(part_shape, device=dz.device, dtype=torch.float32)
-        launch(dz, x, part, *scalars)
-        tile_sum(part, dw, *sum_scalars)
-    return run
+    def chunk(n: int, out_strides: tuple):
+        """run(dz, x, out) over n images: partials [n * tiles, KH * KW, cout], summed into out (strides given)."""
+        launch = Launch(direct_kernel, (n * tiles, _runtime.cdiv(cout, cfg["BLOCK_N"])), meta, traced=traced)
+        tile_sum = Launch(sum_partials_kernel, (KH * KW, _runtime.cdiv(cout, block_c)),
+                          dict(KW=KW, TAPS=KH * KW, BLOCK_T=64, BLOCK_C=block_c), traced=traced)
+
+        def run(dz, x, out):
+            part = torch.empty((n * tiles, KH * KW, cout), device=dz.device, dtype=torch.float32)
+            launch(dz, x, part, *scalars)
+            tile_sum(part, out, n * tiles, cout, out_strides[0], *out_strides[2:])
+        return run
+    if images == N:
+        return chunk(N, dw.stride())
+    # chunks of images (their views of dz and x), each chunk's sum added up in fp32
+    sum_strides = (KH * KW, KH * KW, KW, 1)
+    full, rest = chunk(images, sum_strides), chunk(N % images, sum_strides) if N % images else None
+
+    def run_chunks(dz, x, dw):
+        total = torch.zeros((cout, 1, KH, KW), device=dz.device, dtype=torch.float32)
+        for n0 in range(0, N, images):
+            part_sum = torch.empty_like(total)
+            (full if n0 + images <= N else rest)(dz[n0:n0 + images], x[n0:n0 + images], part_sum)
+            total += part_sum
+        dw.copy_(total)
+    return run_chunks
+
+
+def wgrad_fits(cfg: dict, dims: tuple, groups: int) -> bool:
+    """Whether one image's fp32 partials in the direct or walk weight gradient (cfg's KERNEL; KH * KW * COUT per
+    spatial tile) fit WORKSPACE, the chunk that wgrad_launcher's loop takes at least; any other config fits."""
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
+    if cfg["KERNEL"] not in ("direct", "walk"):
+        return True
+    th = _walk_rows(OH, cfg["TH"]) if cfg["KERNEL"] == "walk" else cfg["TH"]
+    return spatial_tiles(OH, OW, dict(cfg, TH=th)) * KH * KW * groups * COUT_G * 4 <= WORKSPACE

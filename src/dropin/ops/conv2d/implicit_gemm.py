@@ -8,7 +8,8 @@ accumulated in fp32 with tl.dot, with masks for padding and edges; grid over (ti
 - weight gradient `_conv_wgrad_kernel`: output channels x (Cin/groups*KH*KW), reduced over N*OH*OW, with
   an optional split of that reduction (fp32 partials summed afterwards) for small weights on large images.
 Fewer than 16 channels per group (stems) go forward through `_conv_fwd_rows_kernel` instead, over a copy of x
-padded once per call (`_pad_kernel`), whole kernel rows a step."""
+padded once per call (`_pad_kernel`), whole kernel rows a step, where that copy fits planning.WORKSPACE
+(`rows_fit`)."""
 import torch
 import torch.nn.functional as F
 import triton
@@ -19,7 +20,7 @@ from .. import _autotune, _gemm
 from .._common import is_channels_last, pixel
 from .._dispatch import Launch
 from .._gemm import dot_acc, split_range
-from .planning import conv_meta, staged
+from .planning import WORKSPACE, conv_meta, staged
 from .tiles import epilogue
 from .weights import derived
 
@@ -56,7 +57,7 @@ def _conv_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
         iw = ow * STRIDE_W - PAD_W + kw * DIL_W
         row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         k_ok = offs_k < C_G - c0
-        a_ptrs = (x_base + ih * sxh + iw * sxw)[:, None] + (c0 + offs_k)[None, :] * sxc
+        a_ptrs = (x_base + ih * sxh + iw * sxw)[:, None] + (c0 + offs_k).to(tl.int64)[None, :] * sxc
         b_ptrs = w_base + kh * swh + kw * sww + (c0 + offs_k)[:, None] * swc
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
@@ -73,7 +74,7 @@ def _pad_kernel(x_ptr, xp_ptr, C_G, G, H, W, HP, WP, sxn, sxc, sxh, sxw,
     the padded channels_last copy that _conv_fwd_rows_kernel reads. Grid (N * HP, wp tiles, channel tiles)."""
     row = tl.program_id(0)
     n = (row // HP).to(tl.int64)
-    ih = row % HP - PAD_H
+    ih = (row % HP - PAD_H).to(tl.int64)
     wp = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     gc = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     c = gc % CP
@@ -161,7 +162,7 @@ def _conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
         row_ok = (m_ok & (th >= 0) & (th % STRIDE_H == 0) & (oh < OH)
                   & (tw >= 0) & (tw % STRIDE_W == 0) & (ow < OW))
         k_ok = offs_k < COUT_G - k0
-        a_ptrs = (dy_base + oh * sdh + ow * sdw)[:, None] + (k0 + offs_k)[None, :] * sdc
+        a_ptrs = (dy_base + oh * sdh + ow * sdw)[:, None] + (k0 + offs_k).to(tl.int64)[None, :] * sdc
         b_ptrs = w_base + kh * swh + kw * sww + (k0 + offs_k)[:, None] * swo
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
@@ -317,6 +318,14 @@ def wgrad_configs(dims: tuple, size: int, precision: str) -> list:
     """_conv_wgrad_kernel's candidates."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
     return _configs(WGRAD_CONFIGS, COUT_G, C_G * KH * KW, N * OH * OW, size, precision)
+
+def rows_fit(dims: tuple, groups: int, padding, size: int) -> bool:
+    """Whether the forward takes _conv_fwd_rows_kernel: fewer than 16 channels a group, and its padded copy of x
+    fits WORKSPACE (a 2^31-element depthwise input's copy took 4-32 GiB); else _conv_fwd_kernel reads x in place."""
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
+    hp, wp = H + padding[0] + padding[1], W + padding[2] + padding[3]
+    return C_G < 16 and N * hp * wp * groups * _runtime.next_power_of_2(C_G) * size <= WORKSPACE
+
 
 def _rows_pad(kw: int, c_g: int) -> int:
     """_conv_fwd_rows_kernel's padded kernel row: KW x CP columns (CP: C_G up to a power of two), a power of two."""

@@ -8,6 +8,11 @@ from ... import _runtime
 from .. import _autotune, _gemm
 from .._common import is_channels_last
 
+# The most one launch's temporary buffers may take (fp32 partials, padded copies, tensor descriptors' scratch):
+# a conv's peak stays within torch's + 256 MiB (issue 25). Above it a pass loops over chunks or takes a
+# kernel without the buffer.
+WORKSPACE = 64 << 20
+
 
 def precision(dtype: torch.dtype, k: Optional[int] = None) -> str:
     """tl.dot's input precision: tf32 where torch's convolutions allow it (cuDNN's rule, `_runtime.tf32_allowed`),

@@ -11,7 +11,7 @@ from ... import _runtime
 from .. import _gemm
 from .._dispatch import Launch, aligned
 from .._gemm import dot_acc
-from .planning import conv_meta, geometry_meta, spatial_tiles, staged
+from .planning import WORKSPACE, conv_meta, geometry_meta, spatial_tiles, staged
 from .tiles import epilogue
 from .weights import derived
 
@@ -30,7 +30,7 @@ def _phase_desc(x_ptr, N, C, H, W, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexp
     """A TMA descriptor of dense channels_last x viewed by stride phase, [N, H / STRIDE_H, STRIDE_H, W / STRIDE_W,
     STRIDE_W * C] (the caller checks that the strides divide H and W), boxes [1, TH, 1, TW, BLOCK_C]."""
     return tl.make_tensor_descriptor(x_ptr, shape=[N, H // STRIDE_H, STRIDE_H, W // STRIDE_W, STRIDE_W * C],
-                                     strides=[H * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
+                                     strides=[H.to(tl.int64) * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
                                      block_shape=[1, TH, 1, TW, BLOCK_C])
 
 
@@ -108,7 +108,8 @@ def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
     image) and the tap's box of x (_tap_box): acc[BLOCK_M, BLOCK_N] += dz^T @ x. Grid (taps * output-channel
     tiles * input-channel tiles, splits of the N * pixel tiles)."""
     x_desc = _phase_desc(x_ptr, N, C, H, W, STRIDE_H, STRIDE_W, TH, TW, BLOCK_N)
-    dz_desc = tl.make_tensor_descriptor(dz_ptr, shape=[N, OH, OW, COUT], strides=[OH * OW * COUT, OW * COUT, COUT, 1],
+    dz_desc = tl.make_tensor_descriptor(dz_ptr, shape=[N, OH, OW, COUT],
+                                        strides=[OH.to(tl.int64) * OW * COUT, OW * COUT, COUT, 1],
                                         block_shape=[1, TH, TW, BLOCK_M])
     m_blocks = tl.cdiv(COUT, BLOCK_M)
     n_blocks = tl.cdiv(C, BLOCK_N)
@@ -135,10 +136,10 @@ def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
 
 
 # The TMA forward (_conv_fwd_tma_kernel): TH x TW output pixels, BLOCK_N channels, BLOCK_K input channels a
-# step, OCC programs per SM (0: one per tile); on Hopper the untuned default where it applies (0.64-0.73x
-# cuDNN on ResNet's stride-1 3x3 convs, where the pointer kernel gives 0.42-0.56x). The 8-warp tile gives cuDNN's
-# error on all four ResNet shapes (scratch/probe_tma8.py, fp16 2.1e-4) and is the fastest there (41 us vs 45);
-# test_tma_forward_resnet_shapes holds every config to the 2x rule.
+# step, OCC programs per SM (0: one per tile, at most _MAX_PROGRAMS); on Hopper the untuned default where it
+# applies (0.64-0.73x cuDNN on ResNet's stride-1 3x3 convs, where the pointer kernel gives 0.42-0.56x). The 8-warp
+# tile gives cuDNN's error on all four ResNet shapes (scratch/probe_tma8.py, fp16 2.1e-4) and is the fastest there
+# (41 us vs 45); test_tma_forward_resnet_shapes holds every config to the 2x rule.
 FWD_CONFIGS = [
     dict(TH=8, TW=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, OCC=0),
     dict(TH=8, TW=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, OCC=0),
@@ -158,6 +159,12 @@ WGRAD_CONFIGS = [
     dict(TH=8, TW=16, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4, OCC=4),
     dict(TH=8, TW=16, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, OCC=1),
 ]
+
+
+# A program's two tensor descriptors take 256 bytes of global scratch (Triton allocates it per program): past
+# this many programs the forward's programs loop over tiles (persistent), so that the scratch stays in WORKSPACE
+# (one per tile of a 2^31-element output: 256 MiB and more).
+_MAX_PROGRAMS = WORKSPACE // 256
 
 
 def flipped(w: torch.Tensor, traced: bool) -> torch.Tensor:
@@ -215,7 +222,7 @@ def fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, dilation, pre
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
     tiles = N * spatial_tiles(OH, OW, cfg) * _runtime.cdiv(COUT_G, cfg["BLOCK_N"])
     occupancy = cfg.pop("OCC")  # programs per SM; 0: one program per tile
-    programs = min(tiles, occupancy * _runtime.num_sms(x.device.index or 0)) if occupancy else tiles
+    programs = min(tiles, occupancy * _runtime.num_sms(x.device.index or 0) if occupancy else _MAX_PROGRAMS)
     meta = dict(geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue_meta, **cfg)
     launch = Launch(_conv_fwd_tma_kernel, (programs,), meta, scratch=True, traced=traced)
     scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride(), programs)
