@@ -4,7 +4,9 @@ same tensors again), TF32 off as the fuzz tests have it. One verdict a line: PAS
 or LEFT OUT where the harness now rejects the draw; every error check's (dropin's error, PyTorch's) against
 float64 is kept, and a failure shows its last. The fp32 products whose 2x-rule failures are on sums of few terms
 (`SPREAD`) also run 24 more seeds: the median and worst ratio of dropin's error to PyTorch's tell a summation order's
-noise (median <= 2) from a kernel less accurate than cuBLAS (median > 2).
+noise (median <= 2) from a kernel less accurate than cuBLAS (median > 2). The attention cases noted DELTA print
+their gradients' errors with the backward's delta exact (`attention_delta`); sparse_linear its forward error per
+route (`sparse_routes`). An error raised (not a check's) prints its traceback.
 Usage: PYTHONPATH=src python3 benchmarks/probes/fuzz_repro.py [case index or test name ...] [--cpu]
 (--cpu: under Triton's interpreter, bf16 cases left out: a dry run of the probe, other tensors than the GPU's)"""
 import importlib
@@ -13,6 +15,7 @@ import pathlib
 import statistics
 import sys
 import time
+import traceback
 
 os.environ.setdefault("DROPIN_AUTOTUNE", "0")  # (as the tests: the first candidate config, no tuning)
 CPU = "--cpu" in sys.argv
@@ -25,6 +28,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import _check  # noqa: E402
+import dropin  # noqa: E402
 from _fuzz import Layout  # noqa: E402
 from _tol import rel_err  # noqa: E402
 
@@ -32,7 +36,7 @@ C, T = Layout("contiguous"), lambda perm: Layout("transposed", perm=perm)  # noq
 POOL = {'kernel_size': (2, 2), 'stride': None, 'padding': (0, 1), 'ceil_mode': False, 'dilation': (1, 2)}
 # (test module, test, dtype, case, seed, what the fix was): the log's falsifying examples, in its order
 CASES = [
-    ("norms", "test_group_norm", torch.float32, {'shape': (2, 1), 'groups': 1, 'weight': False, 'bias': True, 'eps': 1e-06, 'activation': None, 'layout': C, 'backward': True}, 0, "torch's CUDA backward: bias without weight; peer gets a ones weight"),  # noqa: E501
+    ("norms", "test_group_norm", torch.float32, {'shape': (2, 1), 'groups': 1, 'weight': False, 'bias': True, 'eps': 1e-06, 'activation': None, 'layout': C, 'backward': True}, 0, "torch 2.11's backward (CPU and CUDA): bias without weight; peer and float64 reference get a ones weight"),  # noqa: E501
     ("norms", "test_group_norm", torch.float16, {'shape': (2, 1), 'groups': 1, 'weight': False, 'bias': True, 'eps': 1e-06, 'activation': None, 'layout': C, 'backward': True}, 0, "as above"),  # noqa: E501
     ("norms", "test_group_norm", torch.bfloat16, {'shape': (1, 2, 1, 2), 'groups': 1, 'weight': False, 'bias': False, 'eps': 1e-06, 'activation': None, 'layout': T((0, 2, 3, 1)), 'backward': False}, 0, "torch's CUDA output is NCHW; dropin keeps channels_last (peer re-laid)"),  # noqa: E501
     ("norms", "test_batch_norm", torch.float32, {'shape': (2, 2), 'training': True, 'stats': False, 'params_fp32': False, 'weight': False, 'bias': True, 'momentum': 0.1, 'eps': 1e-06, 'layout': C, 'backward': True}, 0, "torch's CUDA backward: bias without weight; peer gets a ones weight"),  # noqa: E501
@@ -54,7 +58,8 @@ CASES = [
     ("convs", "test_conv2d", torch.float32, {'n': 1, 'cin': 1, 'cout': 2, 'groups': 1, 'kernel': (1, 2), 'stride': (1, 1), 'padding': (0, 0), 'dilation': (1, 2), 'spatial': (1, 4), 'bias': False, 'activation': 'relu6', 'residual': True, 'x_layout': C, 'w_layout': T((0, 2, 3, 1)), 'r_layout': C, 'backward': True}, 0, "residual's gradient in dy's layout, as torch's"),  # noqa: E501
     ("convs", "test_conv2d", torch.float32, {'n': None, 'cin': 1, 'cout': 2, 'groups': 1, 'kernel': (1, 1), 'stride': (1, 1), 'padding': (0, 0), 'dilation': (1, 1), 'spatial': (1, 1), 'bias': False, 'activation': None, 'residual': False, 'x_layout': C, 'w_layout': C, 'r_layout': C, 'backward': True}, 0, "1x1 GEMM route only for a channels_last output"),  # noqa: E501
     ("convs", "test_fold_batchnorm", torch.float16, {'n': 1, 'cin': 1, 'cout': 2, 'groups': 1, 'kernel': (1, 1), 'stride': (1, 1), 'padding': 'valid', 'dilation': (1, 1), 'spatial': (1, 2), 'bias': False, 'affine': False, 'eps': 1e-05, 'x_layout': C, 'w_layout': C, 'backward': False}, 0, "as above"),  # noqa: E501
-    ("products", "test_attention", torch.float16, {'q': (1, 1, 8), 'kv': (1, 2, 8), 'mask': torch.bool, 'mask_shape': (1, 1), 'is_causal': False, 'enable_gqa': False, 'scale': 0.0625, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "OPEN: 8 numbers, tolerance 1e-2; is torch's own error as large?"),  # noqa: E501
+    ("products", "test_attention", torch.float16, {'q': (1, 1, 8), 'kv': (1, 2, 8), 'mask': torch.bool, 'mask_shape': (1, 1), 'is_causal': False, 'enable_gqa': False, 'scale': 0.0625, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "DELTA: dq 20x torch's (its 3-D call: math in fp32); delta from the 16-bit O?"),  # noqa: E501
+    ("products", "test_attention", torch.bfloat16, {'q': (1, 1, 8), 'kv': (1, 2, 8), 'mask': torch.bool, 'mask_shape': (1, 1), 'is_causal': False, 'enable_gqa': False, 'scale': 0.0625, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "DELTA: as above, bf16"),  # noqa: E501
     ("convs", "test_fold_batchnorm", torch.bfloat16, {'n': 1, 'cin': 1, 'cout': 2, 'groups': 1, 'kernel': (1, 1), 'stride': (1, 1), 'padding': (0, 0), 'dilation': (1, 1), 'spatial': (1, 2), 'bias': False, 'affine': False, 'eps': 1e-05, 'x_layout': C, 'w_layout': C, 'backward': False}, 0, "1x1 GEMM route only for a channels_last output"),  # noqa: E501
     ("convs", "test_conv2d", torch.bfloat16, {'n': 1, 'cin': 4, 'cout': 2, 'groups': 2, 'kernel': (1, 1), 'stride': (1, 1), 'padding': (0, 0), 'dilation': (1, 1), 'spatial': (1, 2), 'bias': False, 'activation': None, 'residual': False, 'x_layout': T((0, 3, 2, 1)), 'w_layout': T((0, 2, 3, 1)), 'r_layout': C, 'backward': True}, 0, "torch's CPU float64 conv (the reference) was wrong: reference on contiguous copies"),  # noqa: E501
     ("convs", "test_conv2d", torch.bfloat16, {'n': 1, 'cin': 1, 'cout': 2, 'groups': 1, 'kernel': (1, 2), 'stride': (1, 1), 'padding': (0, 0), 'dilation': (1, 2), 'spatial': (1, 4), 'bias': False, 'activation': 'relu6', 'residual': True, 'x_layout': C, 'w_layout': T((0, 2, 3, 1)), 'r_layout': C, 'backward': True}, 0, "residual's gradient in dy's layout"),  # noqa: E501
@@ -63,10 +68,10 @@ CASES = [
     ("convs", "test_sparse_conv2d", torch.float16, {'n': 1, 'cin': 2, 'cout': 2, 'groups': 2, 'kernel': (1, 2), 'stride': (1, 1), 'padding': (0, 0), 'dilation': (1, 1), 'spatial': (1, 3), 'bias': False, 'x_layout': T((0, 3, 2, 1)), 'w_layout': C, 'sparsity': 0.0, 'block_k': 1, 'transpose': True, 'backward': True}, 0, "is_channels_last with size-1 dims"),  # noqa: E501
     ("convs", "test_sparse_conv2d", torch.float16, {'n': 2, 'cin': 2, 'cout': 2, 'groups': 2, 'kernel': (1, 2), 'stride': (1, 1), 'padding': (0, 0), 'dilation': (1, 1), 'spatial': (1, 2), 'bias': False, 'x_layout': T((0, 3, 2, 1)), 'w_layout': C, 'sparsity': 0.0, 'block_k': 1, 'transpose': True, 'backward': True}, 0, "as above"),  # noqa: E501
     ("products", "test_swiglu_mlp", torch.bfloat16, {'x': (17,), 'weights': {'gate_weight': (36, 17), 'up_weight': (36, 17), 'down_weight': (17, 36)}, 'x_layout': Layout("sliced", dim=0), 'layouts': {'gate_weight': Layout("expanded", dims=(0, 1)), 'up_weight': Layout("sliced", dim=1), 'down_weight': Layout("expanded", dims=(1,))}, 'activation': 'silu', 'recompute': True, 'backward': True}, 1196891, "OPEN: x grad 3.56e-2 > 3e-2 (17 numbers); torch's own?"),  # noqa: E501
-    ("products", "test_attention", torch.bfloat16, {'q': (1, 1, 16), 'kv': (1, 2, 16), 'mask': torch.bool, 'mask_shape': (1, 1), 'is_causal': False, 'enable_gqa': False, 'scale': None, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "OPEN: q grad 6.2e-2 (16 numbers); torch's own?"),  # noqa: E501
-    ("products", "test_attention", torch.bfloat16, {'q': (1, 1, 32), 'kv': (1, 2, 32), 'mask': None, 'mask_shape': None, 'is_causal': False, 'enable_gqa': False, 'scale': None, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "OPEN: k grad 1.2e-2 vs torch 1.9e-3 (64 numbers): a precision loss?"),  # noqa: E501
+    ("products", "test_attention", torch.bfloat16, {'q': (1, 1, 16), 'kv': (1, 2, 16), 'mask': torch.bool, 'mask_shape': (1, 1), 'is_causal': False, 'enable_gqa': False, 'scale': None, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "DELTA: q grad 6.2e-2 (16 numbers)"),  # noqa: E501
+    ("products", "test_attention", torch.bfloat16, {'q': (1, 1, 32), 'kv': (1, 2, 32), 'mask': None, 'mask_shape': None, 'is_causal': False, 'enable_gqa': False, 'scale': None, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "DELTA: k grad 1.2e-2 vs torch 1.9e-3 (64 numbers)"),  # noqa: E501
 ]
-SPREAD_SEEDS = 24  # (for the cases noted SPREAD or OPEN that fail)
+SPREAD_SEEDS = 24  # (for the cases noted SPREAD or OPEN that fail, and those noted DELTA)
 BUDGET_S = 55.0
 
 errors: list = []  # (what, dropin's error, PyTorch's) of each error check since the last reset
@@ -81,13 +86,16 @@ def _recording(out, ref, dtype, kind, torch_out=None, what="output"):
 _check.assert_close = _recording
 
 
-def run(module, test, dtype, case, seed):
-    """None where the case passes, else the first line of its failure."""
+def run(module, test, dtype, case, seed, trace=False):
+    """None where the case passes, else the first line of its failure; trace: an error other than a check's
+    AssertionError prints its traceback (where it is raised: dropin's op, torch's peer or the float64 reference)."""
     fn = getattr(importlib.import_module(f"test_fuzz_{module}"), test)
     errors.clear()
     try:
         fn.hypothesis.inner_test(dtype=dtype, case=case, seed=seed)
-    except Exception as e:  # (a check's AssertionError, or torch's own error in the peer)
+    except Exception as e:  # (a check's AssertionError, or an error raised by an op)
+        if trace and not isinstance(e, AssertionError):
+            traceback.print_exc()
         return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
     return None
 
@@ -109,6 +117,77 @@ def spread(module, test, dtype, case, seed, what) -> str:
     return f"dropin/torch error over {len(ratios)} seeds: median {statistics.median(ratios):.2f}, max {max(ratios):.2f}"
 
 
+def sparse_routes(module, test, dtype, case, seed) -> str:
+    """sparse_linear's forward error over torch's (median over SPREAD_SEEDS seeds) with each of the product's
+    candidate routes forced: the sparse kernel's configs (BLOCK_N, BLOCK_C, BLOCK_P, warps) and DENSE (the dense
+    weight through dropin's matmul, which the GPU takes first where M * density >= 2; the interpreter does not)."""
+    from dropin.ops import _autotune, sparse
+    pick, verdicts = _autotune.pick, []
+    try:
+        for cfg in sparse._CONFIGS["many"]:
+            _autotune.pick = lambda name, key, configs, prepare, graph=False, cfg=cfg: \
+                cfg if name == "sparse_linear" else pick(name, key, configs, prepare, graph)
+            sparse._plans.clear()
+            ratios = []
+            for s in range(seed + 1, seed + 1 + SPREAD_SEEDS):
+                run(module, test, dtype, case, s)
+                ratios += [e / t for w, e, t in errors if w == "forward" and t]
+            name = "DENSE" if cfg.get("DENSE") else tuple(cfg.values())
+            verdicts.append(f"{name} {statistics.median(ratios):.2f}" if ratios else f"{name} -")
+    finally:
+        _autotune.pick = pick
+        sparse._plans.clear()
+    return ", ".join(verdicts)
+
+
+def attention_delta(dtype, case) -> str:
+    """An attention case's q and k gradient errors against float64, medians over SPREAD_SEEDS draws of positive
+    tensors (the harness's `positive`; a mask of all True): dropin's; dropin's with delta = rowsum(dO * O) from
+    the float64 O (written over the delta kernel's, which reads the stored 16-bit O); torch's on the call as given
+    (3-D: its math backend, which computes fp16 / bf16 in fp32) and on its 4-D view (a fused kernel on the GPU,
+    delta from the 16-bit O as dropin's). dropin with the exact delta near torch's 3-D error: the stored O's
+    rounding, cancelling in dp - delta, is the cause."""
+    from dropin.ops import _dispatch
+    from dropin.ops.attention import attention_ref
+    from dropin.ops.attention_kernels import delta_kernel
+    device, exact, launch = ("cpu" if CPU else "cuda"), {}, _dispatch.Launch.__call__
+
+    def launch_exact(self, *args):
+        launch(self, *args)
+        if self.kernel is delta_kernel and "delta" in exact:
+            args[2].copy_(exact["delta"].reshape(args[2].shape))
+
+    rows = {name: [] for name in ("dropin", "dropin, exact delta", "torch", "torch 4-D view")}
+    _dispatch.Launch.__call__ = launch_exact
+    try:
+        for seed in range(SPREAD_SEEDS):
+            g = torch.Generator(device).manual_seed(seed)
+            q, k, v, do = (torch.randn(shape, generator=g, device=device).abs().clamp_min(0.25).to(dtype)
+                           for shape in (case["q"], case["kv"], case["kv"], case["q"]))
+            mask = None if case["mask"] is None else torch.ones(case["mask_shape"], dtype=torch.bool, device=device)
+            leaves = [t.cpu().double().requires_grad_() for t in (q, k, v)]
+            o64 = attention_ref(*leaves, attn_mask=None if mask is None else mask.cpu(), scale=case["scale"])
+            ref = torch.autograd.grad(o64, leaves[:2], do.cpu().double())
+
+            def errors(fn, view=lambda t: t, delta=None):
+                exact.clear()
+                if delta is not None:
+                    exact["delta"] = delta
+                ins = [t.clone().requires_grad_() for t in (q, k, v)]
+                out = fn(*(view(t) for t in ins), attn_mask=mask, scale=case["scale"])
+                return [rel_err(gr, r) for gr, r in zip(torch.autograd.grad(out, ins[:2], view(do)), ref)]
+            exact_delta = (do.cpu().double() * o64.detach()).sum(-1).float().to(device)
+            rows["dropin"].append(errors(dropin.ops.attention))
+            rows["dropin, exact delta"].append(errors(dropin.ops.attention, delta=exact_delta))
+            rows["torch"].append(errors(F.scaled_dot_product_attention))
+            rows["torch 4-D view"].append(errors(F.scaled_dot_product_attention,
+                                                 view=lambda t: t.unsqueeze(1) if t.dim() == 3 else t))
+    finally:
+        _dispatch.Launch.__call__ = launch
+    return "; ".join(f"{name} dq {statistics.median(e[0] for e in r):.2e} dk {statistics.median(e[1] for e in r):.2e}"
+                     for name, r in rows.items())
+
+
 def main(selected):
     assert CPU or torch.cuda.is_available(), "a GPU probe: the cases' seeds give the GPU run's tensors on CUDA only"
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # (the fuzz tests' true_fp32)
@@ -124,13 +203,17 @@ def main(selected):
         if left_out(test, case):
             print(f"{name}: LEFT OUT by the strategy ({note})")
             continue
-        failure = run(module, test, dtype, case, seed)
+        failure = run(module, test, dtype, case, seed, trace=True)
         last = errors[-1] if errors else None
         detail = "" if last is None or failure is None else \
             f" [{last[0]}: dropin {last[1]:.3e}, torch {'-' if last[2] is None else f'{last[2]:.3e}'}]"
         print(f"{name}: {'PASS' if failure is None else 'FAIL ' + failure}{detail} -- {note}", flush=True)
         if failure is not None and last is not None and note.startswith(("SPREAD", "OPEN")):
             print(f"   {last[0]}: {spread(module, test, dtype, case, seed, last[0])}", flush=True)
+        if test == "test_sparse_linear":
+            print(f"   forward error / torch's by route: {sparse_routes(module, test, dtype, case, seed)}", flush=True)
+        if note.startswith("DELTA"):
+            print(f"   errors, medians over {SPREAD_SEEDS} seeds: {attention_delta(dtype, case)}", flush=True)
     print(f"done in {time.perf_counter() - start:.1f} s")
 
 

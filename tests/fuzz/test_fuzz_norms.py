@@ -125,18 +125,23 @@ def test_group_norm(dtype, case, seed):
     # is, x's gradient eps-sized (as layer_norm's)
     per_group = torch.Size(shape[1:]).numel() // G
     constant = ("x", "weight") if per_group == 1 else ("x",) if per_group == 2 else ()
-    ones = torch.ones(shape[1], device=DEVICE, dtype=dtype)
+
+    def weight(t):
+        """t's weight, else ones in x's dtype and device (it rounds nothing), for torch's peer and the reference:
+        older torch's native_group_norm_backward (2.11's) allocates the bias's gradient by empty_like(weight), and
+        an undefined weight raises "tensor does not have a device"; that code is shared by CPU and CUDA, so the
+        float64 CPU reference raises it too (newer torch allocates it from x's options)."""
+        return t["weight"] if "weight" in t else torch.ones(shape[1], device=t["x"].device, dtype=t["x"].dtype)
 
     def peer(t):
-        """torch in the test dtype, as dropin's contract has it: a weight of ones where there is none (it rounds
-        nothing; torch's backward allocates the bias's gradient like the weight, an undefined one: "tensor does
-        not have a device"); a 4-D output and x's gradient in x's suggested memory format (torch's CPU
-        kernel's; its CUDA kernel's are NCHW whatever the input, where dropin keeps a channels_last model's)."""
+        """torch in the test dtype: `weight`'s; a 4-D output and x's gradient in x's suggested memory format
+        (torch's CPU kernel's; its CUDA kernel's are NCHW whatever the input, where dropin keeps a channels_last
+        model's)."""
         x = _InFormat.apply(t["x"])
-        y = group_norm_ref(x, G, t.get("weight", ones), t.get("bias"), *args)
+        y = group_norm_ref(x, G, weight(t), t.get("bias"), *args)
         return y.contiguous(memory_format=_format(x))
     compare(lambda t: dropin.ops.group_norm(t["x"], G, t.get("weight"), t.get("bias"), *args),
-            lambda t: group_norm_ref(t["x"], G, t.get("weight"), t.get("bias"), *args), leaves, peer=peer,
+            lambda t: group_norm_ref(t["x"], G, weight(t), t.get("bias"), *args), leaves, peer=peer,
             build=lambda **t: (t,), constant=constant, backward=case["backward"])
 
 

@@ -36,12 +36,17 @@ ERRORS = [  # (id, dropin's op, torch's, args, kwargs, the argument the message 
     ("group_norm-input-1d", dropin.ops.group_norm, F.group_norm, (T(6), 2), {}, "input"),
     ("group_norm-weight-shape", dropin.ops.group_norm, F.group_norm, (T(2, 6, 4), 2, T(5)), {}, "weight"),
     ("group_norm-bias-shape", dropin.ops.group_norm, F.group_norm, (T(2, 6, 4), 2, T(6), T(7)), {}, "bias"),
-    pytest.param("group_norm-int", dropin.ops.group_norm, F.group_norm, (I(2, 6, 4), 2), {}, "input",
-                 marks=pytest.mark.xfail(strict=True, reason="torch raises NotImplementedError, dropin RuntimeError")),
+    ("group_norm-int", dropin.ops.group_norm, F.group_norm, (I(2, 6, 4), 2), {}, "input"),
+    ("group_norm-int-weight", dropin.ops.group_norm, F.group_norm, (T(2, 6, 4), 2, I(6)), {}, "weight"),
     ("rms_norm-weight-shape", dropin.ops.rms_norm, None, (T(3, 8), T(7)), {}, "weight"),
-    pytest.param("adaptive-int", dropin.ops.adaptive_avg_pool2d, F.adaptive_avg_pool2d, (I(1, 2, 6, 6), 2), {},
-                 "input", marks=pytest.mark.xfail(strict=True, reason="torch raises NotImplementedError, dropin "
-                                                                      "RuntimeError")),
+    ("adaptive-int", dropin.ops.adaptive_avg_pool2d, F.adaptive_avg_pool2d, (I(1, 2, 6, 6), 2), {}, "input"),
+    ("adaptive-int-global", dropin.ops.adaptive_avg_pool2d, F.adaptive_avg_pool2d, (I(1, 2, 6, 6), 1), {},
+     "input"),  # (torch's global pool is a mean: its dtype check's RuntimeError)
+    ("layer_norm-int", dropin.ops.layer_norm, F.layer_norm, (I(2, 6), (6,)), {}, "input"),
+    ("softmax-int", dropin.ops.softmax, F.softmax, (I(2, 6), -1), {}, "input"),
+    # (torch's CPU linear takes ints; its CUDA one raises NotImplementedError: "addmm_cuda" not implemented)
+    ("linear-int", dropin.ops.linear, F.linear if DEVICE == "cuda" else None, (I(2, 6), I(3, 6)), {}, "x"),
+    ("linear-mixed", dropin.ops.linear, F.linear, (T(2, 6), I(3, 6)), {}, "weight"),
     ("adaptive-input-2d", dropin.ops.adaptive_avg_pool2d, F.adaptive_avg_pool2d, (T(6, 6), 2), {}, "input"),
 ]
 

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune
-from ._common import FLOAT_DTYPES
+from ._common import check_float
 
 
 # --- Triton helpers -----------------------------------------------------------------------------------------
@@ -146,16 +146,13 @@ def autocast(*tensors):
 
 def check_operands(op: str, **tensors) -> None:
     """Types, device and dtype of the operands (one float dtype for all); errors of torch's own types, naming the
-    argument."""
+    argument: mixed dtypes RuntimeError (torch's "expected m1 and m2 to have the same dtype"), then one dtype that
+    is not fp16/bf16/fp32 NotImplementedError (`check_float`: cuBLAS's "addmm_cuda" not implemented for 'Int')."""
     _runtime.check_kernel_device(op, **tensors)
-    first = None
-    for name, t in tensors.items():
-        if t is None:
-            continue
-        if t.dtype not in FLOAT_DTYPES:
-            raise RuntimeError(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
-        if first is None:
-            first = name, t.dtype
-        elif t.dtype != first[1]:
-            raise RuntimeError(f"{op}: expected '{first[0]}' and '{name}' to have the same dtype, "
-                               f"but got {first[1]} and {t.dtype}")
+    given = [(name, t) for name, t in tensors.items() if t is not None]
+    first, dtype = given[0][0], given[0][1].dtype
+    for name, t in given[1:]:
+        if t.dtype != dtype:
+            raise RuntimeError(f"{op}: expected '{first}' and '{name}' to have the same dtype, "
+                               f"but got {dtype} and {t.dtype}")
+    check_float(op, **{first: given[0][1]})

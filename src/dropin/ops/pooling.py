@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, empty_in, is_channels_last, pixel, pixel_tiles
+from ._common import FLOAT_DTYPES, check_float, empty_in, is_channels_last, pixel, pixel_tiles
 from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op, writing
 
 # --- 1. References ---------------------------------------------------------------------------------------
@@ -411,8 +411,13 @@ def _window_args(op: str, input, kernel_size, stride, padding, dilation, ceil_mo
 
 def _adaptive_args(op: str, input, output_size) -> tuple:
     """(kernel, out_hw) of adaptive average pooling (kernel: the largest window), the arguments checked."""
-    _check_input(op, input)
     size = [output_size, output_size] if output_size is None or isinstance(output_size, int) else output_size
+    if isinstance(input, torch.Tensor) and input.dim() >= 2 and not input.is_floating_point() and isinstance(
+            size, (list, tuple)) and len(size) == 2 and all((i if s is None else s) == 1 for s, i in zip(
+            size, input.shape[-2:])):
+        # torch's global pool is input.mean(), whose dtype check raises RuntimeError (CPU and CUDA)
+        raise RuntimeError(f"{op}: argument 'input' has dtype {input.dtype}; dropin supports {FLOAT_DTYPES}")
+    _check_input(op, input)
     if not (isinstance(size, (list, tuple)) and len(size) == 2 and all(
             s is None or isinstance(s, int) and not isinstance(s, bool) for s in size)):
         raise RuntimeError(f"{op}: 'output_size' must be an int or a pair of ints (or None), got {output_size!r}")

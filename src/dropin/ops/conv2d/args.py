@@ -4,10 +4,9 @@ from typing import Optional
 import torch
 
 from ... import _runtime
+from .._common import check_float
 from ..activations import check_activation
 from .planning import conv_out_hw
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _pair(op: str, value, name: str, positive: bool) -> tuple:
@@ -91,13 +90,11 @@ def check_conv2d(input, weight, bias, residual, out, stride, padding, dilation, 
     has the rest); (act, stride, pads, dilation, unbatched)."""
     act = check_activation(activation)
     _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias, residual=residual, out=out)
-    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype not in _DTYPES:
-            raise RuntimeError(f"conv2d: argument '{name}' has dtype {t.dtype}; dropin supports {_DTYPES}")
     for name, t in (("weight", weight), ("bias", bias), ("residual", residual), ("out", out)):
         if t is not None and t.dtype != input.dtype:
             raise RuntimeError(f"conv2d: expected 'input' and '{name}' to have the same dtype, but got "
                                f"{input.dtype} and {t.dtype}")
+    check_float("conv2d", input=input)  # one dtype for all, as torch's check of input against the parameters
     x, stride, pads, dilation, unbatched = conv_args("conv2d", input, weight.shape, bias, stride, padding,
                                                      dilation, groups)
     out_shape = [x.shape[0], weight.shape[0], *conv_out_hw(*x.shape[2:], *weight.shape[2:], stride, pads, dilation)]
