@@ -201,7 +201,13 @@ def _bench(args) -> int:
         return getattr(importlib.import_module(module), function)(args)
     quick = args.quick or _runtime.INTERPRET
     known = load_suite(args.suite)(quick=quick)
-    cases = [c for c in known if args.cases is None or args.cases in c.name]
+    classes = list(dict.fromkeys(c.group for c in known if c.group))
+    if args.shape_class and args.shape_class not in classes:
+        print(f"dropin bench: suite '{args.suite}' has no class {args.shape_class!r}; its classes: "
+              f"{', '.join(classes) or 'none'}", file=sys.stderr)
+        return 2
+    cases = [c for c in known if (args.cases is None or args.cases in c.name)
+             and args.shape_class in (None, c.group)]
     if not cases:
         names = "\n  ".join(c.name for c in known)
         print(f"dropin bench: no case of suite '{args.suite}' matches --cases {args.cases!r}; the suite's "
@@ -381,6 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     suites = sorted({**SUITES, **RUNNERS})
     bench.add_argument("suite", choices=suites, help="one of: " + ", ".join(suites))
     bench.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains SUBSTRING")
+    bench.add_argument("--class", dest="shape_class", metavar="NAME", help="only the cases of one shape class "
+                       "(matmul: llm, epilogue, few-rows, long-k, odd, tall-skinny, short-wide, batched-small, "
+                       "decode; conv2d: seed, resnet50, cvt13, fused, backward, large-image, kernels, dilated, "
+                       "strided, pointwise, layouts; the README says what each holds); default: every class (matmul, "
+                       "conv2d: about 5 minutes each on an H200, an estimate not yet timed)")
     bench.add_argument("--quick", action="store_true", help="small cases only (always on without a GPU)")
     bench.add_argument("--results-dir", default="benchmarks/results", help="default: %(default)s")
     bench.add_argument("--no-save", action="store_true", help="do not write the result file")

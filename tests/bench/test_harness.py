@@ -12,7 +12,7 @@ from dropin.bench import harness
 from dropin.bench.harness import Case, Skipped
 from _tol import TOLERANCES
 
-ROW_KEYS = {"case", "provider", "dtype", "median_ms", "mean_ms", "min_ms", "max_ms", "tflops", "gbps",
+ROW_KEYS = {"case", "class", "provider", "dtype", "median_ms", "mean_ms", "min_ms", "max_ms", "tflops", "gbps",
             "pct_of_ceiling", "correct", "rel_err", "fallback", "peak_mib", "graph_ms", "graph_pct_of_ceiling"}
 
 

@@ -1,18 +1,24 @@
-"""Suite "conv2d": dropin vs torch (cuDNN) vs torch.compile, checked against float64 references.
+"""Suite "conv2d": dropin vs torch (cuDNN), checked against float64 references.
 
-Full cases (GPU): seed 000's seven convs and seed 003's single-channel image (fp32, NCHW, true fp32: cuDNN's
-TF32 switched off for every provider), the ResNet-50 convs (batch 64, fp16/bf16, channels_last) and CvT-13's
-embedding and depthwise convs, conv + BatchNorm (+ identity) + ReLU fused vs the eager sequence, and
-forward + backward of four of them. Quick cases (interpreter, or --quick): tiny shapes.
+Shape classes (bench/classes.py), each in bf16 and fp16, the first shape of the NCHW classes also in fp32 with
+cuDNN's TF32 allowed ("tf32") and off (true fp32, "fp32"): seed 000's seven convs and seed 003's single-channel
+image (true fp32), ResNet-50's distinct convs (batch 64, channels_last), CvT-13's embedding and a depthwise conv,
+conv + BatchNorm (+ identity) + ReLU fused vs the eager sequence (the one class with torch.compile beside: a lone
+conv compiles to the cuDNN call), forward + backward, large images with few channels, non-square and large
+kernels, dilated and padded, strided, 1x1 at large sizes (NCHW, as users pass them) and a 3x3 in NCHW beside
+channels_last.
+Quick cases (interpreter, or --quick): each class scaled down.
 """
 import functools
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules.utils import _pair
 
 from dropin import ops
 from dropin.ops.conv2d import conv2d_ref, fold_batchnorm
 
+from .classes import ShapeClass, suite_cases
 from .harness import TORCH_DTYPES, Case, allow_tf32, compiled, randn, with_backward
 
 
@@ -20,13 +26,21 @@ def _torch_conv(x, w, stride, padding, dilation, groups):
     return F.conv2d(x, w, None, stride, padding, dilation, groups)
 
 
+def _text(v) -> str:
+    """A stride / padding / dilation for a case name: '2', or '2,3' for a pair that differs."""
+    a, b = _pair(v)
+    return f"{a}" if a == b else f"{a},{b}"
+
+
 def conv_case(name, batch, cin, cout, hw, kernel, dtype, stride=1, padding=0, dilation=1, groups=1,
               channels_last=False, backward=False):
-    """One conv2d without bias: input [batch, cin, *hw], weight [cout, cin / groups, *kernel]. With backward:
-    forward + the input and weight gradients for a random output gradient (3x the forward's FLOPs)."""
+    """One conv2d without bias: input [batch, cin, *hw], weight [cout, cin / groups, *kernel]; stride, padding and
+    dilation an int or a pair. With backward: forward + the input and weight gradients for a random output
+    gradient (3x the forward's FLOPs). No torch.compile beside: a lone conv compiles to the cuDNN call."""
     (h, w), (kh, kw) = hw, kernel
-    oh = (h + 2 * padding - dilation * (kh - 1) - 1) // stride + 1
-    ow = (w + 2 * padding - dilation * (kw - 1) - 1) // stride + 1
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     fmt = torch.channels_last if channels_last else torch.contiguous_format
 
     def make_inputs():
@@ -38,8 +52,7 @@ def conv_case(name, batch, cin, cout, hw, kernel, dtype, stride=1, padding=0, di
 
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     torch_fn = functools.partial(_torch_conv, **geometry)
-    providers = {"dropin": functools.partial(ops.conv2d, **geometry), "torch": torch_fn,
-                 "torch_compile": compiled(torch_fn)}
+    providers = {"dropin": functools.partial(ops.conv2d, **geometry), "torch": torch_fn}
     reference = functools.partial(conv2d_ref, **geometry)
     if backward:
         providers = {name: with_backward(fn, 2, 2) for name, fn in providers.items()}
@@ -47,7 +60,8 @@ def conv_case(name, batch, cin, cout, hw, kernel, dtype, stride=1, padding=0, di
     layout = "NHWC" if channels_last else "NCHW"
     passes = 3 if backward else 1
     return Case(
-        name=f"{name} {dtype} {layout} {batch}x{cin}x{h}x{w} k{kh}x{kw} s{stride} p{padding} -> {cout}"
+        name=f"{name} {dtype} {layout} {batch}x{cin}x{h}x{w} k{kh}x{kw} s{_text(stride)} p{_text(padding)}"
+             + (f" d{_text(dilation)}" if _pair(dilation) != (1, 1) else "") + f" -> {cout}"
              + (f" g{groups}" if groups > 1 else "") + (" fwd+bwd" if backward else ""),
         dtype=dtype, make_inputs=make_inputs, providers=providers, reference=reference, backward=backward,
         flops=passes * 2 * batch * oh * ow * cout * (cin // groups) * kh * kw,
@@ -97,46 +111,81 @@ def conv_bn_case(batch, cin, cout, hw, k, dtype, stride=1, padding=0, add=False)
         bytes=size * (batch * cin * hw * hw + cout * cin * k * k + (2 if add else 1) * batch * cout * oh * oh))
 
 
+def _shape(name, batch, cin, cout, hw, kernel, **options):
+    """A class's shape: conv_case's arguments but the dtype (hw and kernel an int or a pair)."""
+    return name, batch, cin, cout, _pair(hw), _pair(kernel), options
+
+
+def _conv(**fixed):
+    """A class's build: conv_case of a `_shape` with `fixed` options."""
+    return lambda shape, dtype: conv_case(*shape[:6], dtype, **shape[6], **fixed)
+
+
+# (kernel, stride, padding): batch 32, 16 -> 32 channels, 64x32 input
 SEED000 = [((3, 3), 1, 0), ((3, 3), 1, 1), ((5, 5), 1, 2), ((6, 6), 2, 0), ((6, 6), 2, 3), ((1, 1), 1, 0),
-           ((3, 3), 2, 1)]  # (kernel, stride, padding): batch 32, 16 -> 32 channels, 64x32 input
+           ((3, 3), 2, 1)]
+# ResNet-50's distinct convs at batch 64 (224x224): name, cin, cout, size, kernel, stride, padding
+RESNET50 = [("stem", 3, 64, 224, 7, 2, 3), ("1x1", 64, 64, 56, 1, 1, 0), ("3x3", 64, 64, 56, 3, 1, 1),
+            ("1x1", 64, 256, 56, 1, 1, 0), ("3x3", 128, 128, 56, 3, 2, 1), ("3x3", 256, 256, 14, 3, 1, 1),
+            ("3x3", 512, 512, 7, 3, 1, 1), ("1x1", 512, 2048, 7, 1, 1, 0)]
+FP16_BF16 = dict(dtypes=("bf16", "fp16"), first_dtypes=())
 
-
-def _resnet50(dtype):
-    """The distinct conv shapes of a ResNet-50 forward at batch 64 (224x224), channels_last."""
-    shapes = [("stem", 3, 64, 224, 7, 2, 3), ("1x1", 64, 64, 56, 1, 1, 0), ("3x3", 64, 64, 56, 3, 1, 1),
-              ("1x1", 64, 256, 56, 1, 1, 0), ("3x3", 128, 128, 56, 3, 2, 1), ("3x3", 256, 256, 14, 3, 1, 1),
-              ("3x3", 512, 512, 7, 3, 1, 1), ("1x1", 512, 2048, 7, 1, 1, 0)]
-    return [conv_case(f"resnet50 {name}", 64, cin, cout, (hw, hw), (k, k), dtype, stride, pad, channels_last=True)
-            for name, cin, cout, hw, k, stride, pad in shapes]
-
-
-def _cvt13(dtype):
-    """CvT-13 at batch 64: the stage-1 patch embedding and the depthwise 3x3 q/k/v projections."""
-    cases = [conv_case("cvt13 embed", 64, 3, 64, (224, 224), (7, 7), dtype, 4, 2, channels_last=True)]
-    for channels, hw in ((64, 56), (192, 28), (384, 14)):
-        for stride in (1, 2):
-            cases.append(conv_case("cvt13 depthwise", 64, channels, channels, (hw, hw), (3, 3), dtype, stride, 1,
-                                   groups=channels, channels_last=True))
-    return cases
+CONV2D_CLASSES = [
+    ShapeClass("seed", "seed 000's seven convs and seed 003's single-channel image, true fp32", _conv(),
+               [_shape("seed000", 32, 16, 32, (64, 32), k, stride=s, padding=p) for k, s, p in SEED000]
+               + [_shape("seed003", 1, 1, 1, (1000, 2000), 3, padding=1)],
+               [_shape("seed000", 2, 4, 8, (12, 10), 3, padding=1)], dtypes=("fp32",), first_dtypes=()),
+    ShapeClass("resnet50", "ResNet-50's distinct convs, batch 64, channels_last", _conv(channels_last=True),
+               [_shape(f"resnet50 {name}", 64, cin, cout, hw, k, stride=s, padding=p)
+                for name, cin, cout, hw, k, s, p in RESNET50],
+               [_shape("resnet50 stem", 2, 3, 8, 20, 7, stride=2, padding=3),
+                _shape("resnet50 3x3", 2, 8, 8, 7, 3, padding=1), _shape("resnet50 1x1", 2, 8, 16, 7, 1)],
+               **FP16_BF16),
+    ShapeClass("cvt13", "CvT-13's stage-1 patch embedding and a depthwise q/k/v projection, batch 64, "
+               "channels_last", _conv(channels_last=True),
+               [_shape("cvt13 embed", 64, 3, 64, 224, 7, stride=4, padding=2),
+                _shape("cvt13 depthwise", 64, 64, 64, 56, 3, padding=1, groups=64)],
+               [_shape("cvt13 depthwise", 2, 8, 8, 9, 3, stride=2, padding=1, groups=8)], **FP16_BF16),
+    ShapeClass("fused", "conv + BatchNorm (+ identity) + ReLU as one kernel vs the eager sequence, channels_last "
+               "(torch.compile beside)", lambda shape, dtype: conv_bn_case(*shape[:5], dtype, *shape[5:]),
+               [(64, 64, 64, 56, 3, 1, 1), (64, 64, 256, 56, 1, 1, 0, True)], [(2, 8, 16, 7, 3, 1, 1, True)],
+               **FP16_BF16),
+    ShapeClass("backward", "forward + input and weight gradients, channels_last",
+               _conv(channels_last=True, backward=True),
+               [_shape("resnet50 3x3", 64, 64, 64, 56, 3, padding=1),
+                _shape("cvt13 depthwise", 64, 192, 192, 28, 3, padding=1, groups=192)],
+               [_shape("backward", 2, 4, 8, (9, 7), 3, stride=2, padding=1)], **FP16_BF16),
+    ShapeClass("large-image", "256^2 to 1024^2 images with 3 to 64 channels, a few of them", _conv(),
+               [_shape("large-image", 2, 3, 64, 1024, 3, padding=1),
+                _shape("large-image", 8, 64, 64, 256, 3, padding=1)],
+               [_shape("large-image", 1, 3, 8, (40, 36), 3, padding=1)]),
+    ShapeClass("kernels", "non-square and large kernels: 5x7, 5x9, 7x7", _conv(),
+               [_shape("kernels", 16, 64, 64, 56, (5, 7), padding=(2, 3)),
+                _shape("kernels", 16, 64, 64, 56, (5, 9), padding=(2, 4)),
+                _shape("kernels", 16, 64, 128, 56, 7, padding=3)],
+               [_shape("kernels", 2, 4, 8, (12, 11), (5, 7), padding=(2, 3)),
+                _shape("kernels", 2, 4, 8, 10, 7, padding=3)]),
+    ShapeClass("dilated", "dilated and padded", _conv(),
+               [_shape("dilated", 8, 256, 256, 64, 3, dilation=2, padding=2),
+                _shape("dilated", 8, 128, 128, 64, 3, dilation=(4, 2), padding=(4, 2))],
+               [_shape("dilated", 2, 4, 8, (13, 12), 3, dilation=2, padding=2),
+                _shape("dilated", 2, 4, 8, 11, 3, dilation=(3, 1), padding=(4, 0))]),
+    ShapeClass("strided", "strided: a 3x3 downsampling and a ViT's 16x16 patch embedding", _conv(),
+               [_shape("strided", 32, 128, 256, 56, 3, stride=2, padding=1),
+                _shape("strided", 32, 3, 768, 224, 16, stride=16)],
+               [_shape("strided", 2, 4, 8, (13, 12), 3, stride=2, padding=1),
+                _shape("strided", 2, 3, 16, 32, 8, stride=8)]),
+    ShapeClass("pointwise", "1x1 at large spatial sizes", _conv(),
+               [_shape("pointwise", 8, 64, 64, 256, 1), _shape("pointwise", 4, 32, 128, 512, 1)],
+               [_shape("pointwise", 2, 8, 16, (24, 20), 1)]),
+    ShapeClass("layouts", "one 3x3 in NCHW (as users pass it) and in channels_last", _conv(),
+               [_shape("layouts", 32, 128, 128, 56, 3, padding=1),
+                _shape("layouts", 32, 128, 128, 56, 3, padding=1, channels_last=True)],
+               [_shape("layouts", 2, 8, 8, 9, 3, padding=1),
+                _shape("layouts", 2, 8, 8, 9, 3, padding=1, channels_last=True)]),
+]
 
 
 def conv2d_cases(quick: bool) -> list[Case]:
-    """Suite "conv2d"."""
-    if quick:
-        return [conv_case("seed000", 2, 4, 8, (12, 10), (3, 3), "fp32", padding=1),
-                conv_case("depthwise", 2, 8, 8, (9, 9), (3, 3), "fp16", 2, 1, groups=8, channels_last=True),
-                conv_bn_case(2, 8, 16, 7, 3, "fp32", 1, 1, add=True),
-                conv_case("seed000", 2, 4, 8, (9, 7), (3, 3), "fp32", 2, 1, backward=True)]
-    return ([conv_case("seed000", 32, 16, 32, (64, 32), k, "fp32", s, p) for k, s, p in SEED000]
-            + [conv_case("seed003", 1, 1, 1, (1000, 2000), (3, 3), "fp32", padding=1)]
-            + _resnet50("fp16") + _resnet50("bf16") + _cvt13("bf16")
-            + [conv_bn_case(64, 64, 64, 56, 3, "bf16", 1, 1), conv_bn_case(64, 256, 256, 14, 3, "bf16", 1, 1),
-               conv_bn_case(64, 64, 256, 56, 1, "bf16", add=True), conv_bn_case(64, 512, 512, 7, 3, "bf16", 1, 1,
-                                                                                   add=True)]
-            + [conv_case("resnet50 3x3", 64, 64, 64, (56, 56), (3, 3), "bf16", 1, 1, channels_last=True,
-                         backward=True),
-               conv_case("resnet50 3x3", 64, 256, 256, (14, 14), (3, 3), "bf16", 1, 1, channels_last=True,
-                         backward=True),
-               conv_case("resnet50 1x1", 64, 64, 256, (56, 56), (1, 1), "bf16", channels_last=True, backward=True),
-               conv_case("cvt13 depthwise", 64, 192, 192, (28, 28), (3, 3), "bf16", 1, 1, groups=192,
-                         channels_last=True, backward=True)])
+    """Suite "conv2d": every class of CONV2D_CLASSES."""
+    return suite_cases(CONV2D_CLASSES, quick)

@@ -30,6 +30,8 @@ import torch
 from dropin import _runtime
 from dropin._tolerance import NOISE_ULPS, ROWS, TOLERANCES, UNIT_ROUNDOFF, to_float64
 
+from . import classes
+
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -46,6 +48,7 @@ class Case:
     ceiling: key of the compute ceiling in `measure_ceilings()` (default: "<dtype>_tflops").
     context: entered around every provider's check and timing (e.g. `lambda: allow_tf32(True)`).
     backward: the outputs include gradients, checked against DESIGN.md's backward tolerance.
+    group: the shape class the case belongs to (bench/classes.py), its rows' `class`.
     """
     name: str
     dtype: str
@@ -57,6 +60,7 @@ class Case:
     ceiling: str | None = None
     context: Callable[[], ContextManager] = contextlib.nullcontext
     backward: bool = False
+    group: str | None = None
 
 
 class Skipped(Exception):
@@ -289,7 +293,7 @@ def run_case(case: Case, ceilings: dict | None = None, warmup_ms: float = 25, re
     tol = TOLERANCES[ROWS[case.dtype]][case.backward]
     rows = []
     for name, fn in case.providers.items():
-        row = {"case": case.name, "provider": name, "dtype": case.dtype,
+        row = {"case": case.name, "class": case.group, "provider": name, "dtype": case.dtype,
                "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
                "tflops": None, "gbps": None, "pct_of_ceiling": None, "bound": None,
                "correct": None, "rel_err": None, "tol": tol, "fallback": False, "peak_mib": None,
@@ -422,8 +426,12 @@ def format_table(rows: list[dict], env: dict) -> str:
              + ("   median speed-up of dropin" if "dropin" in providers and others else ""),
              f"{'Case':<{width}}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths)) * len(providers)
              + "".join(f"{'vs ' + p:>{max(len(p) + 5, 10)}}" for p in others if "dropin" in providers)]
+    shape_class = None
     for name, case_rows in cases.items():
         by_provider = {r["provider"]: r for r in case_rows}
+        if case_rows[0].get("class") not in (None, shape_class):
+            shape_class = case_rows[0]["class"]
+            lines.append(f"-- class {shape_class}")
         line = f"{'[PASSED]' if case_passed(case_rows) else '[FAILED]'} {name:<{width - 9}}"
         for p in providers:
             r = by_provider.get(p)
@@ -533,7 +541,8 @@ def run_suite(suite: str, cases: list[Case], *, results_dir: str | Path = "bench
               warmup_ms: float = 25, rep_ms: float = 100) -> dict:
     """Measures ceilings, runs the cases, prints the table to stdout and writes the requested files.
 
-    Returns {"env": ..., "rows": [...]}; `failed_cases(result["rows"])` lists the failures."""
+    Returns {"env": ..., "rows": [...]}, with "classes" (classes.summarize) where the cases have classes;
+    `failed_cases(result["rows"])` lists the failures."""
     if _runtime.INTERPRET:
         print(f"[{suite}] running under the Triton interpreter (no GPU): small cases, CPU timings",
               file=sys.stderr)
@@ -541,6 +550,9 @@ def run_suite(suite: str, cases: list[Case], *, results_dir: str | Path = "bench
     env = environment(suite, command or " ".join(sys.argv), ceilings)
     result = {"env": env, "rows": run_cases(cases, ceilings, warmup_ms, rep_ms, label=suite)}
     print(format_table(result["rows"], env), flush=True)
+    if any(r["class"] for r in result["rows"]):
+        result["classes"] = classes.summarize(result["rows"])
+        print(classes.format_summary(result["classes"]), flush=True)
     default = Path(results_dir) / _runtime.gpu_slug() / f"{suite}.json"
     written = []
     if save:
