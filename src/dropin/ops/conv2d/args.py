@@ -3,8 +3,7 @@ from typing import Optional
 
 import torch
 
-from ... import _runtime
-from .._common import check_float
+from .._gemm import check_operands
 from ..activations import check_activation
 from .planning import conv_out_hw
 
@@ -89,12 +88,7 @@ def check_conv2d(input, weight, bias, residual, out, stride, padding, dilation, 
     """conv2d's argument checks (those that hold for every call of these shapes, dtypes and devices; `check_out`
     has the rest); (act, stride, pads, dilation, unbatched)."""
     act = check_activation(activation)
-    _runtime.check_kernel_device("conv2d", input=input, weight=weight, bias=bias, residual=residual, out=out)
-    for name, t in (("weight", weight), ("bias", bias), ("residual", residual), ("out", out)):
-        if t is not None and t.dtype != input.dtype:
-            raise RuntimeError(f"conv2d: expected 'input' and '{name}' to have the same dtype, but got "
-                               f"{input.dtype} and {t.dtype}")
-    check_float("conv2d", input=input)  # one dtype for all, as torch's check of input against the parameters
+    check_operands("conv2d", input=input, weight=weight, bias=bias, residual=residual, out=out)
     x, stride, pads, dilation, unbatched = conv_args("conv2d", input, weight.shape, bias, stride, padding,
                                                      dilation, groups)
     out_shape = [x.shape[0], weight.shape[0], *conv_out_hw(*x.shape[2:], *weight.shape[2:], stride, pads, dilation)]
