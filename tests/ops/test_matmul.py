@@ -88,6 +88,28 @@ def test_matmul_2d(mkn, dtype):
     check(dropin.ops.matmul, torch.matmul, matmul_leaves((m, k), (k, n), dtype))
 
 
+@pytest.mark.skipif(ON_GPU, reason="patches a kernel's global, which the interpreter reads at each run")
+@pytest.mark.parametrize("mkn", [(24, 1100, 40), (3, 1100, 64)], ids=["pointer", "few-rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_long_reductions_in_shares(monkeypatch, mkn, dtype):
+    """A reduction past _gemm.ACC_K (patched to 256 here): each share in its own accumulator, the shares added."""
+    monkeypatch.setattr(importlib.import_module("dropin.ops.matmul_kernels"), "ACC_K", tl.constexpr(256))
+    monkeypatch.setattr(_gemm, "ACC_K", tl.constexpr(256))
+    monkeypatch.setattr(_mm_module, "_plans", {})
+    m, k, n = mkn
+    check(dropin.ops.matmul, torch.matmul, matmul_leaves((m, k), (k, n), dtype))
+
+
+@gpu
+@pytest.mark.parametrize("m", [64, 16])
+def test_long_reduction_without_the_accumulators_bias(m):
+    """K = 2^22: in one MMA accumulator the sums shrank by 4.3e-3 (Hopper's truncating adds; fp16's rounding of
+    the result is 2.4e-4), in ACC_K-long shares added in fp32 they keep torch's accuracy."""
+    a, b = randn(m, 2**22, dtype=torch.float16), randn(2**22, 64, dtype=torch.float16)
+    ref = a.double() @ b.double()
+    assert_close(dropin.ops.matmul(a, b), ref, torch.float16, "fwd", torch_out=a @ b)
+
+
 # --------------------------------------------------------------------------- matmul 1-D, batched, broadcast
 BATCHED = [
     ((33,), (33,)),

@@ -15,6 +15,19 @@ from ._common import check_float
 
 # --- Triton helpers -----------------------------------------------------------------------------------------
 
+# The longest reduction one tensor-core accumulator takes. Hopper's MMA adds into its fp32 accumulator with a
+# truncation: a bias toward zero of about 1.2e-9 relative per term, 1.2e-3 at K = 2^20 and 7e-2 at 2^26 (bf16 and
+# fp16 alike; cuBLAS's fp32 5.7e-7 at 2^20: benchmarks/probes/long_k.py, H200). Kernels with longer reductions sum
+# each ACC_K-long share in a fresh accumulator and add it to an fp32 total on the CUDA cores (rounded to nearest):
+# at most 7.5e-5 of bias, under fp16's rounding of the result (2.4e-4).
+ACC_K = tl.constexpr(65536)
+
+
+def shares(K, splits: int, block_k: int) -> bool:
+    """Whether a split of K's [splits] reductions, in tiles of block_k, is longer than ACC_K (a kernel's SHARES)."""
+    return _runtime.cdiv(_runtime.cdiv(_runtime.size_hint(K), block_k), splits) * block_k > ACC_K.value
+
+
 @triton.jit
 def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """Grouped order: GROUP_M row-tiles sweep the columns together, so tiles of B are reused from L2."""

@@ -3,8 +3,8 @@
 Every product is brought to one canonical form, C[b] = act(A[b] @ B[b] + bias), A: [B, M, K] and
 B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp32 by one of two kernels:
 - `mm_tma_kernel` (Hopper): persistent grid, TMA tensor descriptors, wgmma. Needs each operand to have
-  one unit stride among its two matrix dims and 16-byte aligned other strides; A and B may each be
-  row- or column-major.
+  one unit stride among its two matrix dims and 16-byte aligned other strides, and K <= `_gemm.ACC_K` (one
+  MMA accumulator's reduction); A and B may each be row- or column-major.
 - `mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
 float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise true fp32:
 tf32x3 on the tensor cores for long reductions (`_gemm.precision`), fp32 FMAs for short ones and under the interpreter.
@@ -313,8 +313,9 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     a_layout, b_layout = _tma_layout(a, traced), _tma_layout(b, traced)
     tuned = tma is None
     if tuned:
-        tma = (_runtime.is_hopper(a.device.index or 0) and K > 0 and a_layout is not None
-               and b_layout is not None and (N * size) % 16 == 0)
+        tma = (_runtime.is_hopper(a.device.index or 0) and 0 < _runtime.size_hint(K) <= _gemm.ACC_K.value
+               and a_layout is not None and b_layout is not None and (N * size) % 16 == 0)  # (longer K: the
+        # pointer kernels, whose loops add each ACC_K-long share to an fp32 total)
         ptr = not tma or min(_runtime.size_hint(M), _runtime.size_hint(N)) <= 64 or size == 4  # (tunes only)
     else:
         ptr = not tma
@@ -326,7 +327,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
         configs = [dict(cfg, KERNEL="fma") for cfg in _gemm.fits(_FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
     elif N <= 16 and tuned:
         configs += [dict(cfg, KERNEL="fma") for cfg in _FMA_CONFIGS["narrow"]]
-    skinny = M <= 16 and size == 2 and tuned
+    skinny = M <= 16 and size == 2 and tuned and _runtime.size_hint(K) <= _gemm.ACC_K.value  # (its one accumulator)
     if skinny:
         configs = _skinny_configs(N, K) + configs
     epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision)
@@ -350,7 +351,8 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
             launch = Launch(mm_tma_kernel, grid, meta, scratch=True, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
         scalars = (M, N, K, *a.stride(), *b.stride())
-        tile_kernel, tile_meta = (skinny_kernel, {}) if kernel == "skinny" else (mm_kernel, dict(GROUP_M=8))
+        tile_kernel, tile_meta = (skinny_kernel, {}) if kernel == "skinny" else \
+            (mm_kernel, dict(GROUP_M=8, SHARES=_gemm.shares(K, splits, cfg["BLOCK_K"])))
         if splits == 1:
             launch = Launch(tile_kernel, (tiles, batch, 1), dict(epilogue, **tile_meta, **cfg), traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)

@@ -5,7 +5,7 @@ split-K sum (sparse's too), the tf32 operand copy and the activation / bias grad
 import triton
 import triton.language as tl
 
-from ._gemm import dot_acc, round_tf32, split_range, tile_coords
+from ._gemm import ACC_K, dot_acc, round_tf32, split_range, tile_coords
 from .activations import activation_grad, apply_activation
 
 
@@ -18,13 +18,29 @@ def _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
+def _mm_range(acc, a_ptrs, b_ptrs, k_from, k_to, K, stride_ak, stride_bk, PRECISION: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """(acc + the products of K tiles [k_from, k_to), the pointers advanced past them)."""
+    for k in range(k_from, k_to):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+        acc = dot_acc(acc, a, b, PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc, a_ptrs, b_ptrs
+
+
+@triton.jit
 def mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                M, N, K,
                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
+               SHARES: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One output tile per program; grid (tiles, batch, splits of K). C and Z are contiguous [batch, M, N];
-    with several splits, split s writes its fp32 partial product to C[s] of a [splits, batch, M, N] C."""
+    with several splits, split s writes its fp32 partial product to C[s] of a [splits, batch, M, N] C.
+    SHARES: a split's reduction is longer than ACC_K (`shares`)."""
     pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     batch = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2).to(tl.int64)
@@ -38,13 +54,15 @@ def mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     b_ptrs = (b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk
               + (offs_n % N).to(tl.int64)[None, :] * stride_bn)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_first, k_last):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
-        acc = dot_acc(acc, a, b, PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    if SHARES:  # a reduction past ACC_K: each ACC_K-long share in a fresh accumulator, added on the CUDA cores
+        for k_share in range(k_first, k_last, ACC_K // BLOCK_K):
+            part, a_ptrs, b_ptrs = _mm_range(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), a_ptrs, b_ptrs,
+                                             k_share, tl.minimum(k_share + ACC_K // BLOCK_K, k_last), K, stride_ak,
+                                             stride_bk, PRECISION, BLOCK_K)
+            acc += part
+    else:
+        acc, a_ptrs, b_ptrs = _mm_range(acc, a_ptrs, b_ptrs, k_first, k_last, K, stride_ak, stride_bk, PRECISION,
+                                        BLOCK_K)
     _store_tile(acc, c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N, HAS_BIAS, ACT, STORE_Z)
 
 

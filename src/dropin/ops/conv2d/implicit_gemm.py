@@ -19,7 +19,7 @@ from ... import _runtime
 from .. import _autotune, _gemm
 from .._common import is_channels_last, pixel
 from .._dispatch import Launch
-from .._gemm import dot_acc, split_range
+from .._gemm import ACC_K, dot_acc, split_range
 from .planning import WORKSPACE, conv_meta, staged
 from .tiles import epilogue
 from .weights import derived
@@ -214,25 +214,28 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
     x_base = x_ptr + (g * C_G + c).to(tl.int64)[None, :] * sxc
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)  # int32 (P < 2^31): the decode's divisions each step
-    for kt in range(k_first, k_last):
-        k_ok = offs_k < P
-        n, oh, ow = pixel(offs_k, OH, OW)
-        n, oh, ow = n.to(tl.int64), oh.to(tl.int64), ow.to(tl.int64)
-        a = tl.load(dy_base + (n * sdn + oh * sdh + ow * sdw)[None, :],
-                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if ONE_TAP:
-            ih = oh * STRIDE_H - PAD_H + tap_h
-            iw = ow * STRIDE_W - PAD_W + tap_w
-            row_ok = k_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            b = tl.load(x_base + (n * sxn + ih * sxh + iw * sxw)[:, None], mask=row_ok[:, None] & n_ok[None, :],
-                        other=0.0)
-        else:
-            ih = oh[:, None] * STRIDE_H - PAD_H + kh[None, :] * DIL_H
-            iw = ow[:, None] * STRIDE_W - PAD_W + kw[None, :] * DIL_W
-            b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            b = tl.load(x_base + (n * sxn)[:, None] + ih * sxh + iw * sxw, mask=b_ok, other=0.0)
-        acc = dot_acc(acc, a, b, PRECISION)
-        offs_k += BLOCK_K
+    for k_share in range(k_first, k_last, ACC_K // BLOCK_K):  # (ACC_K: one MMA accumulator's reduction at most)
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_share, tl.minimum(k_share + ACC_K // BLOCK_K, k_last)):
+            k_ok = offs_k < P
+            n, oh, ow = pixel(offs_k, OH, OW)
+            n, oh, ow = n.to(tl.int64), oh.to(tl.int64), ow.to(tl.int64)
+            a = tl.load(dy_base + (n * sdn + oh * sdh + ow * sdw)[None, :],
+                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if ONE_TAP:
+                ih = oh * STRIDE_H - PAD_H + tap_h
+                iw = ow * STRIDE_W - PAD_W + tap_w
+                row_ok = k_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                b = tl.load(x_base + (n * sxn + ih * sxh + iw * sxw)[:, None],
+                            mask=row_ok[:, None] & n_ok[None, :], other=0.0)
+            else:
+                ih = oh[:, None] * STRIDE_H - PAD_H + kh[None, :] * DIL_H
+                iw = ow[:, None] * STRIDE_W - PAD_W + kw[None, :] * DIL_W
+                b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                b = tl.load(x_base + (n * sxn)[:, None] + ih * sxh + iw * sxw, mask=b_ok, other=0.0)
+            part = dot_acc(part, a, b, PRECISION)
+            offs_k += BLOCK_K
+        acc += part
     offs_w = (split.to(tl.int64) * sws + co.to(tl.int64)[:, None] * swo
               + (c * swc + kh * swh + kw * sww)[None, :])
     tl.store(dw_ptr + offs_w, acc.to(dw_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -10,7 +10,7 @@ import triton.language as tl
 from ... import _runtime
 from .. import _gemm
 from .._dispatch import Launch, aligned
-from .._gemm import dot_acc
+from .._gemm import ACC_K, dot_acc
 from .planning import WORKSPACE, conv_meta, geometry_meta, spatial_tiles, staged
 from .tiles import epilogue
 from .weights import derived
@@ -30,7 +30,7 @@ def _phase_desc(x_ptr, N, C, H, W, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexp
     """A TMA descriptor of dense channels_last x viewed by stride phase, [N, H / STRIDE_H, STRIDE_H, W / STRIDE_W,
     STRIDE_W * C] (the caller checks that the strides divide H and W), boxes [1, TH, 1, TW, BLOCK_C]."""
     return tl.make_tensor_descriptor(x_ptr, shape=[N, H // STRIDE_H, STRIDE_H, W // STRIDE_W, STRIDE_W * C],
-                                     strides=[H.to(tl.int64) * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
+                                     strides=[tl.cast(H, tl.int64) * W * C, STRIDE_H * W * C, W * C, STRIDE_W * C, 1],
                                      block_shape=[1, TH, 1, TW, BLOCK_C])
 
 
@@ -109,7 +109,7 @@ def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
     tiles * input-channel tiles, splits of the N * pixel tiles)."""
     x_desc = _phase_desc(x_ptr, N, C, H, W, STRIDE_H, STRIDE_W, TH, TW, BLOCK_N)
     dz_desc = tl.make_tensor_descriptor(dz_ptr, shape=[N, OH, OW, COUT],
-                                        strides=[OH.to(tl.int64) * OW * COUT, OW * COUT, COUT, 1],
+                                        strides=[tl.cast(OH, tl.int64) * OW * COUT, OW * COUT, COUT, 1],
                                         block_shape=[1, TH, TW, BLOCK_M])
     m_blocks = tl.cdiv(COUT, BLOCK_M)
     n_blocks = tl.cdiv(C, BLOCK_N)
@@ -123,12 +123,15 @@ def _conv_wgrad_tma_kernel(dz_ptr, x_ptr, part_ptr,
     first = tl.program_id(1) * tiles_per_split
     last = tl.minimum(first + tiles_per_split, N * tiles_hw)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(first, last):
-        n, oh0, ow0, _ = _tma_tile(t, 1, tiles_hw, tiles_w, TH, TW, 1)
-        a = dz_desc.load([n, oh0, ow0, co0]).reshape(TH * TW, BLOCK_M)
-        b = _tap_box(x_desc, n, oh0, ow0, kh, tap - kh * KW, c0, C, STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W,
-                     TH, TW, BLOCK_N)
-        acc = dot_acc(acc, tl.trans(a), b, PRECISION)
+    for share in range(first, last, ACC_K // (TH * TW)):  # (ACC_K: one MMA accumulator's reduction at most)
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for t in range(share, tl.minimum(share + ACC_K // (TH * TW), last)):
+            n, oh0, ow0, _ = _tma_tile(t, 1, tiles_hw, tiles_w, TH, TW, 1)
+            a = dz_desc.load([n, oh0, ow0, co0]).reshape(TH * TW, BLOCK_M)
+            b = _tap_box(x_desc, n, oh0, ow0, kh, tap - kh * KW, c0, C, STRIDE_H, STRIDE_W, PAD_H, PAD_W, DIL_H,
+                         DIL_W, TH, TW, BLOCK_N)
+            part = dot_acc(part, tl.trans(a), b, PRECISION)
+        acc += part
     co = co0 + tl.arange(0, BLOCK_M)
     c = c0 + tl.arange(0, BLOCK_N)
     offs = ((tl.program_id(1).to(tl.int64) * COUT + co[:, None]) * (KH * KW) + tap) * C + c[None, :]
