@@ -158,8 +158,8 @@ FALLBACKS = {  # id: (route name, reason, call, its arguments)
                            lambda: (rand(4, 8),)),
     "rms_norm-mixed": ("F.rms_norm", "argument weight dtype=torch.float16 unsupported",
                        lambda x, w: F.rms_norm(x, [8], w), lambda: (rand(4, 8), rand(8, dtype=torch.float16))),
-    "refused-by-dropin": ("F.layer_norm", "dropin: layer_norm: dropin normalizes rows of at most 65536 elements",
-                          lambda x: F.layer_norm(x, (70000,)), lambda: (rand(2, 70000),)),
+    "refused-by-dropin": ("F.rms_norm", "dropin: rms_norm: hidden size 40000 of 'x' exceeds the supported",
+                          lambda x, w: F.rms_norm(x, (40000,), w), lambda: (rand(2, 40000), rand(40000))),
 }
 
 

@@ -1,7 +1,7 @@
 """Helpers shared by the ops: the versions of tensors that cached values are made from, memory formats (outputs in
 one, the format torch picks), and for the memory-bound ops (pooling, norms, softmax, activations, batch_norm) dtype
-checks, strided views and their merged dims, row and pixel tiles, the launch heuristic for row-wise kernels; the
-column sums of per-program fp32 partials (the norms' weight gradients)."""
+checks, strided views and their merged dims, row and pixel tiles, the launch heuristics for row-wise kernels (whole
+rows, or long rows in chunks); the column sums of per-program fp32 partials (the norms' weight gradients)."""
 import torch
 import triton
 import triton.language as tl
@@ -139,7 +139,19 @@ def row_offsets(rows, cols, M1, s0, s1, sn):
     return ((rows // M1) * s0 + (rows % M1) * s1)[:, None] + cols.to(tl.int64)[None, :] * sn
 
 
-MAX_ROW = 65536
+@triton.jit
+def row_start(row, M1, s0, s1):
+    """Offset of row r = i0 * M1 + i1 (int64) of a strided M0 x M1 batch of rows."""
+    return (row // M1) * s0 + (row % M1) * s1
+
+
+MAX_ROW = 65536  # the longest row that `row_config`'s kernels hold whole; longer rows loop (`chunk_config`)
+CHUNK = 4096  # the elements of one step of a looped row
+
+
+def long_row(n: int) -> bool:
+    """Whether rows of n elements take the looped kernels (`chunk_config`) rather than the whole-row ones."""
+    return n > MAX_ROW
 
 
 def row_config(n: int) -> dict:
@@ -149,6 +161,14 @@ def row_config(n: int) -> dict:
     block_n = _runtime.next_power_of_2(max(n, 1))
     block_m = max(1, 2048 // block_n)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=min(32, block_m * block_n // 256))
+
+
+def chunk_config(n: int) -> dict:
+    """Launch settings for a kernel looping over one row of n elements (a row too long for `row_config`) per
+    program in chunks of BLOCK_N = CHUNK elements (n rounded up to a power of 2 where shorter): 16 per thread,
+    contiguous along the row."""
+    block_n = min(CHUNK, _runtime.next_power_of_2(max(n, 1)))
+    return dict(BLOCK_N=block_n, num_warps=max(1, min(8, block_n // 512)))
 
 
 @triton.jit

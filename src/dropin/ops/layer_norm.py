@@ -1,10 +1,15 @@
 """Layer normalization over the last dims (torch.nn.functional.layer_norm semantics); forward and backward.
 
-Rows of N = prod(normalized_shape) elements, BLOCK_M whole rows per program held in registers (N up to
-65536), fp32 statistics (mean, then the centred variance from registers: no E[x^2] - E[x]^2 cancellation):
+Rows of N = prod(normalized_shape) elements, fp32 statistics, the variance centred (no E[x^2] - E[x]^2
+cancellation). Rows of up to `_common.MAX_ROW` elements, BLOCK_M whole rows per program held in registers (mean,
+then the centred variance from registers):
 - `_ln_fwd_kernel`: y = (x - mean) * rstd * weight + bias; keeps mean and rstd (fp32) for the backward.
 - `_ln_bwd_kernel`: dx per row; weight / bias gradients as per-program partial column sums (a persistent
   grid striding over row blocks), summed by `_common.column_sums`: deterministic, no atomics.
+Longer rows, one row per program looping over chunks of BLOCK_N elements (`_common.chunk_config`):
+- `_ln_fwd_long_kernel`: a pass for the statistics (Welford per lane, lanes merged by Chan's formula), one for y.
+- `_ln_bwd_long_kernel`: a pass for the row sums, one for dx; `_ln_bwd_wb_kernel` sums the weight / bias gradients
+  per column block over the rows (no [programs, N] partials: a long row would make them as large as x).
 The input is read through its strides as M0 x M1 rows of one strided dim (any view that allows it: slices,
 transposed batch dims); the output and dx are contiguous, as torch's are.
 """
@@ -17,7 +22,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, column_sums_run, row_config, row_offsets, rows_or_copy
+from ._common import (check_float, chunk_config, column_sums_run, long_row, row_config, row_offsets, row_start,
+                      rows_or_copy)
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, shaped, switch, torch_op,
                         writing)
 
@@ -95,6 +101,109 @@ def _ln_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, part_ptr,
         tl.store(part_ptr + pid * 2 * N + N + cols, db, mask=c_ok)
 
 
+@triton.jit
+def _ln_fwd_long_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+                        M1, N, sx0, sx1, sxn, eps,
+                        HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`_ln_fwd_kernel` for one row of any length, in chunks of BLOCK_N; grid (rows,). The statistics in one read
+    of x (a mean pass, then a centred one, would read it twice): each lane keeps Welford's count, mean and centred
+    sum of squares of its elements, and the lanes merge by Chan's formula, whose terms are all centred squares."""
+    eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row_start(row, M1, sx0, sx1)
+    cols = tl.arange(0, BLOCK_N)
+    count = tl.zeros((BLOCK_N,), tl.float32)
+    mean_l = tl.zeros((BLOCK_N,), tl.float32)
+    m2_l = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ok = c < N
+        x = tl.load(x_row + c.to(tl.int64) * sxn, mask=ok, other=0.0).to(tl.float32)
+        count += ok.to(tl.float32)
+        delta = tl.where(ok, x - mean_l, 0.0)
+        mean_l += delta / tl.maximum(count, 1.0)  # (approximate /: its error is below the sum's own rounding)
+        m2_l += delta * tl.where(ok, x - mean_l, 0.0)
+    n = tl.sum(count, axis=0)
+    mean = tl.div_rn(tl.sum(count * mean_l, axis=0), n)  # per-row scalars correctly rounded
+    d = mean_l - mean
+    rstd = tl.div_rn(n * 0.0 + 1.0, tl.sqrt_rn(tl.div_rn(tl.sum(m2_l + count * d * d, axis=0), n) + eps))
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ok = c < N
+        x = tl.load(x_row + c.to(tl.int64) * sxn, mask=ok, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * N + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+    if STATS:
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _ln_bwd_long_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr,
+                        N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn,
+                        HAS_W: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`_ln_bwd_kernel`'s dx for one row of any length, in chunks of BLOCK_N: a pass for the row sums of
+    w*dy * xhat and w*dy (per-lane fp32 sums, then across lanes), one for dx; grid (rows,)."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row_start(row, M1x, sx0, sx1)
+    dy_row = dy_ptr + row_start(row, M1d, sd0, sd1)
+    mean = tl.load(mean_ptr + row)
+    rstd = tl.load(rstd_ptr + row)
+    cols = tl.arange(0, BLOCK_N)
+    s1 = tl.zeros((BLOCK_N,), tl.float32)
+    s2 = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ok = c < N
+        xhat = tl.where(ok, (tl.load(x_row + c.to(tl.int64) * sxn, mask=ok, other=0.0).to(tl.float32) - mean) * rstd,
+                        0.0)
+        wdy = tl.load(dy_row + c.to(tl.int64) * sdn, mask=ok, other=0.0).to(tl.float32)
+        if HAS_W:
+            wdy = wdy * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        s1 += xhat * wdy
+        s2 += wdy
+    n = tl.cast(N, tl.float32)
+    c1 = tl.div_rn(tl.sum(s1, axis=0), n)
+    c2 = tl.div_rn(tl.sum(s2, axis=0), n)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ok = c < N
+        xhat = (tl.load(x_row + c.to(tl.int64) * sxn, mask=ok, other=0.0).to(tl.float32) - mean) * rstd
+        wdy = tl.load(dy_row + c.to(tl.int64) * sdn, mask=ok, other=0.0).to(tl.float32)
+        if HAS_W:
+            wdy = wdy * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        dx = (wdy - xhat * c1 - c2) * rstd
+        tl.store(dx_ptr + row * N + c, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _ln_bwd_wb_kernel(x_ptr, dy_ptr, mean_ptr, rstd_ptr, dwb_ptr,
+                      M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dwb[0, cols] = sum over rows of dy * xhat, dwb[1, cols] = sum of dy (fp32 sums, stored in dwb's dtype) for
+    BLOCK_N columns, over all M rows in steps of BLOCK_M; grid (column blocks,)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ok = cols < N
+    dw = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    db = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for r in range(0, M, BLOCK_M):
+        rows = (r + tl.arange(0, BLOCK_M)).to(tl.int64)
+        r_ok = rows < M
+        mask = r_ok[:, None] & c_ok[None, :]
+        x = tl.load(x_ptr + row_offsets(rows, cols, M1x, sx0, sx1, sxn), mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row_offsets(rows, cols, M1d, sd0, sd1, sdn), mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=r_ok, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=r_ok, other=0.0)
+        dw += dy * ((x - mean[:, None]) * rstd[:, None])
+        db += dy
+    tl.store(dwb_ptr + cols, tl.sum(dw, axis=0).to(dwb_ptr.dtype.element_ty), mask=c_ok)
+    tl.store(dwb_ptr + N + cols, tl.sum(db, axis=0).to(dwb_ptr.dtype.element_ty), mask=c_ok)
+
+
 # --- 3. Launchers ----------------------------------------------------------------------------------------
 
 def _fwd_plan(x, n_last: int, w, b, eps: float, stats: bool, traced: bool):
@@ -104,10 +213,14 @@ def _fwd_plan(x, n_last: int, w, b, eps: float, stats: bool, traced: bool):
     rows, ((_, s0), (M1, s1), (N, sn)) = rows_or_copy(x, n_last)
     copies = rows is not x
     M = x.numel() // max(N, 1)
-    cfg = row_config(N)
-    launch = Launch(_ln_fwd_kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),),
-                    dict(HAS_W=w is not None, HAS_B=b is not None, STATS=stats, **cfg), traced=traced)
-    scalars = (M, M1, N, s0, s1, sn, eps)
+    flags = dict(HAS_W=w is not None, HAS_B=b is not None, STATS=stats)
+    if long_row(N):
+        launch = Launch(_ln_fwd_long_kernel, (M,), dict(**flags, **chunk_config(N)), traced=traced)
+        scalars = (M1, N, s0, s1, sn, eps)
+    else:
+        cfg = row_config(N)
+        launch = Launch(_ln_fwd_kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), dict(**flags, **cfg), traced=traced)
+        scalars = (M, M1, N, s0, s1, sn, eps)
     device = x.device
 
     def run(x, w, b, y):
@@ -152,6 +265,8 @@ def _bwd_plan(dy, x, n_last: int, w, wb_dtype: Optional[torch.dtype], traced: bo
     dy_rows, ((_, sd0), (M1d, sd1), (_, sdn)) = rows_or_copy(dy, n_last)
     copies_x, copies_dy = x_rows is not x, dy_rows is not dy
     M = x.numel() // max(N, 1)
+    if long_row(N):
+        return _bwd_long_plan(w, M, N, copies_x, copies_dy, (M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn), need_wb, traced)
     cfg = row_config(N)
     G = min(_runtime.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
     launch = Launch(_ln_bwd_kernel, (G,), dict(HAS_W=w is not None, PARTIALS=need_wb, **cfg), traced=traced)
@@ -165,6 +280,22 @@ def _bwd_plan(dy, x, n_last: int, w, wb_dtype: Optional[torch.dtype], traced: bo
                dy.contiguous() if copies_dy else dy, dx, mean, rstd, part, *scalars)
         if need_wb:
             sums(part.view(G, 2 * N), dwb.view(2 * N))
+    return run
+
+
+def _bwd_long_plan(w, M: int, N: int, copies_x: bool, copies_dy: bool, strides: tuple, need_wb: bool, traced: bool):
+    """`_bwd_plan`'s run for rows longer than `_common.MAX_ROW`: dx one row per program, then (need_wb) the weight /
+    bias gradients straight into dwb, a column block per program (`_ln_bwd_wb_kernel`'s tiles: 8 rows x 256
+    columns)."""
+    grads = Launch(_ln_bwd_long_kernel, (M,), dict(HAS_W=w is not None, **chunk_config(N)), traced=traced)
+    sums = Launch(_ln_bwd_wb_kernel, (_runtime.cdiv(N, 256),), dict(BLOCK_M=8, BLOCK_N=256, num_warps=4),
+                  traced=traced) if need_wb else None
+
+    def run(dy, x, w, mean, rstd, dx, dwb):
+        x, dy = x.contiguous() if copies_x else x, dy.contiguous() if copies_dy else dy
+        grads(x, absent(dx, traced) if w is None else w, dy, dx, mean, rstd, N, *strides)
+        if need_wb:
+            sums(x, dy, mean, rstd, dwb, M, N, *strides)
     return run
 
 
@@ -245,9 +376,6 @@ def _check_layer_norm(input, normalized_shape, weight, bias) -> int:
         if t is not None and list(t.shape) != shape:
             raise RuntimeError(f"{op}: expected '{name}' of the same shape as normalized_shape={shape}, but got "
                                f"{name} of size {list(t.shape)}")
-    if math.prod(shape) > MAX_ROW:
-        raise RuntimeError(f"{op}: dropin normalizes rows of at most {MAX_ROW} elements, but 'normalized_shape' "
-                           f"{shape} has {math.prod(shape)}")
     return n_last
 
 
@@ -307,8 +435,8 @@ _shortcuts = Shortcuts(differentiable=True)
 def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
     """`F.layer_norm(input, normalized_shape, weight, bias, eps)`: normalizes over the last
-    len(normalized_shape) dims (prod(normalized_shape) <= 65536) with fp32 mean and variance (biased, as
-    torch), then * weight + bias (each None or of normalized_shape).
+    len(normalized_shape) dims (rows of any length) with fp32 mean and variance (biased, as torch), then
+    * weight + bias (each None or of normalized_shape).
 
     input of any shape ending in normalized_shape, float32 / float16 / bfloat16, read through its strides;
     weight / bias any of those dtypes. The output (and the input's gradient) is contiguous, in input's dtype."""

@@ -1,9 +1,12 @@
 """softmax and log_softmax along any dim (torch.softmax / torch.log_softmax semantics); forward and backward.
 
-One kernel pair for both: BLOCK_M whole rows of N <= 65536 elements per program, held in registers, fp32
-math (the row max, exp(x - max), their sum), so the input is read once and the output written once:
+One kernel pair for both, fp32 math (the row max, exp(x - max), their sum). Rows of up to `_common.MAX_ROW`
+elements, BLOCK_M whole rows per program held in registers, so the input is read once and the output written once:
 - `_softmax_fwd_kernel`: y = exp(x - max) / sum, or (LOG) x - max - log(sum).
 - `_softmax_bwd_kernel`: dx = y * (dy - sum(dy * y)) (that sum in fp64), or (LOG) dy - exp(y) * sum(dy).
+Longer rows, one row per program looping over chunks of BLOCK_N elements (`_common.chunk_config`), the same math in
+two passes: `_softmax_fwd_long_kernel` (an online max and sum per lane, then y), `_softmax_bwd_long_kernel` (the
+sum, then dx).
 Rows are read through strides: the softmax dim is the row (any stride), the other dims M0 x M1 rows (any
 view whose other dims merge into two; others are copied once). The output is contiguous, as torch's is.
 """
@@ -12,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import MAX_ROW, check_float, row_config, row_offsets, row_view, rows_or_copy
+from ._common import check_float, chunk_config, long_row, row_config, row_offsets, row_start, row_view, rows_or_copy
 from ._dispatch import Checks, Launch, Shortcuts, Unary, aligned, plan, switch, torch_op, writing
 
 # --- 1. Reference ----------------------------------------------------------------------------------------
@@ -68,19 +71,99 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr,
     tl.store(dx_ptr + offs_y, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _softmax_fwd_long_kernel(x_ptr, y_ptr,
+                             N, M1x, sx0, sx1, sxn, M1y, sy0, sy1, syn,
+                             LOG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`_softmax_fwd_kernel` for one row of any length, in chunks of BLOCK_N; grid (rows,). The first pass keeps
+    each lane's running max and its sum of exp(x - max), rescaled as the max grows (one read of x, where a max pass
+    and a sum pass would read it twice); the second writes y."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row_start(row, M1x, sx0, sx1)
+    y_row = y_ptr + row_start(row, M1y, sy0, sy1)
+    cols = tl.arange(0, BLOCK_N)
+    m_l = tl.full((BLOCK_N,), float("-inf"), tl.float32)
+    s_l = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        x = tl.load(x_row + c.to(tl.int64) * sxn, mask=c < N, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m_l, x)
+        none = m_new == float("-inf")  # only -inf so far: the sum stays 0 (not exp(-inf - -inf), NaN)
+        s_l = s_l * tl.where(none, 1.0, tl.exp(m_l - m_new)) + tl.where(none, 0.0, tl.exp(x - m_new))
+        m_l = m_new
+    m = tl.max(m_l, axis=0)
+    s = tl.sum(s_l * tl.exp(m_l - m), axis=0)  # (a row of only -inf: NaN, as torch's)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ok = c < N
+        z = tl.load(x_row + c.to(tl.int64) * sxn, mask=ok, other=0.0).to(tl.float32) - m
+        if LOG:
+            y = z - tl.log(s)
+        else:
+            y = tl.div_rn(tl.exp(z), s)
+        tl.store(y_row + c.to(tl.int64) * syn, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _softmax_bwd_long_kernel(dy_ptr, y_ptr, dx_ptr,
+                             N, M1d, sd0, sd1, sdn, M1y, sy0, sy1, syn,
+                             LOG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`_softmax_bwd_kernel` for one row of any length, in chunks of BLOCK_N: a pass for the sum (per-lane sums,
+    then across lanes), one for dx; grid (rows,)."""
+    row = tl.program_id(0).to(tl.int64)
+    dy_row = dy_ptr + row_start(row, M1d, sd0, sd1)
+    y_off = row_start(row, M1y, sy0, sy1)
+    cols = tl.arange(0, BLOCK_N)
+    if LOG:
+        s_l = tl.zeros((BLOCK_N,), tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            s_l += tl.load(dy_row + c.to(tl.int64) * sdn, mask=c < N, other=0.0).to(tl.float32)
+        hi = tl.sum(s_l, axis=0)
+    else:
+        # sum(dy * y) in fp64, kept as fp32 hi + lo, as `_softmax_bwd_kernel`'s
+        s_l64 = tl.zeros((BLOCK_N,), tl.float64)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            ok = c < N
+            dy = tl.load(dy_row + c.to(tl.int64) * sdn, mask=ok, other=0.0).to(tl.float64)
+            s_l64 += dy * tl.load(y_ptr + y_off + c.to(tl.int64) * syn, mask=ok, other=0.0).to(tl.float64)
+        c64 = tl.sum(s_l64, axis=0)
+        hi = c64.to(tl.float32)
+        lo = (c64 - hi.to(tl.float64)).to(tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ok = c < N
+        dy = tl.load(dy_row + c.to(tl.int64) * sdn, mask=ok, other=0.0).to(tl.float32)
+        offs_y = y_off + c.to(tl.int64) * syn
+        y = tl.load(y_ptr + offs_y, mask=ok, other=0.0).to(tl.float32)
+        if LOG:
+            dx = dy - tl.exp(y) * hi
+        else:
+            dx = y * ((dy - hi) - lo)
+        tl.store(dx_ptr + offs_y, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+
+
 # --- 3. Launchers ----------------------------------------------------------------------------------------
 
+_LOOPED = {_softmax_fwd_kernel: _softmax_fwd_long_kernel, _softmax_bwd_kernel: _softmax_bwd_long_kernel}
+
+
 def _rows_plan(kernel, a, out, dim: int, log: bool, traced: bool):
-    """(run, copies): kernel's launch over the rows along dim of this signature, run(rows, *tensors) with rows
-    a.movedim(dim, -1) (a contiguous copy where copies: its other dims do not merge into two) and tensors (out,)
-    or (y, out), y with out's strides."""
+    """(run, copies): kernel's launch over the rows along dim of this signature (its looped peer in `_LOOPED` for
+    rows longer than `_common.MAX_ROW`), run(rows, *tensors) with rows a.movedim(dim, -1) (a contiguous copy where
+    copies: its other dims do not merge into two) and tensors (out,) or (y, out), y with out's strides."""
     moved = a.movedim(dim, -1)
     rows, ((_, sa0), (M1a, sa1), (N, san)) = rows_or_copy(moved, 1)
     (_, so0), (M1o, so1), (_, son) = row_view(out.movedim(dim, -1), 1)
     M = a.numel() // max(N, 1)
-    cfg = row_config(N)
-    launch = Launch(kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), dict(LOG=log, **cfg), traced=traced)
-    scalars = (M, N, M1a, sa0, sa1, san, M1o, so0, so1, son)
+    scalars = (N, M1a, sa0, sa1, san, M1o, so0, so1, son)
+    if long_row(N):
+        launch = Launch(_LOOPED[kernel], (M,), dict(LOG=log, **chunk_config(N)), traced=traced)
+    else:
+        cfg = row_config(N)
+        launch = Launch(kernel, (_runtime.cdiv(M, cfg["BLOCK_M"]),), dict(LOG=log, **cfg), traced=traced)
+        scalars = (M, *scalars)
     return (lambda rows, *tensors: launch(rows, *tensors, *scalars)), rows is not moved
 
 
@@ -162,9 +245,6 @@ def _check_softmax(op: str, input, dim) -> int:
         raise IndexError(f"{op}: 'dim' out of range (expected to be in range of [{-ndim}, {ndim - 1}], "
                          f"but got {dim})")
     dim %= ndim
-    if input.dim() > 0 and input.shape[dim] > MAX_ROW:
-        raise RuntimeError(f"{op}: dropin takes rows of at most {MAX_ROW} elements, but 'dim' {dim} of input "
-                           f"{list(input.shape)} has {input.shape[dim]}")
     return dim
 
 
@@ -211,7 +291,7 @@ def _softmax(op: str, input: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
 
 
 def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """`torch.softmax(input, dim)`: exp(x - max) / sum along dim, fp32 math; rows of up to 65536 elements.
+    """`torch.softmax(input, dim)`: exp(x - max) / sum along dim, fp32 math; rows of any length.
     input of any shape and strides, float32 / float16 / bfloat16; the output is contiguous."""
     return _softmax("softmax", input, dim, False)
 
