@@ -31,8 +31,9 @@ DTYPES = [
 # DESIGN.md's table (forward, backward), unit roundoffs and the relative error, shared with inject_'s verification.
 from dropin._tolerance import NOISE_ULPS, TOLERANCES, UNIT_ROUNDOFF, rel_err  # noqa: E402,F401
 
-# The 2x rule applies from MIN_NUMEL_2X elements on: on a handful of numbers the ratio of two rounding errors is
-# noise (PyTorch may round a lone number exactly, and a lone sum that cancels magnifies both errors alike).
+# The 2x rule applies from MIN_NUMEL_2X distinct reference values on: on a handful of numbers the ratio of two
+# rounding errors is noise (PyTorch may round a lone number exactly, and a lone sum that cancels magnifies both
+# errors alike). Distinct, not elements: a product of expanded (stride-0) operands repeats one sum many times.
 MIN_NUMEL_2X = 32
 
 
@@ -70,7 +71,7 @@ def assert_close(out, ref, dtype, kind: str, torch_out=None, what: str = "output
     - NaN and +-inf must sit exactly where the reference has them.
     - rel_err(out, ref) <= tolerance(dtype, kind), the tf32 row when TF32 is allowed on the GPU; where PyTorch's own
       error is over it (an ill-conditioned reference), at most 2x PyTorch's own error + NOISE_ULPS unit roundoffs.
-    - With torch_out (PyTorch's own result in the same dtype) and at least MIN_NUMEL_2X elements:
+    - With torch_out (PyTorch's own result in the same dtype) and at least MIN_NUMEL_2X distinct reference values:
       rel_err(out, ref) must also be at most 2 * rel_err(torch_out, ref) + NOISE_ULPS * unit roundoff,
       unless PyTorch's own result is not finite where the reference is (its error is NaN: no yardstick).
     """
@@ -95,7 +96,8 @@ def assert_close(out, ref, dtype, kind: str, torch_out=None, what: str = "output
             f"{own:.3e}, itself over the tolerance (+ noise allowance {noise:.1e})")
         return
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e} ({key}, {kind})"
-    torch_err = own if ref.numel() >= MIN_NUMEL_2X else math.nan
+    judged = ref.numel() >= MIN_NUMEL_2X and torch.unique(ref.detach()).numel() >= MIN_NUMEL_2X
+    torch_err = own if judged else math.nan
     if not math.isnan(torch_err):
         assert err <= 2 * torch_err + noise, (
             f"{what}: relative error {err:.3e} is worse than 2x PyTorch's own {torch_err:.3e} "

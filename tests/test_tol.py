@@ -5,7 +5,7 @@ No kernels run here, so every dtype is checked on every machine.
 import pytest
 import torch
 
-from _tol import NOISE_ULPS, UNIT_ROUNDOFF, assert_close, rel_err, tolerance
+from _tol import MIN_NUMEL_2X, NOISE_ULPS, UNIT_ROUNDOFF, assert_close, rel_err, tolerance
 
 ALL_DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in (torch.float32, torch.float16, torch.bfloat16)]
 KINDS = ["fwd", "bwd"]
@@ -40,6 +40,20 @@ def test_rejects_more_than_twice_torchs_error(dtype, kind):
     assert_close(out, ref, dtype, kind)
     with pytest.raises(AssertionError, match="worse than 2x PyTorch"):
         assert_close(out, ref, dtype, kind, torch_out=ref.to(dtype))
+
+
+def test_two_x_rule_counts_distinct_reference_values():
+    """A product of expanded operands repeats a few sums: under MIN_NUMEL_2X distinct values only the table
+    applies (their error ratio is noise), however many elements repeat them; from MIN_NUMEL_2X on the rule holds."""
+    dtype, kind = torch.float32, "fwd"
+    for distinct, judged in ((MIN_NUMEL_2X - 1, False), (MIN_NUMEL_2X, True)):
+        ref = torch.randn(distinct, dtype=torch.float64).repeat(64)
+        out = (ref * (1 + 0.8 * tolerance(dtype, kind))).to(dtype)
+        if judged:
+            with pytest.raises(AssertionError, match="worse than 2x PyTorch"):
+                assert_close(out, ref, dtype, kind, torch_out=ref.to(dtype))
+        else:
+            assert_close(out, ref, dtype, kind, torch_out=ref.to(dtype))
 
 
 def test_two_x_rule_needs_a_finite_pytorch_result():

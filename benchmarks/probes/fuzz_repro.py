@@ -70,6 +70,16 @@ CASES = [
     ("products", "test_swiglu_mlp", torch.bfloat16, {'x': (17,), 'weights': {'gate_weight': (36, 17), 'up_weight': (36, 17), 'down_weight': (17, 36)}, 'x_layout': Layout("sliced", dim=0), 'layouts': {'gate_weight': Layout("expanded", dims=(0, 1)), 'up_weight': Layout("sliced", dim=1), 'down_weight': Layout("expanded", dims=(1,))}, 'activation': 'silu', 'recompute': True, 'backward': True}, 1196891, "OPEN: x grad 3.56e-2 > 3e-2 (17 numbers); torch's own?"),  # noqa: E501
     ("products", "test_attention", torch.bfloat16, {'q': (1, 1, 16), 'kv': (1, 2, 16), 'mask': torch.bool, 'mask_shape': (1, 1), 'is_causal': False, 'enable_gqa': False, 'scale': None, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "DELTA: q grad 6.2e-2 (16 numbers)"),  # noqa: E501
     ("products", "test_attention", torch.bfloat16, {'q': (1, 1, 32), 'kv': (1, 2, 32), 'mask': None, 'mask_shape': None, 'is_causal': False, 'enable_gqa': False, 'scale': None, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "DELTA: k grad 1.2e-2 vs torch 1.9e-3 (64 numbers)"),  # noqa: E501
+    # the second GPU run's (2026-11-26, 10:00)
+    ("products", "test_linear", torch.float32, {'x': (5, 7, 31), 'weight': (1, 31), 'bias': (1,), 'activation': None, 'x_layout': Layout("expanded", dims=(0, 1, 2)), 'weight_layout': Layout("sliced", dim=0), 'backward': False}, 0, "one distinct sum: the 2x rule counts distinct reference values"),  # noqa: E501
+    ("products", "test_sparse_linear", torch.float32, {'x': (7, 3, 64), 'weight': (2, 64), 'bias': True, 'x_layout': Layout("expanded", dims=(0,)), 'sparsity': 0.0, 'block_k': 1, 'transpose': False, 'backward': False}, 0, "6 distinct sums: as above"),  # noqa: E501
+    ("products", "test_swiglu_mlp", torch.float32, {'x': (11,), 'weights': {'gate_weight': (13, 11), 'up_weight': (13, 11), 'down_weight': (11, 13)}, 'x_layout': Layout("expanded", dims=(0,)), 'layouts': {'gate_weight': Layout("sliced", dim=0), 'up_weight': C, 'down_weight': T((1, 0))}, 'activation': 'relu', 'recompute': False, 'backward': True}, 1157710331, "13 distinct values of up's gradient: as above"),  # noqa: E501
+    ("norms", "test_batch_norm", torch.float16, {'shape': (2, 2, 1, 1), 'training': False, 'stats': True, 'params_fp32': False, 'weight': False, 'bias': False, 'momentum': 0.1, 'eps': 1e-06, 'layout': T((1, 0, 2, 3)), 'backward': False}, 0, "y in x's strides where x is dense (torch's empty_like)"),  # noqa: E501
+    ("norms", "test_layer_norm", torch.bfloat16, {'shape': (8, 17, 21, 23), 'norm': (8, 17, 21, 23), 'weight': False, 'bias': False, 'eps': 1e-06, 'layout': C, 'w_layout': C, 'backward': False}, 0, "rows past 65536 elements: looped kernels"),  # noqa: E501
+    ("products", "test_attention", torch.float32, {'q': (5, 2, 8), 'kv': (5, 2, 8), 'mask': None, 'mask_shape': None, 'is_causal': True, 'enable_gqa': False, 'scale': None, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "OPEN: dq 3.4x torch's (fp32, causal, 2 keys)"),  # noqa: E501
+    ("products", "test_attention", torch.float32, {'q': (1, 1, 80), 'kv': (1, 2, 80), 'mask': torch.float32, 'mask_shape': (1, 1), 'is_causal': False, 'enable_gqa': False, 'scale': 1.0, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 253, "DELTA: ill-conditioned dq (scale 1, head dim 80: a near one-hot row)"),  # noqa: E501
+    ("products", "test_attention", torch.float16, {'q': (2, 1, 8), 'kv': (2, 2, 8), 'mask': torch.bool, 'mask_shape': (1, 1), 'is_causal': False, 'enable_gqa': False, 'scale': None, 'layouts': {'q': C, 'k': C, 'v': C}, 'mask_layout': C, 'backward': True}, 0, "DELTA: dk 8.6x torch's"),  # noqa: E501
+    ("products", "test_attention", torch.float16, {'q': (1, 1, 32), 'kv': (1, 13, 32), 'mask': None, 'mask_shape': None, 'is_causal': False, 'enable_gqa': False, 'scale': None, 'layouts': {'q': Layout("sliced", dim=2), 'k': Layout("expanded", dims=(1, 2)), 'v': T((0, 2, 1))}, 'mask_layout': C, 'backward': True}, 193521295, "the first case reported after an illegal memory access"),  # noqa: E501
 ]
 SPREAD_SEEDS = 24  # (for the cases noted SPREAD or OPEN that fail, and those noted DELTA)
 BUDGET_S = 55.0
@@ -175,7 +185,7 @@ def attention_delta(dtype, case) -> str:
                     exact["delta"] = delta
                 ins = [t.clone().requires_grad_() for t in (q, k, v)]
                 out = fn(*(view(t) for t in ins), attn_mask=mask, scale=case["scale"])
-                return [rel_err(gr, r) for gr, r in zip(torch.autograd.grad(out, ins[:2], view(do)), ref)]
+                return [rel_err(gr, r.to(gr.device)) for gr, r in zip(torch.autograd.grad(out, ins[:2], view(do)), ref)]
             exact_delta = (do.cpu().double() * o64.detach()).sum(-1).float().to(device)
             rows["dropin"].append(errors(dropin.ops.attention))
             rows["dropin, exact delta"].append(errors(dropin.ops.attention, delta=exact_delta))

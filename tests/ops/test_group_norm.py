@@ -203,9 +203,9 @@ ERRORS = [  # (id, args, error, name in the message, torch also raises)
     ("input-1d", (_t(6), 2), RuntimeError, "input", True),
     ("weight-shape", (_t(2, 6, 3), 2, _t(5)), RuntimeError, "weight", True),
     ("bias-2d", (_t(2, 6, 3), 2, None, _t(2, 3)), RuntimeError, "bias", False),
-    ("int-input", (torch.ones(2, 6, 3, dtype=torch.int64), 2), NotImplementedError, "input", True),
+    ("int-input", (torch.ones(2, 6, 3, dtype=torch.int64, device=DEVICE), 2), NotImplementedError, "input", True),
     ("float64", (_t(2, 6, 3, dtype=torch.float64), 2), NotImplementedError, "input", False),
-    ("int-weight", (_t(2, 6, 3), 2, torch.ones(6, dtype=torch.int32)), RuntimeError, "weight", False),
+    ("int-weight", (_t(2, 6, 3), 2, torch.ones(6, dtype=torch.int32, device=DEVICE)), RuntimeError, "weight", False),
     ("activation", (_t(2, 6, 3), 2, None, None, 1e-5, "tanh"), ValueError, "activation", False),
     ("not-a-tensor", ([[1.0]], 1), TypeError, "input", True),
 ] + ([("spatial-empty", (_t(2, 4, 0), 2), RuntimeError, "input", True)] if DEVICE == "cpu" else [])

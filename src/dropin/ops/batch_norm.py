@@ -345,10 +345,12 @@ def _fwd_planned(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float
 
 def _fwd_impl(x, w, b, running_mean, running_var, training: bool, momentum: float, eps: float, stats: bool = True,
               traced: bool = False):
-    """x [N, C, ...] (any strides), w, b [C] or None -> (y in x's memory format, and in fp32 center [2, C], the
+    """x [N, C, ...] (any strides), w, b [C] or None -> (y in x's layout, and in fp32 center [2, C], the
     mean as hi + lo, and invstd [C]; in inference without stats stand-ins to ignore). Training with running
-    statistics updates them in place, once (the finalize kernel). traced: under torch.compile (`_dispatch`)."""
-    y = _empty_like(x)
+    statistics updates them in place, once (the finalize kernel). traced: under torch.compile (`_dispatch`).
+    y is torch's: x's strides where x is dense, else x's memory format (empty_like; the input gradient takes
+    the memory format alone, `_empty_like`, as torch's backward)."""
+    y = torch.empty_like(x)
     if x.numel() == 0:
         return y, *_saved(x.shape[1], x.device)
     run = _fwd_planned(x, w, b, running_mean, running_var, y, training, momentum, eps, stats, traced)[0]

@@ -516,16 +516,17 @@ class _SwiGLUShortcut(Differentiable):
         planned = _OWN
         if not (torch.is_grad_enabled() or torch.is_autocast_enabled(_runtime.KERNEL_DEVICE)):  # (where matmul's
             # own path records its products or casts their operands, the backward takes it)
-            planned = self.backward_plan((dy,), lambda: self._backward_plan(dy, *saved)) or _OWN
+            planned = self.backward_plan((dy,), lambda: self._backward_plan(ctx, dy, *saved)) or _OWN
         dx, d_gate, d_up, d_down = _backward(ctx, saved, dy, self.needs, planned)
         return None if dx is None else dx.view(self.x_shape), d_gate, d_up, d_down
 
-    def _backward_plan(self, dy, x, gate_weight, up_weight, down_weight):
+    def _backward_plan(self, ctx, dy, x, gate_weight, up_weight, down_weight):
         """`_backward`'s planned for a dy [M, K] of this layout: matmul's shortcuts of the six products (h, du and
         dg are new contiguous [M, N] tensors) and the elementwise pass's plan; None where matmul keeps no shortcut
-        of a product wanted."""
+        of a product wanted. Plans read shapes, strides and alignment only: one contiguous [M, N] tensor stands for
+        dg, h and du (a kept pre-activation where there is one), so that planning adds no memory at the peak."""
         need_x, need_g, need_u, need_d = self.needs
-        dg = dy.new_empty(self.h_shape)
+        dg = ctx.pre_activations[0] if self.save and ctx.pre_activations else dy.new_empty(self.h_shape)
         products = []
         for a, b, need in ((dy, down_weight, True), (dy.mT, dg, need_d), (dg, gate_weight, need_x),
                            (dg.mT, x, need_g), (dg, up_weight, need_x), (dg.mT, x, need_u)):
@@ -533,15 +534,14 @@ class _SwiGLUShortcut(Differentiable):
             if need and product is None:
                 return None
             products.append(product)
-        g, u = torch.empty_like(dg), torch.empty_like(dg)
         if self.save:
-            run = _launch_plan(None, None, None, None, dg, None, g, u, False, self.act, None, False)[0]
+            run = _launch_plan(None, None, None, None, dg, None, dg, dg, False, self.act, None, False)[0]
 
             def bwd_saved(g, u, dh, act):
                 run(g, g, g, g, dh, g, g, u)
                 _written(g, u, dh)
             return tuple(products), None, bwd_saved
-        run = _launch_plan(x, gate_weight, up_weight, g, dg, u, None, None, False, self.act, None, False)[0]
+        run = _launch_plan(x, gate_weight, up_weight, dg, dg, dg, None, None, False, self.act, None, False)[0]
 
         def bwd(x, gate_weight, up_weight, dh, act):
             h, du = torch.empty_like(dh), torch.empty_like(dh)
