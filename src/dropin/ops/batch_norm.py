@@ -474,11 +474,12 @@ class _BatchNormShortcut(Differentiable):
     def __init__(self, x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, needs, weight, bias):
         super().__init__()
         self.forward_run = _fwd_planned(x, w, b, rm, rv, y, training, momentum, eps, True, False)[0]
-        self.training, self.needs = training, needs
-        self.y = y.shape, y.stride()
+        self.training, self.needs, self.C = training, needs, x.shape[1]
+        self.dx_format = torch.channels_last if is_channels_last(x) else torch.contiguous_format  # (`_empty_like`)
         self.shapes = tuple(None if t is None or t.dim() == 1 else t.shape for t in (weight, bias))  # (views)
         self.b_dtype = None if b is None else b.dtype
         self.wb_dtype = (self.b_dtype if w is None else w.dtype) if any(needs[3:]) else None
+        self.cast_b = self.b_dtype != self.wb_dtype  # (dbias computed in the weight's dtype)
 
     @staticmethod
     def make(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, needs, weight, bias):
@@ -488,7 +489,7 @@ class _BatchNormShortcut(Differentiable):
         return _BatchNormShortcut(x, w, b, rm, rv, y, training, momentum, eps, needs, weight, bias)
 
     def forward(self, ctx, x, rm, rv, weight, bias):
-        y = torch.empty_strided(*self.y, dtype=x.dtype, device=x.device)
+        y = torch.empty_like(x)  # (as `_fwd_impl`'s)
         center, invstd = self.forward_run(x, weight, bias, rm, rv, y)
         # weight flat, as the op's own path saves it (a checkpoint's recomputation served here saves the same)
         ctx.save_for_backward(x, weight if self.shapes[0] is None else weight.view(-1), center, invstd)
@@ -496,13 +497,13 @@ class _BatchNormShortcut(Differentiable):
 
     def backward(self, ctx, dy):
         x, w, center, invstd = ctx.saved_tensors
-        dx = torch.empty_strided(*self.y, dtype=x.dtype, device=x.device)  # (y's layout: x's memory format)
+        dx = torch.empty_like(x, memory_format=self.dx_format)  # (the op's own path's: x's memory format)
         run = self.backward_plan((dy,), lambda: _bwd_plan(dy, x, w, dx, self.training, self.wb_dtype, False))
-        dwb = torch.empty((2, x.shape[1]), device=x.device, dtype=self.wb_dtype or torch.float32)
+        dwb = torch.empty((2, self.C), device=x.device, dtype=self.wb_dtype or torch.float32)
         run(dy, x, w, center, invstd, dx, dwb)
         need_w, need_b = self.needs[3:]
         return (dx, None, None, shaped(dwb[0], self.shapes[0]) if need_w else None,
-                shaped(dwb[1].to(self.b_dtype), self.shapes[1]) if need_b else None)
+                shaped(dwb[1].to(self.b_dtype) if self.cast_b else dwb[1], self.shapes[1]) if need_b else None)
 
 
 _checked = Checks()

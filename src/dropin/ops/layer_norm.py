@@ -278,8 +278,10 @@ def _bwd_plan(dy, x, n_last: int, w, wb_dtype: Optional[torch.dtype], traced: bo
         part = torch.empty((G, 2, N), device=device, dtype=torch.float32) if need_wb else absent(mean, traced)
         launch(x.contiguous() if copies_x else x, absent(dx, traced) if w is None else w,
                dy.contiguous() if copies_dy else dy, dx, mean, rstd, part, *scalars)
-        if need_wb:
+        if need_wb and traced:
             sums(part.view(G, 2 * N), dwb.view(2 * N))
+        elif need_wb:  # (eager: the launch reads the addresses alone, no views)
+            sums(part, dwb)
     return run
 
 
@@ -401,6 +403,7 @@ class _LayerNormShortcut(Differentiable):
         self.shapes = (None, *(None if t is None or t.dim() == 1 else t.shape for t in (weight, bias)))  # (views)
         self.b_dtype = None if b is None else b.dtype
         self.wb_dtype = (self.b_dtype if w is None else w.dtype) if any(needs[1:]) else None
+        self.cast_b = self.b_dtype != self.wb_dtype  # (dbias computed in the weight's dtype)
         self.N = math.prod(x.shape[x.dim() - n_last:])
 
     @staticmethod
@@ -411,7 +414,7 @@ class _LayerNormShortcut(Differentiable):
         return _LayerNormShortcut(x, n_last, w, b, eps, needs, weight, bias)
 
     def forward(self, ctx, x, weight, bias):
-        y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
         mean, rstd = self.forward_run(x, weight, bias, y)
         # weight flat, as the op's own path saves it (a checkpoint's recomputation served here saves the same)
         ctx.save_for_backward(x, weight if self.shapes[1] is None else weight.view(-1), mean, rstd)
@@ -420,12 +423,12 @@ class _LayerNormShortcut(Differentiable):
     def backward(self, ctx, dy):
         x, w, mean, rstd = ctx.saved_tensors
         run = self.backward_plan((dy,), lambda: _bwd_plan(dy, x, self.n_last, w, self.wb_dtype, False))
-        dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
         dwb = dx if self.wb_dtype is None else torch.empty((2, self.N), device=x.device, dtype=self.wb_dtype)
         run(dy, x, w, mean, rstd, dx, dwb)
         need_w, need_b = self.needs[1:]
         return (dx, shaped(dwb[0], self.shapes[1]) if need_w else None,
-                shaped(dwb[1].to(self.b_dtype), self.shapes[2]) if need_b else None)
+                shaped(dwb[1].to(self.b_dtype) if self.cast_b else dwb[1], self.shapes[2]) if need_b else None)
 
 
 _checked = Checks()
