@@ -5,6 +5,7 @@ the call (outputs and gradients), on new inputs, with poisoned allocations, agai
 shortcut where the call differs (grad wanted where the first call had none, autocast, other arguments or
 strides)."""
 import gc
+import importlib
 import weakref
 
 import pytest
@@ -14,8 +15,9 @@ from torch.utils.checkpoint import checkpoint
 
 import dropin
 from dropin.bench.overhead import Pair, pairs
+from dropin.ops import _dispatch
 from _check import found_shortcuts, poison_allocations
-from _tol import DEVICE, assert_close
+from _tol import DEVICE, assert_close, gpu
 
 PAIRS = {p.name: p for p in pairs()}
 
@@ -155,6 +157,42 @@ def test_no_shortcut_where_the_call_differs(taken):
         dropin.conv2d(x, w, b, padding=1)
         assert taken == [True], "a parameter's requires_grad kept the shortcut out under no_grad"
     torch.testing.assert_close(y_grad.detach(), y)
+
+
+OPS_TF32 = {  # (op, its inputs, the module holding its shortcuts, the backend whose allow_tf32 it follows)
+    "matmul": (dropin.matmul, ((24, 300), (300, 40)), "dropin.ops.matmul", torch.backends.cuda.matmul),
+    "linear": (dropin.linear, ((24, 300), (40, 300)), "dropin.ops.matmul", torch.backends.cuda.matmul),
+    "conv2d": (lambda x, w: dropin.conv2d(x, w, padding=1), ((2, 32, 9, 9), (40, 32, 3, 3)), "dropin.ops.conv2d",
+               torch.backends.cudnn),  # (GPU: under the interpreter convolutions take no TF32)
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=gpu) if n == "conv2d" else n for n in OPS_TF32])
+def test_float32_shortcut_follows_the_tf32_switch(name, taken, monkeypatch):
+    """A float32 call's shortcut is kept for the TF32 setting it was made under: after the switch changes, a
+    repeat call gives what a first call under the new setting gives (TF32's operand rounding, or not)."""
+    op, shapes, module, backend = OPS_TF32[name]
+    x, w = (torch.randn(*s, device=DEVICE) for s in shapes)
+    cache = next(v for v in vars(importlib.import_module(module)).values() if isinstance(v, _dispatch.Shortcuts))
+    saved, results = backend.allow_tf32, {}
+    try:
+        with torch.no_grad():
+            for tf32 in (False, True):
+                backend.allow_tf32 = tf32
+                monkeypatch.setattr(cache, "_runs", {})
+                results[tf32] = op(x, w)  # (a first call: the op's own path)
+            backend.allow_tf32 = False
+            monkeypatch.setattr(cache, "_runs", {})
+            op(x, w)
+            op(x, w)  # (the true-fp32 call's shortcut, kept)
+            backend.allow_tf32 = True
+            taken.clear()
+            repeat = op(x, w)
+    finally:
+        backend.allow_tf32 = saved
+    assert taken == [False], "the true-fp32 call's shortcut served a call with TF32 allowed"
+    assert not torch.equal(results[False], results[True]), "TF32 changed nothing: the test cannot fail"
+    torch.testing.assert_close(repeat, results[True], rtol=0, atol=0)
 
 
 def test_no_shortcut_under_autocast(taken):

@@ -112,6 +112,12 @@ def dot_acc(acc, a, b, PRECISION: tl.constexpr):
 TF32X3_MIN_K = 256
 
 
+def tf32_key(t, op: str = "matmul") -> Optional[bool]:
+    """What the shortcut key (`_dispatch.Shortcuts`) of a call on float32 `t` holds beside its tensors: whether torch
+    now allows TF32 for `op` ("matmul" or "conv"), which a kept plan's precision follows; None for other dtypes."""
+    return _runtime.tf32_allowed(op) if getattr(t, "dtype", None) is torch.float32 else None
+
+
 def precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional[int] = None) -> str:
     """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
     (allow_tf32, default torch's rule for matmuls, `_runtime.tf32_allowed`), else true fp32: "tf32x3" on the GPU (three tf32

@@ -431,7 +431,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     default 1 / sqrt(E). dropout_p must be 0. A query row that may attend to no key gives zeros (as torch).
     float32 / float16 / bfloat16 (all the same); float32 uses tf32 only where torch's matmuls would
     (`torch.backends.cuda.matmul.allow_tf32`). Returns [B, H, Lq, E] (or [N, Lq, E]) in q's dtype."""
-    key, shortcut = _shortcuts.find((q, k, v, attn_mask), (dropout_p, is_causal, scale, enable_gqa))
+    key, shortcut = _shortcuts.find((q, k, v, attn_mask), (dropout_p, is_causal, scale, enable_gqa, _gemm.tf32_key(q)))
     if shortcut is not None:
         return shortcut(q, k, v, attn_mask)
     _runtime.check_kernel_device("attention", q=q, k=k, v=v, attn_mask=attn_mask)

@@ -499,7 +499,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     float32 / float16 / bfloat16 (both the same), fp32 accumulation; float32 uses tf32 only where torch
     would (`torch.backends.cuda.matmul.allow_tf32`)."""
-    key, shortcut = _shortcuts.find((a, b), ("matmul",))
+    key, shortcut = _shortcuts.find((a, b), ("matmul", _gemm.tf32_key(a)))
     if shortcut is not None:
         return shortcut(a, b)
     for name, t in (("a", a), ("b", b)):
@@ -545,7 +545,7 @@ def _matmul_operands(a, b):
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`torch.bmm(a, b)`: a [B, M, K] @ b [B, K, N] -> [B, M, N], any strides."""
-    key, shortcut = _shortcuts.find((a, b), ("bmm",))
+    key, shortcut = _shortcuts.find((a, b), ("bmm", _gemm.tf32_key(a)))
     if shortcut is not None:
         return shortcut(a, b)
     for name, t in (("a", a), ("b", b)):
@@ -590,7 +590,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            activation: Optional[str] = None) -> torch.Tensor:
     """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
     bias [N] or None; activation None, "relu", "gelu", "gelu_tanh" or "silu"."""
-    key, shortcut = _shortcuts.find((x, weight, bias), ("linear", activation))
+    key, shortcut = _shortcuts.find((x, weight, bias), ("linear", activation, _gemm.tf32_key(x)))
     if shortcut is not None:
         return shortcut(x, weight, bias)
     x, weight, bias = _gemm.autocast(x, weight, bias)  # (first: autocast accepts operands of different float dtypes)

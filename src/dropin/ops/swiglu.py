@@ -422,7 +422,8 @@ def swiglu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tens
     lowest memory across many layers, a backward that may run again (retain_graph), and activation
     checkpointing with use_reentrant=False (whose saved-tensor hooks do not see the kept projections, which
     stay on the autograd node); within one MLP both peak alike."""
-    key, shortcut = _shortcuts.find((x, gate_weight, up_weight, down_weight), (recompute, activation))
+    key, shortcut = _shortcuts.find((x, gate_weight, up_weight, down_weight),
+                                    (recompute, activation, _gemm.tf32_key(x)))
     if shortcut is not None:
         return shortcut(x, gate_weight, up_weight, down_weight)
     if activation not in ACTIVATIONS:

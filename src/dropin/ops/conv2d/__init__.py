@@ -491,7 +491,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     out: where given, the result is written there and `out` returned (inference only: no argument may require
     grad; any strides, e.g. a slice of a larger buffer, which saves a copy into it; no overlap with an operand)."""
     key, shortcut = _shortcuts.find((input, weight, bias, residual, out),
-                                    (stride, padding, dilation, groups, activation))
+                                    (stride, padding, dilation, groups, activation, _gemm.tf32_key(input, "conv")))
     if shortcut is not None:
         return shortcut(input, weight, bias, residual, out)
     input, weight, bias, residual = _gemm.autocast(input, weight, bias, residual)
