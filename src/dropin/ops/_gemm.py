@@ -114,8 +114,11 @@ TF32X3_MIN_K = 256
 
 def tf32_key(t, op: str = "matmul") -> Optional[bool]:
     """What the shortcut key (`_dispatch.Shortcuts`) of a call on float32 `t` holds beside its tensors: whether torch
-    now allows TF32 for `op` ("matmul" or "conv"), which a kept plan's precision follows; None for other dtypes."""
-    return _runtime.tf32_allowed(op) if getattr(t, "dtype", None) is torch.float32 else None
+    now allows TF32 for `op` ("matmul" or "conv"), which a kept plan's precision follows; None for other dtypes
+    and while torch.compile traces (no shortcut then; Dynamo does not trace torch's precision getters)."""
+    if getattr(t, "dtype", None) is not torch.float32 or torch.compiler.is_compiling():
+        return None
+    return _runtime.tf32_allowed(op)
 
 
 def precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional[int] = None) -> str:
