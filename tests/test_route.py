@@ -158,8 +158,9 @@ FALLBACKS = {  # id: (route name, reason, call, its arguments)
                            lambda: (rand(4, 8),)),
     "rms_norm-mixed": ("F.rms_norm", "argument weight dtype=torch.float16 unsupported",
                        lambda x, w: F.rms_norm(x, [8], w), lambda: (rand(4, 8), rand(8, dtype=torch.float16))),
-    "refused-by-dropin": ("F.rms_norm", "dropin: rms_norm: hidden size 40000 of 'x' exceeds the supported",
-                          lambda x, w: F.rms_norm(x, (40000,), w), lambda: (rand(2, 40000), rand(40000))),
+    "refused-by-dropin": ("F.scaled_dot_product_attention", "dropin: attention: argument 'v' has head dim 16; dropin "
+                          "needs the head dim of 'q'", lambda q, v: F.scaled_dot_product_attention(q, q, v),
+                          lambda: (rand(1, 2, 4, 8), rand(1, 2, 4, 16))),
 }
 
 

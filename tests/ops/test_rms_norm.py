@@ -1,4 +1,5 @@
-"""dropin.ops.rms_norm against HF Llama's RMSNorm: forward and gradients of x, weight and residual.
+"""dropin.ops.rms_norm against HF Llama's RMSNorm: forward and gradients of x, weight and residual; long rows
+through the looped kernels.
 
 No tl.dot here, so bfloat16 runs under the interpreter too. On the CPU the rows stay few; `gpu` adds
 Llama-sized rows and hidden sizes.
@@ -11,6 +12,7 @@ import torch
 import dropin
 import _check
 from _check import check, found_shortcuts, poison_allocations
+from _looped import loop_rows
 from _tol import DEVICE, ON_GPU, gpu
 
 rms_norm_module = importlib.import_module("dropin.ops.rms_norm")
@@ -28,12 +30,12 @@ def leaves(shape, dtype, residual=False, weight_dtype=None):
     return t
 
 
-def ops(eps=1e-6):
+def ops(eps=1e-6, form="llama"):
     def ours(x, weight, residual=None):
-        return dropin.ops.rms_norm(x, weight, eps, residual=residual)
+        return dropin.ops.rms_norm(x, weight, eps, residual=residual, form=form)
 
     def ref(x, weight, residual=None):
-        return rms_norm_ref(x, weight, eps, residual)
+        return rms_norm_ref(x, weight, eps, residual, form)
     return ours, ref
 
 
@@ -190,6 +192,84 @@ def test_registered_ops(residual):
                    s if residual else x, w, rstd)
 
 
+LOOPED = "dropin.ops.rms_norm"
+FORMS = ["llama", "gemma"]
+
+
+def _looped_kernels():
+    m = rms_norm_module
+    return [m._rms_norm_fwd_long_kernel, m._rms_norm_bwd_long_kernel, m._rms_norm_bwd_w_kernel]
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("n", [300, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_long_rows_looped(dtype, n, residual, form, monkeypatch):
+    """Rows longer than the whole-row kernels take (lowered to 64 here) loop over chunks of 64: 300 elements end
+    in a partial chunk, 256 in a full one; 19 rows, more than one step of the weight gradient's row loop."""
+    kernels = loop_rows(monkeypatch, LOOPED)
+    check(*ops(form=form), leaves((19, n), dtype, residual))
+    assert kernels == _looped_kernels()
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_long_rows_looped_fp32_weight(x_dtype, form, monkeypatch):
+    """`test_fp32_weight_on_half_activations` through the looped kernels (gemma: the output in x's dtype)."""
+    loop_rows(monkeypatch, LOOPED)
+    ours, ref = ops(form=form)
+    t = leaves((5, 300), x_dtype, residual=True, weight_dtype=torch.float32)
+    assert ours(**t)[0].dtype == (torch.float32 if form == "llama" else x_dtype)
+    check(ours, ref, t, dtype=x_dtype)
+
+
+@pytest.mark.parametrize("case", VIEWS)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_long_rows_looped_views(case, residual, monkeypatch):
+    """The looped kernels read x, residual, dy and a weight slice through their strides (rows longer than 16
+    here, in chunks of 16)."""
+    kernels = loop_rows(monkeypatch, LOOPED, short=16)
+    storage, view = VIEWS[case]
+    t = leaves(storage, torch.float32, residual)
+    t["weight"] = 1 + 0.1 * torch.randn(80, device=DEVICE)
+
+    def build(x, weight, residual=None):
+        return view(x), weight[::2], None if residual is None else view(residual)
+    check(*ops(), t, build=build)
+    assert kernels == _looped_kernels()
+
+
+def test_long_rows_looped_through_the_shortcut(monkeypatch):
+    """Repeat calls of looped rows take the kept shortcuts: without autograd, with it (x, weight and residual
+    leaves), and with a weight that needs no gradient (none computed)."""
+    kernels = loop_rows(monkeypatch, LOOPED)
+    base, r = torch.randn(4, 6, 200, device=DEVICE), torch.randn(4, 3, 100, device=DEVICE)
+    w = 1 + 0.1 * torch.randn(100, device=DEVICE)
+    _check.assert_calls_repeat_through_shortcuts(
+        [*(lambda i=i: dropin.ops.rms_norm(base[:, ::2, 100:], w, residual=r)[i] for i in (0, 1)),
+         lambda: dropin.ops.rms_norm(base[..., ::2], w, form="gemma")], monkeypatch)
+    _check.assert_grad_calls_repeat_through_shortcuts(
+        [(lambda x, w, r: dropin.ops.rms_norm(x, w, residual=r), (base[:, ::2, 100:], w, r)),
+         (lambda x, w: dropin.ops.rms_norm(x, w, form="gemma"), (base[..., ::2], w))], monkeypatch)
+    x = base[..., :100].clone().requires_grad_()
+    found, grads = found_shortcuts(monkeypatch), []
+    for _ in range(2):
+        dropin.ops.rms_norm(x, w).sum().backward()
+        grads.append(x.grad)
+        x.grad = None
+    assert found == [False, True] and torch.equal(grads[0], grads[1])
+    assert set(kernels) == set(_looped_kernels())
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_registered_ops_looped(residual, monkeypatch):
+    """`test_registered_ops`' cases through the looped kernels (rows longer than 16 elements here)."""
+    kernels = loop_rows(monkeypatch, LOOPED, short=16)
+    test_registered_ops(residual)
+    assert kernels and set(kernels) <= set(_looped_kernels())
+
+
 def test_torch_compile_fullgraph():
     torch._dynamo.reset()
     ours, ref = ops()
@@ -238,6 +318,16 @@ def test_module_constructor():
     torch.testing.assert_close(norm(x), rms_norm_ref(x, norm.weight, 1e-5), rtol=1e-6, atol=1e-6)
 
 
+@gpu
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 40000), (2, 65537)], ids=["40000", "65537"])
+def test_long_rows_gpu(shape, dtype, residual, form):
+    """Hidden sizes past the whole-row kernels' 32768 (and past `_common.MAX_ROW`), through the looped kernels."""
+    check(*ops(form=form), leaves(shape, dtype, residual))
+
+
 # ---------------------------------------------------------------------------------------------- errors
 WRONG_DEVICE = "cpu" if ON_GPU else "meta"
 
@@ -264,7 +354,6 @@ ERRORS = [  # (id, x, weight, kwargs, exception, the argument the message must n
     ("eps-negative", lambda: (T(3, 8), T(8), {"eps": -1e-6}), ValueError, "eps"),
     ("eps-nan", lambda: (T(3, 8), T(8), {"eps": float("nan")}), ValueError, "eps"),
     ("eps-tensor", lambda: (T(3, 8), T(8), {"eps": torch.tensor(1e-6)}), ValueError, "eps"),
-    ("hidden-too-large", lambda: (T(1, 40000), T(40000), {}), RuntimeError, "x"),
 ]
 
 

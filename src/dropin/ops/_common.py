@@ -149,9 +149,10 @@ MAX_ROW = 65536  # the longest row that `row_config`'s kernels hold whole; longe
 CHUNK = 4096  # the elements of one step of a looped row
 
 
-def long_row(n: int) -> bool:
-    """Whether rows of n elements take the looped kernels (`chunk_config`) rather than the whole-row ones."""
-    return n > MAX_ROW
+def long_row(n: int, limit=None) -> bool:
+    """Whether rows of n elements take the looped kernels (`chunk_config`) rather than the whole-row ones: rows
+    longer than MAX_ROW, or than limit where an op's whole-row kernels hold less."""
+    return n > (MAX_ROW if limit is None else min(MAX_ROW, limit))
 
 
 def row_config(n: int) -> dict:

@@ -8,10 +8,14 @@ form "gemma": y = ((x * rsqrt(mean(x^2) + eps)) * (1 + weight)).to(x.dtype), all
 output in x's dtype. With `residual`, x is first replaced by s = x + residual (rounded to x's dtype, as
 `residual + hidden_states` is) and (y, s) returned.
 
-Row-wise kernels with the whole hidden size in one block: launch settings follow the hidden size (no
-autotune). Forward: BLOCK_R rows per program; it saves the fp32 1/rms of every row. Backward: each
-program walks a contiguous range of rows, writes dx and its fp32 partial sum of the weight gradient;
-the partial sums are then added up over programs (`_common.column_sums`).
+Row-wise kernels, launch settings following the hidden size (no autotune). Hidden sizes up to MAX_HIDDEN, the
+whole row in one block: forward, BLOCK_R rows per program; it saves the fp32 1/rms of every row. Backward: each
+program walks a contiguous range of rows, writes dx and its fp32 partial sum of the weight gradient; the partial
+sums are then added up over programs (`_common.column_sums`).
+Longer rows, one row per program looping over chunks of BLOCK_N elements (`_common.chunk_config`), the same
+rounding points: `_rms_norm_fwd_long_kernel` (a pass for the mean of squares, one for y),
+`_rms_norm_bwd_long_kernel` (a pass for the row sum, one for dx); `_rms_norm_bwd_w_kernel` sums the weight
+gradient per column block over the rows (no [programs, N] partials: a long row would make them as large as x).
 """
 import math
 from typing import Optional
@@ -21,11 +25,11 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, column_sums_run
+from ._common import check_float, chunk_config, column_sums_run, long_row
 from ._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, plan, switch, torch_op
 
 FORMS = ("llama", "gemma")
-MAX_HIDDEN = 32768  # one row lives in registers
+MAX_HIDDEN = 32768  # the longest row the whole-row kernels hold in registers; longer rows loop
 
 
 # --- 1. Reference -----------------------------------------------------------------------------------
@@ -130,6 +134,108 @@ def _rms_norm_bwd_kernel(dy_ptr, ds_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
     tl.store(dw_ptr + tl.program_id(0) * N + cols, dw, mask=col_mask)
 
 
+@triton.jit
+def _fwd_chunk(x_ptr, res_ptr, s_ptr, row, c, ok, N, stride_xr, stride_xn, stride_rr, stride_rn,
+               HAS_RES: tl.constexpr, STORE_S: tl.constexpr):
+    """Elements c (int64) of row `row` of x, or (HAS_RES) of s = x + res rounded to x's dtype (stored where
+    STORE_S), in fp32."""
+    x = tl.load(x_ptr + row * stride_xr + c * stride_xn, mask=ok, other=0.0)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * stride_rr + c * stride_rn, mask=ok, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        if STORE_S:
+            tl.store(s_ptr + row * N + c, x, mask=ok)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _rms_norm_fwd_long_kernel(x_ptr, res_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr,
+                              N, stride_xr, stride_xn, stride_rr, stride_rn, stride_w, eps,
+                              HAS_RES: tl.constexpr, GEMMA: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`_rms_norm_fwd_kernel` for one row of any length, in chunks of BLOCK_N; grid (rows,). A pass for the sum
+    of squares (per-lane fp32 sums, then across lanes; it stores s), one for y, which makes s again from x and
+    res rather than reading back what other threads stored."""
+    eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    sq = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = (start + cols).to(tl.int64)
+        x = _fwd_chunk(x_ptr, res_ptr, s_ptr, row, c, c < N, N, stride_xr, stride_xn, stride_rr, stride_rn,
+                       HAS_RES, True)
+        sq += x * x
+    rstd = tl.rsqrt(tl.sum(sq, axis=0) / N + eps)
+    for start in range(0, N, BLOCK_N):
+        c = (start + cols).to(tl.int64)
+        ok = c < N
+        x_normed = _fwd_chunk(x_ptr, res_ptr, s_ptr, row, c, ok, N, stride_xr, stride_xn, stride_rr, stride_rn,
+                              HAS_RES, False) * rstd
+        w = tl.load(w_ptr + c * stride_w, mask=ok, other=0.0).to(tl.float32)
+        if GEMMA:
+            w += 1.0
+        else:
+            x_normed = x_normed.to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(y_ptr + row * N + c, (w * x_normed).to(y_ptr.dtype.element_ty), mask=ok)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _bwd_chunk(dy_ptr, x_ptr, w_ptr, row, c, ok, rstd, stride_dyr, stride_dyn, stride_xr, stride_xn, stride_w,
+               GEMMA: tl.constexpr):
+    """(xn, dxn) for elements c (int64) of row `row`: xn = x * rstd and dxn = dy * w (GEMMA: dy * (1 + w)), fp32."""
+    x = tl.load(x_ptr + row * stride_xr + c * stride_xn, mask=ok, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * stride_dyr + c * stride_dyn, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + c * stride_w, mask=ok, other=0.0).to(tl.float32)
+    if GEMMA:
+        w += 1.0
+    return x * rstd, dy * w
+
+
+@triton.jit
+def _rms_norm_bwd_long_kernel(dy_ptr, ds_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr,
+                              N, stride_dyr, stride_dyn, stride_dsr, stride_dsn, stride_xr, stride_xn, stride_w,
+                              HAS_DS: tl.constexpr, GEMMA: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`_rms_norm_bwd_kernel`'s dx for one row of any length, in chunks of BLOCK_N: a pass for the row sum of
+    dxn * xn (per-lane fp32 sums, then across lanes), one for dx; grid (rows,)."""
+    row = tl.program_id(0).to(tl.int64)
+    rstd = tl.load(rstd_ptr + row)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = (start + cols).to(tl.int64)
+        xn, dxn = _bwd_chunk(dy_ptr, x_ptr, w_ptr, row, c, c < N, rstd, stride_dyr, stride_dyn, stride_xr,
+                             stride_xn, stride_w, GEMMA)
+        acc += dxn * xn
+    mean = tl.sum(acc, axis=0) / N
+    for start in range(0, N, BLOCK_N):
+        c = (start + cols).to(tl.int64)
+        ok = c < N
+        xn, dxn = _bwd_chunk(dy_ptr, x_ptr, w_ptr, row, c, ok, rstd, stride_dyr, stride_dyn, stride_xr,
+                             stride_xn, stride_w, GEMMA)
+        dx = rstd * (dxn - xn * mean)
+        if HAS_DS:
+            dx += tl.load(ds_ptr + row * stride_dsr + c * stride_dsn, mask=ok, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + row * N + c, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rms_norm_bwd_w_kernel(dy_ptr, x_ptr, rstd_ptr, dw_ptr, R, N, stride_dyr, stride_dyn, stride_xr, stride_xn,
+                           GEMMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dw[cols] = the sum over rows of dy * xn (xn rounded to x's dtype unless GEMMA; fp32 sums, stored in dw's
+    dtype) for BLOCK_N columns, over all R rows in steps of BLOCK_R; grid (column blocks,)."""
+    cols = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    col_mask = cols < N
+    dw = tl.zeros((BLOCK_R, BLOCK_N), tl.float32)
+    for r in range(0, R, BLOCK_R):
+        x, dy, _, rstd = _bwd_rows(r, R, cols, col_mask, dy_ptr, dy_ptr, x_ptr, rstd_ptr,
+                                   stride_dyr, stride_dyn, 0, 0, stride_xr, stride_xn, False, BLOCK_R)
+        x_normed = x.to(tl.float32) * rstd[:, None]
+        if not GEMMA:
+            x_normed = x_normed.to(x_ptr.dtype.element_ty).to(tl.float32)
+        dw += dy * x_normed
+    tl.store(dw_ptr + cols, tl.sum(dw, axis=0).to(dw_ptr.dtype.element_ty), mask=col_mask)
+
+
 # --- 3. Launchers -----------------------------------------------------------------------------------
 
 def _launch_settings(N: int):
@@ -157,11 +263,15 @@ def _fwd_plan(x, weight, residual: Optional[torch.Tensor], gemma: bool, traced: 
 
 def _make_fwd_plan(x, weight, residual, gemma, traced):
     R, N = x.shape
-    block_n, block_r, warps = _launch_settings(N)
-    launch = Launch(_rms_norm_fwd_kernel, (_runtime.cdiv(R, block_r),),
-                    dict(HAS_RES=residual is not None, GEMMA=gemma, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps),
-                    traced=traced)
-    scalars = (R, N, *x.stride(), *(x if residual is None else residual).stride(), weight.stride(0))
+    flags = dict(HAS_RES=residual is not None, GEMMA=gemma)
+    scalars = (N, *x.stride(), *(x if residual is None else residual).stride(), weight.stride(0))
+    if long_row(N, MAX_HIDDEN):
+        launch = Launch(_rms_norm_fwd_long_kernel, (R,), dict(**flags, **chunk_config(N)), traced=traced)
+    else:
+        block_n, block_r, warps = _launch_settings(N)
+        launch = Launch(_rms_norm_fwd_kernel, (_runtime.cdiv(R, block_r),),
+                        dict(**flags, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps), traced=traced)
+        scalars = (R, *scalars)
     if residual is None:
         return lambda x, weight, residual, y, s, rstd, eps: launch(x, absent(x, traced), weight, y, absent(x, traced),
                                                                    rstd, *scalars, eps)
@@ -194,6 +304,8 @@ def _bwd_plan(dy, ds: Optional[torch.Tensor], x, weight, rstd, gemma: bool, trac
 
 def _make_bwd_plan(dy, ds, x, weight, gemma, traced):
     R, N = x.shape
+    if long_row(N, MAX_HIDDEN):
+        return _make_bwd_long_plan(dy, ds, x, weight, gemma, traced)
     block_n, block_r, warps = _launch_settings(N)
     # 2 programs per SM: with the next rows loaded ahead, fwd+bwd of Llama-3-8B's 8192 x 4096 bf16 takes 94 us
     # in the bench (H200, CUDA graph) against 101 with 4; under the profiler 4 looked faster (54 us against 68
@@ -212,6 +324,25 @@ def _make_bwd_plan(dy, ds, x, weight, gemma, traced):
         launch(dy, absent(dy, traced) if ds is None else ds, x, weight, rstd, dx, partial, *scalars)
         if dw is not None:
             sums(partial, dw)
+    return run
+
+
+def _make_bwd_long_plan(dy, ds, x, weight, gemma, traced):
+    """`_make_bwd_plan`'s run for rows longer than MAX_HIDDEN: dx one row per program, then (where dw is not None)
+    the weight gradient straight into dw, a column block per program (`_rms_norm_bwd_w_kernel`'s tiles: 8 rows x
+    256 columns)."""
+    R, N = x.shape
+    grads = Launch(_rms_norm_bwd_long_kernel, (R,), dict(HAS_DS=ds is not None, GEMMA=gemma, **chunk_config(N)),
+                   traced=traced)
+    sums = Launch(_rms_norm_bwd_w_kernel, (_runtime.cdiv(N, 256),),
+                  dict(GEMMA=gemma, BLOCK_R=8, BLOCK_N=256, num_warps=4), traced=traced)
+    scalars = (N, *dy.stride(), *(dy if ds is None else ds).stride(), *x.stride(), weight.stride(0))
+    w_scalars = (R, N, *dy.stride(), *x.stride())
+
+    def run(dy, ds, x, weight, rstd, dx, dw):
+        grads(dy, absent(dy, traced) if ds is None else ds, x, weight, rstd, dx, *scalars)
+        if dw is not None:
+            sums(dy, x, rstd, dw, *w_scalars)
     return run
 
 
@@ -279,8 +410,6 @@ def _check(x, weight, eps, residual, form):
     if weight.dim() != 1 or weight.shape[0] != N:
         raise RuntimeError(f"rms_norm: argument 'weight' must have shape ({N},) (the hidden size of 'x' "
                            f"{tuple(x.shape)}), got {tuple(weight.shape)}")
-    if N > MAX_HIDDEN:
-        raise RuntimeError(f"rms_norm: hidden size {N} of 'x' exceeds the supported {MAX_HIDDEN}")
     if residual is not None:
         if residual.shape != x.shape:
             raise RuntimeError(f"rms_norm: argument 'residual' must have the shape of 'x' {tuple(x.shape)}, "
@@ -301,7 +430,7 @@ _shortcuts = Shortcuts(differentiable=True)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: Optional[torch.Tensor] = None,
              form: str = "llama"):
     """HF Llama's RMSNorm over the last dim: `weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`; form "gemma":
-    Gemma's, `((x * rsqrt(mean(x^2) + eps)) * (1 + weight)).to(x.dtype)` computed in fp32.
+    Gemma's, `((x * rsqrt(mean(x^2) + eps)) * (1 + weight)).to(x.dtype)` computed in fp32; rows of any length.
 
     x [..., N] (any strides), weight [N]; float32 / float16 / bfloat16 (weight may differ from x: the
     output has their promoted dtype, as in HF; form "gemma": x's dtype). With residual (x's shape and dtype), the
