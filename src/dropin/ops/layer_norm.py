@@ -107,10 +107,13 @@ def _ln_fwd_long_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr, BLOCK_N: tl.constexpr):
     """`_ln_fwd_kernel` for one row of any length, in chunks of BLOCK_N; grid (rows,). The statistics in one read
     of x (a mean pass, then a centred one, would read it twice): each lane keeps Welford's count, mean and centred
-    sum of squares of its elements, and the lanes merge by Chan's formula, whose terms are all centred squares."""
+    sum of squares of its elements, and the lanes merge by Chan's formula, whose terms are all centred squares.
+    The statistics are of x - x[0] (shifted data): a mean far from zero (|mean| / std of 1e3) would otherwise round
+    the running means at its own ulps, not at the spread's; y = ((x - x[0]) - shifted mean) * rstd."""
     eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row_start(row, M1, sx0, sx1)
+    shift = tl.load(x_row).to(tl.float32)
     cols = tl.arange(0, BLOCK_N)
     count = tl.zeros((BLOCK_N,), tl.float32)
     mean_l = tl.zeros((BLOCK_N,), tl.float32)
@@ -118,7 +121,7 @@ def _ln_fwd_long_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     for start in range(0, N, BLOCK_N):
         c = start + cols
         ok = c < N
-        x = tl.load(x_row + c.to(tl.int64) * sxn, mask=ok, other=0.0).to(tl.float32)
+        x = tl.load(x_row + c.to(tl.int64) * sxn, mask=ok, other=0.0).to(tl.float32) - shift
         count += ok.to(tl.float32)
         delta = tl.where(ok, x - mean_l, 0.0)
         mean_l += delta / tl.maximum(count, 1.0)  # (approximate /: its error is below the sum's own rounding)
@@ -131,14 +134,14 @@ def _ln_fwd_long_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         c = start + cols
         ok = c < N
         x = tl.load(x_row + c.to(tl.int64) * sxn, mask=ok, other=0.0).to(tl.float32)
-        y = (x - mean) * rstd
+        y = ((x - shift) - mean) * rstd
         if HAS_W:
             y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
         if HAS_B:
             y = y + tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + row * N + c, y.to(y_ptr.dtype.element_ty), mask=ok)
     if STATS:
-        tl.store(mean_ptr + row, mean)
+        tl.store(mean_ptr + row, shift + mean)
         tl.store(rstd_ptr + row, rstd)
 
 
