@@ -83,11 +83,11 @@ def test_summary_bars(monkeypatch):
     [s] = classes.summarize(rows)
     assert s["geomean_speedup"] == pytest.approx((2.0 * 0.8 * 1.0) ** (1 / 3))
     assert (s["worst_case"], s["worst_speedup"]) == ("slow", pytest.approx(0.8))
-    assert s["below_speed_bar"] == ["slow"] and s["over_memory_bar"] == ["slow"] and s["incorrect"] == ["wrong"]
+    assert s["below_speed_bar"] == ["slow"] and s["over_memory_bar"] == ["slow"] and s["incorrect"] == ["wrong (dropin)"]
     assert rows[1]["bars"] == {"speed": True, "memory": True}
     assert s["speed_judged"] == s["memory_judged"] == 3
     text = classes.format_summary([s])
-    assert "geomean 1.17x" in text and "below speed bar: slow" in text and "incorrect: wrong" in text
+    assert "geomean 1.17x" in text and "below speed bar: slow" in text and "incorrect: wrong (dropin)" in text
     monkeypatch.setattr(_runtime, "INTERPRET", True)
     assert classes.summarize(rows)[0]["speed_judged"] == 0 and rows[1]["bars"]["speed"] is None
 

@@ -64,6 +64,11 @@ def _bars(ours: dict, torch_row: dict | None) -> dict:
             else ours["peak_mib"] <= theirs + MEMORY_SLACK_MIB}
 
 
+def _failed(providers: dict) -> str:
+    """The providers of one case whose result was incorrect, named (a peer's failure is no dropin's)."""
+    return ", ".join(p for p, r in providers.items() if r["correct"] is False)
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     """One summary per class, in the rows' order; sets each dropin row's `bars`."""
     by_class: dict[str, dict[str, dict[str, dict]]] = {}
@@ -87,8 +92,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "memory_judged": sum(r["bars"]["memory"] is not None for r in ours.values()),
             "below_speed_bar": [case for case, r in ours.items() if r["bars"]["speed"] is False],
             "over_memory_bar": [case for case, r in ours.items() if r["bars"]["memory"] is False],
-            "incorrect": [case for case, providers in cases.items()
-                          if any(r["correct"] is False for r in providers.values())]})
+            "incorrect": [f"{case} ({_failed(providers)})" for case, providers in cases.items() if _failed(providers)]})
     return summaries
 
 
