@@ -88,14 +88,8 @@ def skinny_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                + offs_k[None, :] * stride_bk)
     at_ptrs = (a_ptr + batch * stride_ab + offs_k[:, None] * stride_ak
                + (offs_m % M).to(tl.int64)[None, :] * stride_am)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k in range(k_first, k_last):
-        k_left = K - k * BLOCK_K
-        bt = tl.load(bt_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
-        at = tl.load(at_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
-        acc = dot_acc(acc, bt, at, PRECISION)
-        bt_ptrs += BLOCK_K * stride_bk
-        at_ptrs += BLOCK_K * stride_ak
+    acc = _mm_range(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), bt_ptrs, at_ptrs, k_first, k_last, K, stride_bk,
+                    stride_ak, PRECISION, BLOCK_K)[0]  # (B^T's tiles as the left operand)
     _store_tile(tl.trans(acc), c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N, HAS_BIAS, ACT, STORE_Z)
 
 
