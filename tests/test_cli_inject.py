@@ -206,6 +206,8 @@ def test_inject_pruned_llama_runs_sparse(capsys):
     (["resnet18", "--prune", "1.5"], "--prune 1.5: must be in [0, 1]"),
     (["llama", "--sparse", "-0.1"], "--sparse -0.1: must be in [0, 1]"),
     (["resnet18", "--processes", "3"], "--processes 3: must be at least 1, and more than 1 only with --bench"),
+    (["resnet18", "--providers", "dropin"], "--providers chooses the --bench rows: add --bench"),
+    (["llama", "--generate", "8", "--bench", "--providers", "dropin"], "--generate is a llama --bench option"),
     (["resnet18", "--generate", "8", "--bench"], "--generate is a llama --bench option"),
     (["llama", "--generate", "8"], "--generate is a llama --bench option"),
     (["llama", "--generate", "1", "--bench"], "--generate 1: at least 2 new tokens"),
@@ -287,3 +289,19 @@ def test_bench_rows_merged_over_processes():
     merged = merge_processes(runs[:2])
     assert merged[1]["median_ms"] == 1.1 and merged[1]["rel_err_vs_fp64"] == 2e-3
     assert abs(merged[1]["speedup_vs_original"] - 3.0 / 1.1) < 1e-12
+    # The later processes time the host-bound providers only: the others keep the first process's figures.
+    first = [row("original", 2.0), row("dropin_graph", 0.5), row("dropin", 1.0)]
+    merged = merge_processes([first, [row("original", 4.0), row("dropin", 1.4)], [row("original", 3.0)]])
+    assert [r["provider"] for r in merged] == ["original", "dropin_graph", "dropin"]
+    assert merged[1]["process_median_ms"] == [0.5] and merged[1]["speedup_vs_original"] == 6.0
+    assert merged[2]["process_median_ms"] == [1.0, 1.4] and merged[2]["median_ms"] == 1.2
+
+
+def test_providers_argument():
+    """--providers: names of PROVIDERS in its order, whatever order given; an unknown name is refused."""
+    from dropin.cli import build_parser
+
+    args = build_parser().parse_args(["inject", "resnet18", "--bench", "--providers", "dropin,original"])
+    assert args.providers == ("original", "dropin")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["inject", "resnet18", "--bench", "--providers", "dropin,eager"])

@@ -150,12 +150,14 @@ def _check_inject_args(args):
     if (args.json or args.csv) and not args.bench:
         return "--json and --csv write the --bench rows: add --bench"
     if args.generate is not None:
-        if args.model != "llama" or not args.bench or args.train or args.processes > 1:
-            return "--generate is a llama --bench option (inference, one process)"
+        if args.model != "llama" or not args.bench or args.train or args.processes > 1 or args.providers:
+            return "--generate is a llama --bench option (inference, one process, every provider)"
         if args.generate < 2:
             return f"--generate {args.generate}: at least 2 new tokens (the prefill's and one decoding step's)"
     elif args.batches and len(args.batches) > 1:
         return f"--batch {','.join(map(str, args.batches))}: several batch sizes only with --generate"
+    if args.providers and not args.bench:
+        return "--providers chooses the --bench rows: add --bench"
     if args.processes < 1 or args.processes > 1 and not args.bench:
         return f"--processes {args.processes}: must be at least 1, and more than 1 only with --bench"
     for flag in ("prune", "sparse"):
@@ -258,8 +260,11 @@ def _train(original, model, inputs, grad, reference) -> bool:
 
 
 def _bench_processes(args) -> list[list[dict]]:
-    """The bench rows of args.processes - 1 more runs of this command, each in a process of its own (the host's
-    speed varies from process to process: eager figures are medians over processes)."""
+    """The host-bound providers' bench rows (`models.HOST_BOUND`: eager) of args.processes - 1 more runs of this
+    command, each in a process of its own (the host's speed varies from process to process: eager figures are
+    medians over processes)."""
+    from dropin.bench.models import HOST_BOUND
+
     import json
     import subprocess
     import tempfile
@@ -271,8 +276,8 @@ def _bench_processes(args) -> list[list[dict]]:
         with tempfile.TemporaryDirectory() as tmp:
             path = f"{tmp}/rows.json"
             print(f"dropin inject: bench process {i + 2} of {args.processes}", file=sys.stderr)
-            subprocess.run([sys.executable, "-m", "dropin.cli", *argv, "--json", path], check=True,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run([sys.executable, "-m", "dropin.cli", *argv, "--json", path, "--providers",
+                            ",".join(HOST_BOUND)], check=True, stdout=subprocess.DEVNULL)
             with open(path) as f:
                 runs.append(json.load(f)["rows"])
     return runs
@@ -346,7 +351,7 @@ def _inject(args) -> int:
         cover, measured = models.coverage(original, model, inputs, report, grad)
         rows = models.bench_rows(args.model, original, model, inputs, grad=grad, reference=reference,
                                  dtype=args.dtype, batch=args.batch, cover=cover, warmup_ms=args.warmup,
-                                 rep_ms=args.rep)
+                                 rep_ms=args.rep, **({"providers": args.providers} if args.providers else {}))
         print(measured)
         if args.processes > 1:
             rows = models.merge_processes([rows, *_bench_processes(args)])
@@ -372,6 +377,17 @@ def _sizes(text: str) -> list[int]:
         return [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not an integer or a comma-separated list of integers")
+
+
+def _providers(text: str) -> tuple[str, ...]:
+    """A comma-separated list of `dropin.bench.models.PROVIDERS`, in that order."""
+    from dropin.bench.models import PROVIDERS
+
+    names = text.split(",")
+    unknown = [n for n in names if n not in PROVIDERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"'{text}': providers are a comma-separated list of {', '.join(PROVIDERS)}")
+    return tuple(p for p in PROVIDERS if p in names)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -436,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "tokens/s of original and injected, eager and reduce-overhead")
     inject.add_argument("--quiet", action="store_true", help="no progress lines on stderr (shown only where "
                         "stderr is a terminal)")
+    inject.add_argument("--providers", type=_providers, metavar="LIST",
+                        help="with --bench: time only these providers, comma-separated, e.g. original,dropin "
+                             "(default: all eight)")
     inject.add_argument("--processes", type=int, default=1, help="with --bench: run it in this many processes "
                         "and give the median of their medians, with the spread (default: %(default)s)")
     llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "

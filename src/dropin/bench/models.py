@@ -27,6 +27,10 @@ from . import harness
 
 PROVIDERS = ("original", "original_graph", "original_compile", "original_compile_ro",
              "dropin", "dropin_graph", "dropin_compile", "dropin_compile_ro")
+# The providers whose figures the host's speed sets (a Python launch per op), and which vary from process to
+# process: `dropin inject --processes N` times these in N processes, the others (CUDA-graph replays, compiled
+# code) in the first.
+HOST_BOUND = ("original", "dropin")
 
 
 def main_output(out) -> torch.Tensor:
@@ -151,14 +155,15 @@ def _provider_step(name: str, provider: str, model: nn.Module, inputs: tuple, gr
 
 def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tuple, *, grad: torch.Tensor | None,
                reference: tuple, dtype: str, batch: int, cover: dict, warmup_ms: float = 25,
-               rep_ms: float = 100, no_graph: str | None = None) -> list[dict]:
-    """One row per PROVIDERS entry (see the module docstring): a training step with upstream gradient `grad`, or
+               rep_ms: float = 100, no_graph: str | None = None, providers=PROVIDERS) -> list[dict]:
+    """One row per entry of `providers` (PROVIDERS' names and order, see the module docstring; speed-ups where
+    `original` is one): a training step with upstream gradient `grad`, or
     inference for None; errors against `reference` (float64_step's for the same grad). A provider that cannot run
     here gets a `note` (skipped) or an `error` (it raised) and the others still run. no_graph: why the model's
     forward cannot be captured in one plain CUDA graph (its `_graph` rows say so instead of running)."""
     models = {"original": original, "dropin": injected}
     rows = []
-    for provider in PROVIDERS:
+    for provider in providers:
         model = models[provider.split("_")[0]]
         row = {"model": name, "provider": provider, "mode": "inference" if grad is None else "train", "dtype": dtype,
                "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
@@ -187,8 +192,15 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
             row["graph_ms"], note = harness.graph_time(step)
             if note:
                 row["note"] = note
-        if rows[0]["median_ms"]:
-            row["speedup_vs_original"] = rows[0]["median_ms"] / row["median_ms"]
+    return _speedups(rows)
+
+
+def _speedups(rows: list[dict]) -> list[dict]:
+    """rows with speedup_vs_original set from the `original` row's median, where there is one."""
+    base = next((r["median_ms"] for r in rows if r["provider"] == "original"), None)
+    for row in rows:
+        if base and row["median_ms"]:
+            row["speedup_vs_original"] = base / row["median_ms"]
     return rows
 
 
@@ -207,15 +219,17 @@ def recommendation(rows: list[dict], tolerance: float) -> str:
 
 
 def merge_processes(runs: list[list[dict]]) -> list[dict]:
-    """The rows of several processes' bench_rows merged provider by provider: median_ms and graph_ms the median of
-    the processes' medians (their list in process_median_ms, the spread in spread_ms: [min, max]), min_ms / max_ms
-    the extremes, mean_ms the mean of the means, rel_err_vs_fp64 the worst, speed-ups from the merged medians; a
-    provider that failed in any process keeps that process's error or note."""
+    """The rows of several processes' bench_rows merged provider by provider (the first run's providers; each
+    provider's rows from the runs that have it): median_ms and graph_ms the median of the processes' medians
+    (their list in process_median_ms, the spread in spread_ms: [min, max]), min_ms / max_ms the extremes, mean_ms
+    the mean of the means, rel_err_vs_fp64 the worst, speed-ups from the merged medians; a provider that failed in
+    any process keeps that process's error or note."""
     import statistics
 
     merged = []
-    for same in zip(*runs):
-        row = dict(same[0])
+    for first in runs[0]:
+        same = [r for run in runs for r in run if r["provider"] == first["provider"]]
+        row = dict(first)
         timed = [r for r in same if r["median_ms"] is not None]
         if len(timed) < len(same):
             merged.append(next(r for r in same if r["median_ms"] is None))
@@ -228,10 +242,7 @@ def merge_processes(runs: list[list[dict]]) -> list[dict]:
                    graph_ms=statistics.median(graphs) if graphs else None,
                    rel_err_vs_fp64=max(r["rel_err_vs_fp64"] for r in timed))
         merged.append(row)
-    for row in merged:
-        if row["median_ms"] and merged[0]["median_ms"]:
-            row["speedup_vs_original"] = merged[0]["median_ms"] / row["median_ms"]
-    return merged
+    return _speedups(merged)
 
 
 # Table columns: (row key, heading, format, width).
