@@ -140,7 +140,8 @@ def holds_few_numbers(ref_op, leaves: dict, build=None) -> bool:
 
 
 def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtype=None, positive=False,
-          peer=None, upstream_contiguous=False, grad_layout="format", zero_grad_degree=None, autocast=None):
+          peer=None, upstream_contiguous=False, grad_layout="format", zero_grad_degree=None, autocast=None,
+          sources=None):
     """Checks op(*build(**leaves)) forward and, with backward, the gradient of every floating leaf not in
     `constant`.
 
@@ -159,6 +160,7 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     - positive: leaves and upstream gradients are made positive and at least 1/4, for results that are a sum or
       a product of a few numbers (a lone sum of random signs can cancel to ~0, a product of a few small ones
       underflow fp16 (seed 635607544: 3e-8), where any rounding is a large relative error, PyTorch's too).
+    - sources: the 2x rule's samples where fewer than the results' distinct values (`_tol.samples_2x`).
     - zero_grad_degree: a gradient that is 0 in exact arithmetic (its reference at most 1e-12 * scale, with
       scale = max |upstream gradient| * max |differentiated leaf| ** zero_grad_degree) must be rounding-small
       (at most the backward tolerance * scale), as no relative error applies.
@@ -190,7 +192,7 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     assert len(outs) == len(refs), f"{len(outs)} outputs, the reference has {len(refs)}"
     for i, (out, out_t, ref) in enumerate(zip(outs, outs_t, refs)):
         what = "forward" if len(outs) == 1 else f"forward output {i}"
-        assert_close(out, ref.to(out.device), dtype, "fwd", torch_out=out_t, what=what)
+        assert_close(out, ref.to(out.device), dtype, "fwd", torch_out=out_t, what=what, sources=sources)
         if out.dim() == 4 and out.numel() > 0:
             assert _channels_last(out) == _channels_last(out_t), f"{what}: memory format differs from torch's"
     if not backward:
@@ -220,7 +222,7 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
         if zero_grad_degree is not None and g_64.abs().max() <= 1e-12 * scale:
             assert g.abs().max() <= tolerance(dtype, "bwd") * scale, f"{what}: not ~0"
         else:
-            assert_close(g, g_64.to(g.device), dtype, "bwd", torch_out=g_t, what=what)
+            assert_close(g, g_64.to(g.device), dtype, "bwd", torch_out=g_t, what=what, sources=sources)
         if layouts.get(name):
             _assert_layout(layouts[name], what, g, g_t, leaves[name])
 

@@ -56,6 +56,32 @@ def test_two_x_rule_counts_distinct_reference_values():
             assert_close(out, ref, dtype, kind, torch_out=ref.to(dtype))
 
 
+def test_two_x_rule_counts_sources():
+    """Results that are all functions of fewer values than MIN_NUMEL_2X (`sources`: an MLP's hidden units) are
+    judged by the table alone, however many distinct values they hold."""
+    dtype, kind = torch.float32, "fwd"
+    ref = reference()
+    out = (ref * (1 + 0.8 * tolerance(dtype, kind))).to(dtype)
+    assert_close(out, ref, dtype, kind, torch_out=ref.to(dtype), sources=MIN_NUMEL_2X - 1)
+    with pytest.raises(AssertionError, match="worse than 2x PyTorch"):
+        assert_close(out, ref, dtype, kind, torch_out=ref.to(dtype), sources=MIN_NUMEL_2X)
+
+
+def test_ill_conditioned_bound_widens_on_few_samples():
+    """Where PyTorch's own error is over the tolerance, the bound is 2x it from MIN_NUMEL_2X samples on, and
+    2 sqrt(MIN_NUMEL_2X / n) x it on n: one repeated sum at 6x passes, at 12x fails; 64 distinct ones at 3x fail."""
+    dtype, kind = torch.float32, "fwd"
+    own = 3 * tolerance(dtype, kind)
+    for distinct, ratio, passes in ((1, 6, True), (1, 12, False), (64, 3, False), (64, 1.9, True)):
+        ref = torch.randn(distinct, dtype=torch.float64).abs().add(1).repeat(5)
+        torch_out, out = (ref * (1 + own)).to(dtype), (ref * (1 + ratio * own)).to(dtype)
+        if passes:
+            assert_close(out, ref, dtype, kind, torch_out=torch_out)
+        else:
+            with pytest.raises(AssertionError, match="PyTorch's own"):
+                assert_close(out, ref, dtype, kind, torch_out=torch_out)
+
+
 def test_two_x_rule_needs_a_finite_pytorch_result():
     """A PyTorch result with NaN where the reference is finite is no yardstick: only the table applies."""
     ref = reference()

@@ -78,8 +78,10 @@ def test_other_ranks(shape, training):
 def test_views_whose_spatial_dims_merge_otherwise(training):
     """Crops: a 4-D one, whose spatial dims stay two while the output's and the upstream gradient's merge into
     one, read through the spatial dims merged alike in every tensor; a 5-D one, whose three do not merge, read
-    from a contiguous copy."""
-    for x in (_x((2, 3, 7, 8))[..., 1:-1, 1:-1], _x((2, 3, 4, 5, 6))[..., 1:-1, 1:-1, 1:-1]):
+    from a contiguous copy; a dense 5-D one with its last two dims transposed, whose output takes its strides
+    (torch's empty_like), written through a copy in memory order."""
+    for x in (_x((2, 3, 7, 8))[..., 1:-1, 1:-1], _x((2, 3, 4, 5, 6))[..., 1:-1, 1:-1, 1:-1],
+              _x((2, 3, 4, 6, 5)).transpose(3, 4)):
         stats = _stats(3)
         check(_bn(ops.batch_norm, stats, training), _bn(F.batch_norm, stats, training), {"x": x, **_params(3)})
 

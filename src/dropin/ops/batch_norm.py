@@ -303,6 +303,17 @@ def _fwd_plan(x, w, b, rm, rv, y, training: bool, momentum: float, eps: float, s
     training statistics (training), the coefficients (updating rm and rv in training), y; copies: whether run
     reads x from a contiguous copy (`_layout`). Inference without stats: `_bn_eval_kernel` alone, center and invstd
     `absent` stand-ins."""
+    if len(merge_dims(y.shape[2:], y.stride()[2:])) > 2:
+        # y in x's strides, whose spatial dims do not merge into two (permuted, 3+ of them): written in x's
+        # memory format, then copied into y
+        staged, copies = _fwd_plan(x, w, b, rm, rv, _empty_like(x), training, momentum, eps, stats, traced)
+
+        def run_staged(x, w, b, rm, rv, y):
+            out = _empty_like(x)
+            saved = staged(x, w, b, rm, rv, out)
+            y.copy_(out)
+            return saved
+        return run_staged, copies
     (copies,), dims, (sx, sy) = _layout((x,), y)
     C = dims[1]
     if not (training or stats):
