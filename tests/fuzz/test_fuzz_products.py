@@ -180,10 +180,14 @@ def test_attention(dtype, case, seed):
     def bind(fn):
         return lambda q, k, v, attn_mask=None: fn(q, k, v, attn_mask=attn_mask, **kw)
 
-    def peer(*args, **kwargs):
+    def peer(q, k, v, attn_mask=None):
         """torch's output stored [B, Lq, H, E], as its flash and efficient kernels and dropin store it (its math
-        kernel's, which some cases take, is [B, H, Lq, E]: with a head dim of 1 the two differ in memory format)."""
-        o = bind(F.scaled_dot_product_attention)(*args, **kwargs)
+        kernel's, which some cases take, is [B, H, Lq, E]: with a head dim of 1 the two differ in memory format).
+        A float mask whose last dim is strided goes in as a contiguous copy: torch's efficient kernel refuses it
+        ("(*bias): last dimension must be contiguous"), and its rounding does not depend on the mask's layout."""
+        if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.stride(-1) != 1:
+            attn_mask = attn_mask.contiguous()
+        o = bind(F.scaled_dot_product_attention)(q, k, v, attn_mask)
         return o.transpose(1, 2).contiguous().transpose(1, 2) if o.dim() == 4 else o
     # a gradient 0 in exact arithmetic (a row that attends to one key) must be rounding-small; every result is a
     # function of the probabilities, whose rounding the 2x rule samples
