@@ -263,11 +263,11 @@ def _bench_processes(args) -> list[list[dict]]:
     """The host-bound providers' bench rows (`models.HOST_BOUND`: eager) of args.processes - 1 more runs of this
     command, each in a process of its own (the host's speed varies from process to process: eager figures are
     medians over processes)."""
-    from dropin.bench.models import HOST_BOUND
-
     import json
     import subprocess
     import tempfile
+
+    from dropin.bench.models import HOST_BOUND
 
     runs = []
     argv = [a for i, a in enumerate(args.argv) if a not in ("--json", "--csv", "--processes")
@@ -351,7 +351,7 @@ def _inject(args) -> int:
         cover, measured = models.coverage(original, model, inputs, report, grad)
         rows = models.bench_rows(args.model, original, model, inputs, grad=grad, reference=reference,
                                  dtype=args.dtype, batch=args.batch, cover=cover, warmup_ms=args.warmup,
-                                 rep_ms=args.rep, **({"providers": args.providers} if args.providers else {}))
+                                 rep_ms=args.rep, providers=args.providers or models.PROVIDERS)
         print(measured)
         if args.processes > 1:
             rows = models.merge_processes([rows, *_bench_processes(args)])
@@ -385,7 +385,7 @@ def _providers(text: str) -> tuple[str, ...]:
 
     names = text.split(",")
     unknown = [n for n in names if n not in PROVIDERS]
-    if unknown or not names:
+    if unknown:
         raise argparse.ArgumentTypeError(f"'{text}': providers are a comma-separated list of {', '.join(PROVIDERS)}")
     return tuple(p for p in PROVIDERS if p in names)
 

@@ -134,15 +134,15 @@ def rows_or_copy(x: torch.Tensor, n_last: int):
 
 
 @triton.jit
-def row_offsets(rows, cols, M1, s0, s1, sn):
-    """Offsets of elements cols of rows r = i0 * M1 + i1 (int64) of a strided M0 x M1 batch of rows."""
-    return ((rows // M1) * s0 + (rows % M1) * s1)[:, None] + cols.to(tl.int64)[None, :] * sn
-
-
-@triton.jit
 def row_start(row, M1, s0, s1):
     """Offset of row r = i0 * M1 + i1 (int64) of a strided M0 x M1 batch of rows."""
     return (row // M1) * s0 + (row % M1) * s1
+
+
+@triton.jit
+def row_offsets(rows, cols, M1, s0, s1, sn):
+    """Offsets of elements cols of rows r = i0 * M1 + i1 (int64) of a strided M0 x M1 batch of rows."""
+    return row_start(rows, M1, s0, s1)[:, None] + cols.to(tl.int64)[None, :] * sn
 
 
 MAX_ROW = 65536  # the longest row that `row_config`'s kernels hold whole; longer rows loop (`chunk_config`)
