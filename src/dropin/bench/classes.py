@@ -92,7 +92,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "memory_judged": sum(r["bars"]["memory"] is not None for r in ours.values()),
             "below_speed_bar": [case for case, r in ours.items() if r["bars"]["speed"] is False],
             "over_memory_bar": [case for case, r in ours.items() if r["bars"]["memory"] is False],
-            "incorrect": [f"{case} ({_failed(providers)})" for case, providers in cases.items() if _failed(providers)]})
+            "incorrect": [f"{case} ({failed})" for case, providers in cases.items() if (failed := _failed(providers))]})
     return summaries
 
 
