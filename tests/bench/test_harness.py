@@ -223,6 +223,21 @@ def test_run_suite_table_and_files(tmp_path, capsys):
     assert len(lines) == 4 and ROW_KEYS | {"speedup_vs_torch"} <= lines[0].keys()
 
 
+def test_update_replaces_the_cases_it_ran(tmp_path):
+    """A suite measured in parts (--update): each run's cases replace their rows in the result file, in place;
+    the other rows stay; env lists each part; results of another GPU or version do not merge."""
+    harness.run_suite("demo", [mm_case("a"), mm_case("b")], results_dir=tmp_path, command="part 1", rep_ms=1)
+    again = dict(dropin=torch.matmul, torch=torch.matmul, peer=torch.matmul)  # (tells the parts' rows apart)
+    result = harness.run_suite("demo", [mm_case("b", **again), mm_case("c", **again)], results_dir=tmp_path,
+                               command="part 2", rep_ms=1, update=True)
+    saved = json.loads((tmp_path / _runtime.gpu_slug() / "demo.json").read_text())
+    assert [(r["case"], r["provider"]) for r in saved["rows"]] == [
+        ("a", "dropin"), ("a", "torch"), *((case, p) for case in "bc" for p in ("dropin", "torch", "peer"))]
+    assert [p["command"] for p in saved["env"]["parts"]] == ["part 1", "part 2"]
+    with pytest.raises(ValueError, match="cannot merge"):
+        harness.merged(saved, dict(result, env=dict(result["env"], gpu="another GPU")))
+
+
 def test_no_save_writes_nothing(tmp_path):
     harness.run_suite("demo", [mm_case()], results_dir=tmp_path, save=False, rep_ms=1)
     assert not any(tmp_path.iterdir())

@@ -364,6 +364,8 @@ REGISTERED = {  # id: (x shape, w shape, stride, padding (top, bottom, left, rig
                   {"fwd": {"walk"}, "wgrad": {"walk"}}),
     "tma-fp16": ((1, 16, 4, 6), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, FP16, "tma",
                  {"fwd": {"tma"}, "wgrad": {"tma"}}),
+    "tma-staged-fp16": ((1, 16, 4, 6), (16, 16, 3, 2), (1, 1), (1, 1, 1, 0), (1, 1), 1, FP16, "tma-nchw",
+                        {"fwd": {"tma-staged"}, "dgrad": {"gemm"}, "wgrad": {"gemm"}}),
 }
 
 
@@ -384,12 +386,12 @@ def test_registered_ops(case, monkeypatch):
         return cfg
 
     monkeypatch.setattr(_autotune, "pick", pick)
-    monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: layout == "tma")
+    monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: layout.startswith("tma"))
     cv._plans.clear()
     x, w = randn(*x_shape, dtype=dtype), randn(*w_shape, dtype=dtype)
     if layout == "strided":
         x = randn(*x_shape[:-1], 2 * x_shape[-1], dtype=dtype)[..., ::2]
-    elif layout != "nchw":
+    elif layout not in ("nchw", "tma-nchw"):
         x = x.contiguous(memory_format=torch.channels_last)
         w = w.contiguous(memory_format=torch.channels_last) if layout == "tma" else w
     geometry = (list(stride), list(pads), list(dilation), groups)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import _check
 import dropin
 from _conv2d import check, dropin_conv, leaves, randn, torch_conv
-from _tol import DEVICE, DTYPES, assert_close, gpu, slow
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, slow
 
 from dropin import _runtime
 from dropin.ops import _autotune
@@ -265,6 +265,52 @@ def test_direct_kernel_needs_int32_offsets():
     small = torch.empty((2, 8, 5, 5), device="meta")
     huge = torch.empty((2, 8, 5, 5), device="meta").as_strided((2, 8, 5, 5), (2**33, 1, 2**29, 8))
     assert depthwise.direct_fits(small, small) and not depthwise.direct_fits(small, huge)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last-tf32"])
+def test_staged_tma_forward(layout, allow_tf32, monkeypatch):
+    """The TMA forward over channels_last copies (tma.staged_fwd_launcher), forced on any device (the interpreter
+    runs it on the CPU): x in NCHW with an NCHW weight, stride and dilation, bias, residual and activation, the
+    last and the first staged config the plans offer; and on the GPU with TF32 allowed, where it takes channels_last x too and rounds both
+    copies (the tf32 tolerance, the 2x rule against cuDNN's TF32). A parameter's rounded weight is copied once
+    per version of its data."""
+    tf32 = layout.endswith("tf32")
+    if tf32 and not ON_GPU:
+        pytest.skip("tf32 runs on the GPU only (the interpreter takes true fp32)")
+    torch.backends.cudnn.allow_tf32 = tf32
+    allow_tf32(tf32)
+    monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: True)
+    made = []
+    real_derived = tma.derived
+    monkeypatch.setattr(tma, "derived", lambda w, kind, make, traced: real_derived(
+        w, kind, lambda w: made.append(kind) or make(w), traced))
+    offered = []
+
+    def pick(name, key, candidates, prepare, **timing):  # the last staged config, then the first (a shape each)
+        staged = [c for c in candidates if c["KERNEL"] == "tma-staged"]
+        offered.append(len(staged))
+        return staged[-(len(offered) % 2)]
+
+    monkeypatch.setattr(_autotune, "pick", pick)
+    cv._plans.clear()
+    for x_shape, kw in (((2, 32, 9, 11), dict(padding=(1, 2), dilation=(1, 2))),
+                        ((1, 64, 10, 12), dict(stride=2, padding=1))):
+        x = torch.randn(x_shape, device=DEVICE)
+        x = x.contiguous(memory_format=torch.channels_last) if tf32 else x
+        w = torch.nn.Parameter(torch.randn(24, x_shape[1], 3, 2, device=DEVICE) / (6 * x_shape[1]) ** 0.5,
+                               requires_grad=False)
+        b = torch.randn(24, device=DEVICE)
+        r = torch.randn(F.conv2d(x, w, **kw).shape, device=DEVICE)
+        ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), **kw) + r.double())
+        for _ in range(2):  # (the second call runs the plan the first made)
+            with torch.no_grad():
+                out = dropin.conv2d(x, w, b, activation="relu", residual=r, **kw)
+            assert_close(out, ref, torch.float32, "fwd", torch_out=F.relu(F.conv2d(x, w, b, **kw) + r),
+                         what=f"{layout} {x_shape} {kw}")
+            assert out.is_contiguous() == (not tf32)  # in x's layout
+    cv._plans.clear()
+    assert len(offered) == 2 and min(offered) > 0, "the plan offered no staged TMA config"
+    assert made == ["tma-tf32" if tf32 else "tma"] * 2  # once per weight, not per call
 
 
 @pytest.mark.parametrize("kw", [dict(padding=1), dict(padding="same", dilation=2), dict(padding=(0, 2)),

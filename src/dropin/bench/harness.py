@@ -536,13 +536,37 @@ def write_plot(path: str | Path, rows: list[dict], title: str) -> Path:
     return path
 
 
+def merged(old: dict, new: dict) -> dict:
+    """`new`'s rows in place of `old`'s rows of the same cases, `old`'s other rows kept (in old's order, new
+    cases last): a suite measured in parts, one call each. env is new's, with "parts" listing each part's command
+    and date. Only results of one GPU, torch and Triton merge (ValueError otherwise)."""
+    keys = ("gpu", "torch", "triton", "suite")
+    if any(old["env"].get(k) != new["env"].get(k) for k in keys):
+        raise ValueError("cannot merge results of different runs' " + "/".join(keys) + ": "
+                         + ", ".join(f"{old['env'].get(k)} vs {new['env'].get(k)}" for k in keys))
+    fresh = _by_case(new["rows"])
+    rows, placed = [], set()
+    for r in old["rows"]:
+        if r["case"] not in fresh:
+            rows.append(r)
+        elif r["case"] not in placed:
+            placed.add(r["case"])
+            rows.extend(fresh[r["case"]])
+    rows.extend(r for r in new["rows"] if r["case"] not in placed)
+    part = lambda env: {"command": env["command"], "date": env["date"]}
+    env = dict(new["env"], parts=old["env"].get("parts", [part(old["env"])]) + [part(new["env"])])
+    return {"env": env, "rows": rows}
+
+
 def run_suite(suite: str, cases: list[Case], *, results_dir: str | Path = "benchmarks/results",
               save: bool = True, json_path=None, csv_path=None, plot: bool = False, command: str | None = None,
-              warmup_ms: float = 25, rep_ms: float = 100) -> dict:
-    """Measures ceilings, runs the cases, prints the table to stdout and writes the requested files.
+              warmup_ms: float = 25, rep_ms: float = 100, update: bool = False) -> dict:
+    """Measures ceilings, runs the cases, prints the table to stdout and writes the requested files; with
+    `update`, the files hold the suite's result file (RESULTS_DIR/<gpu>/<suite>.json) with these cases' rows
+    replaced (`merged`).
 
-    Returns {"env": ..., "rows": [...]}, with "classes" (classes.summarize) where the cases have classes;
-    `failed_cases(result["rows"])` lists the failures."""
+    Returns {"env": ..., "rows": [...]} as written, with "classes" (classes.summarize) where the cases have
+    classes; `failed_cases(result["rows"])` lists the failures."""
     if _runtime.INTERPRET:
         print(f"[{suite}] running under the Triton interpreter (no GPU): small cases, CPU timings",
               file=sys.stderr)
@@ -550,10 +574,12 @@ def run_suite(suite: str, cases: list[Case], *, results_dir: str | Path = "bench
     env = environment(suite, command or " ".join(sys.argv), ceilings)
     result = {"env": env, "rows": run_cases(cases, ceilings, warmup_ms, rep_ms, label=suite)}
     print(format_table(result["rows"], env), flush=True)
+    default = Path(results_dir) / _runtime.gpu_slug() / f"{suite}.json"
+    if update and default.exists():
+        result = merged(json.loads(default.read_text()), result)
     if any(r["class"] for r in result["rows"]):
         result["classes"] = classes.summarize(result["rows"])
         print(classes.format_summary(result["classes"]), flush=True)
-    default = Path(results_dir) / _runtime.gpu_slug() / f"{suite}.json"
     written = []
     if save:
         written.append(write_json(default, result))

@@ -1,5 +1,5 @@
 """What the products of several op families share (matmul, conv2d, attention, swiglu): the Triton tile helpers
-(`dot`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`) and the host-side rules (`precision`, `max_k`,
+(`dot`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`, `operand_copy_kernel`) and the host-side rules (`precision`, `max_k`,
 `fits`, `autocast`, `check_operands`). Callers reach the host-side rules through the module (`_gemm.precision`),
 so that a test patching one reaches every op."""
 from typing import Optional
@@ -56,6 +56,23 @@ def round_tf32(x):
     largest finite values (which the add would carry out of range) are left to the truncation."""
     bits = x.to(tl.int32, bitcast=True) + 0x1000
     return tl.where(tl.abs(x) < 3.0e38, bits.to(tl.float32, bitcast=True), x)
+
+
+@triton.jit
+def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc,
+                        ROUND_TF32: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """y = x, [batch, R, C] in any strides each (an operand laid out as the MMAs read it); with ROUND_TF32 (fp32)
+    rounded to tf32 exactly (round_tf32, the low 13 bits cleared): operands that the tf32 MMAs' truncation leaves
+    unchanged. Grid (tiles, batch)."""
+    batch = tl.program_id(1).to(tl.int64)
+    num_c = tl.cdiv(C, BLOCK_C)
+    offs_r = (tl.program_id(0) // num_c).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = (tl.program_id(0) % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
+    x = tl.load(x_ptr + batch * sxb + offs_r[:, None] * sxr + offs_c[None, :] * sxc, mask=mask)
+    if ROUND_TF32:
+        x = (round_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    tl.store(y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc, x, mask=mask)
 
 
 @triton.jit

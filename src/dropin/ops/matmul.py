@@ -20,8 +20,7 @@ from . import _autotune, _gemm
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op,
                         writing)
 from .activations import activation_ref, check_activation
-from .matmul_kernels import (act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel,
-                             tf32_copy_kernel)
+from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel
 
 
 # --- 1. References ----------------------------------------------------------------------------------
@@ -127,7 +126,7 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
     signature's plan, run(a, b, c, bias, z)."""
     K = a.shape[2]
     precision = _gemm.precision(a.dtype, k=K)
-    if precision == "tf32" and K > 0:
+    if precision == "tf32" and K > 0 and _tf32_copies_pay(a.shape[1], b.shape[2]):
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)
         a, b, precision = _tf32_operand(a, 2, traced), _tf32_operand(b, 1, traced), "tf32_rounded"
@@ -217,7 +216,7 @@ class ProductShortcut(Differentiable):
             return None
         save_preact = activation != "none" and any(needs)
         mm = _mm_shortcut(*operands[:2], c, operands[2] if len(operands) > 2 else None, activation, save_preact)
-        if mm is None or _gemm.precision(c.dtype) == "tf32":
+        if mm is None:
             return None
         return ProductShortcut(operands, needs, c, out, activation, to_given, from_out, mm)
 
@@ -288,13 +287,24 @@ class ProductShortcut(Differentiable):
         return run
 
 
+def _tf32_copies_pay(M, N) -> bool:
+    """Whether a tf32 product of M x N outputs copies its operands rounded (`_tf32_operand`) rather than rounding
+    every tile in the kernel. The copies move 8 (MK + KN) bytes (~3.5 TB/s), and save about 1.5 of the product's
+    2MNK FLOPs at tf32's ~370 TFLOP/s (tiles rounded in registers run at 0.38x cuBLAS, copied ones at 0.82x): they
+    pay where 1/M + 1/N < 1/300. Below that (few rows, small batched products) the product is bound by memory or
+    launches, where the rounding in registers is free and a copy doubles the traffic."""
+    M, N = _runtime.size_hint(M), _runtime.size_hint(N)
+    return M > 0 and N > 0 and 300 * (M + N) < M * N
+
+
 def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Tensor:
     """A copy of t [batch, R, C] rounded to tf32, with dimension k_dim (1 or 2) contiguous."""
     batch, R, C = t.shape
     y = t.new_empty((batch, R, C)) if k_dim == 2 else torch.empty_strided((batch, R, C), (R * C, 1, R),
                                                                          device=t.device, dtype=t.dtype)
     grid = (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch)
-    launch(tf32_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), BLOCK_R=64, BLOCK_C=64, traced=traced)
+    launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), ROUND_TF32=True, BLOCK_R=64, BLOCK_C=64,
+           traced=traced)
     return y
 
 

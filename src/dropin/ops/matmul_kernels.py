@@ -144,21 +144,6 @@ def fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
 
 
 @triton.jit
-def tf32_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc,
-                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """y = x rounded to tf32 (exactly: the low 13 bits cleared), [batch, R, C] in any strides each; grid
-    (tiles, batch). One pass gives the tf32 MMAs operands that their truncation leaves unchanged."""
-    batch = tl.program_id(1).to(tl.int64)
-    num_c = tl.cdiv(C, BLOCK_C)
-    offs_r = (tl.program_id(0) // num_c).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = (tl.program_id(0) % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
-    x = tl.load(x_ptr + batch * sxb + offs_r[:, None] * sxr + offs_c[None, :] * sxc, mask=mask)
-    y = (round_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-    tl.store(y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc, y, mask=mask)
-
-
-@triton.jit
 def split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
                       SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
                       BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):

@@ -6,7 +6,8 @@ kernel families that take the problem, lets the tuner pick one (`planning.pick`)
   fewer than 16 channels a group);
 - `depthwise`: one input channel per group, direct kernels with fp32 FMAs, and walks down the rows for a 3x3;
 - `tma`: Hopper, one group, x and w dense channels_last, tensor descriptors (the input gradient of a stride-1
-  conv as its forward over dz).
+  conv as its forward over dz); the forward also over channels_last copies of x and w, rounded where tf32 is
+  used (NCHW x, tf32).
 The activation's and the bias's gradients are one kernel here (`_conv_act_grad_kernel`, per-tile column sums).
 float32 follows torch's rule for convolutions: tf32 when `torch.backends.cudnn.allow_tf32` (torch's default:
 True) is set, otherwise true fp32 as tf32x3 (`planning.precision`).
@@ -126,6 +127,9 @@ def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int
             kernel = cfg.pop("KERNEL")
             if kernel == "tma":
                 return tma.fwd_launcher(cfg, dims, x, y, r, stride, padding, dilation, precision, epilogue, traced)
+            if kernel == "tma-staged":
+                return tma.staged_fwd_launcher(cfg, dims, x, y, r, stride, padding, dilation, precision, epilogue,
+                                               traced)
             if kernel == "walk":
                 return depthwise.walk_fwd_launcher(cfg, dims, x, y, r, stride, padding, groups, epilogue, traced)
             if kernel == "direct":
@@ -140,11 +144,13 @@ def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int
         configs = depthwise.candidates(depthwise.FWD_CONFIGS, gemm, direct, OH, OW, COUT_G * groups,
                                        depthwise.WALK_FWD_CONFIGS if walk else ())
         tma_configs = tma.fwd_configs(x, w, stride, groups, traced)
-        configs = tma_configs + configs
+        tma_staged = tma.staged_fwd_configs(x, w, stride, groups, precision, traced)
+        configs = (tma_staged + tma_configs if precision == "tf32" else tma_configs + tma_staged) + configs
         # one channel per group is told apart from 2-15 (same bucket): only there is the direct kernel a candidate
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, rows, residual is not None,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *depthwise.direct_tag(direct, OH, OW),
-                *(("tma",) if tma_configs else ()), *(("walk",) if walk else ()))
+                *(("tma",) if tma_configs else ()), *(("tma-staged",) if tma_staged else ()),
+                *(("walk",) if walk else ()))
         return planning.pick("conv2d", tkey, configs, launcher, tensors)
 
     return plan(_plans, key, make, traced), tensors

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from ... import _runtime
 from .. import _gemm
-from .._dispatch import Launch, aligned
+from .._dispatch import Launch, aligned, launch
 from .._gemm import ACC_K, dot_acc
 from .planning import WORKSPACE, conv_meta, geometry_meta, spatial_tiles, staged
 from .tiles import epilogue
@@ -177,18 +177,40 @@ def flipped(w: torch.Tensor, traced: bool) -> torch.Tensor:
                    traced)
 
 
-def fwd_configs(x, w, stride, groups: int, traced: bool) -> list:
-    """_conv_fwd_tma_kernel's candidates for this forward, none where it does not apply. It takes: Hopper, one
-    group, at least 16 channels, x and w dense channels_last with 16-byte aligned pointers and channel rows,
-    strides dividing H and W (its view of x by stride phase), and with a column stride over 1 only channel
-    blocks that divide C (a box never reaches into the next phase's channels)."""
+def _fwd_fits(x, stride, groups: int) -> bool:
+    """Whether the TMA forward takes x's problem once x and w are dense channels_last: Hopper, one group, at least
+    16 channels in 16-byte rows, strides dividing H and W (its view of x by stride phase)."""
     size, C, H, W = x.element_size(), *x.shape[1:]
-    if not (_runtime.is_hopper(x.device.index or 0) and groups == 1 and C >= 16 and C * size % 16 == 0
-            and H % stride[0] == 0 and W % stride[1] == 0
+    return (_runtime.is_hopper(x.device.index or 0) and groups == 1 and C >= 16 and C * size % 16 == 0
+            and H % stride[0] == 0 and W % stride[1] == 0)
+
+
+def _fwd_tiles(x, stride, kernel: str) -> list:
+    """FWD_CONFIGS as `kernel`'s candidates: with a column stride over 1 only channel blocks that divide C (a box
+    never reaches into the next phase's channels), stages cut to the shared memory."""
+    size, C = x.element_size(), x.shape[1]
+    return staged([dict(c, KERNEL=kernel) for c in FWD_CONFIGS if stride[1] == 1 or C % c["BLOCK_K"] == 0],
+                  lambda c: (c["TH"] * c["TW"] + c["BLOCK_N"]) * c["BLOCK_K"] * size)
+
+
+def fwd_configs(x, w, stride, groups: int, traced: bool) -> list:
+    """_conv_fwd_tma_kernel's candidates for this forward, none where it does not apply (`_fwd_fits`, and x and w
+    dense channels_last with 16-byte aligned pointers)."""
+    if not (_fwd_fits(x, stride, groups)
             and all(t.is_contiguous(memory_format=torch.channels_last) and aligned(t, traced) for t in (x, w))):
         return []
-    return staged([dict(c, KERNEL="tma") for c in FWD_CONFIGS if stride[1] == 1 or C % c["BLOCK_K"] == 0],
-                  lambda c: (c["TH"] * c["TW"] + c["BLOCK_N"]) * c["BLOCK_K"] * size)
+    return _fwd_tiles(x, stride, "tma")
+
+
+def staged_fwd_configs(x, w, stride, groups: int, precision: str, traced: bool) -> list:
+    """The candidates of the TMA forward over channels_last copies of x and w (`staged_fwd_launcher`), where the
+    direct one does not apply or takes tf32 (rounding every tile in registers, where a copy rounds once): x with
+    its rows dense (H and W merge: NCHW, channels_last) that `_fwd_fits`, whose copy fits in WORKSPACE."""
+    if not _fwd_fits(x, stride, groups) or x.shape[2] > 1 and x.stride(2) != x.shape[3] * x.stride(3) or (
+            precision != "tf32" and fwd_configs(x, w, stride, groups, traced)) or (
+            _runtime.size_hint(x.numel()) * x.element_size() > WORKSPACE):
+        return []
+    return _fwd_tiles(x, stride, "tma-staged")
 
 
 def wgrad_configs(dz, x, stride, groups: int, precision: str, traced: bool) -> list:
@@ -230,6 +252,43 @@ def fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, dilation, pre
     launch = Launch(_conv_fwd_tma_kernel, (programs,), meta, scratch=True, traced=traced)
     scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride(), programs)
     return lambda *tensors: launch(*tensors, *scalars)
+
+
+def staged_fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, dilation, precision: str,
+                        epilogue_meta: dict, traced: bool):
+    """The TMA forward over a dense channels_last copy of x and one of w (`staged_weight`), both rounded to tf32
+    where precision is "tf32" (the MMAs read them as they are): run(x, w, y, bias, z, r), cfg as fwd_launcher's."""
+    N, C, H, W = x.shape
+    rounded = precision == "tf32"
+    forward = fwd_launcher(cfg, dims, x, y, r, stride, padding, dilation, "tf32_rounded" if rounded else precision,
+                           epilogue_meta, traced)
+    copy = Launch(_gemm.operand_copy_kernel, (_runtime.cdiv(C, 64) * _runtime.cdiv(H * W, 64), N),
+                  dict(ROUND_TF32=rounded, BLOCK_R=64, BLOCK_C=64), traced=traced)
+    strides = (x.stride(0), x.stride(1), x.stride(3), H * W * C, 1, C)  # [N, C, H * W] views of x and the copy
+
+    def run(x, w, y, bias, z, r):
+        staged_x = torch.empty_strided((N, C, H, W), (H * W * C, 1, W * C, C), dtype=x.dtype, device=x.device)
+        copy(x, staged_x, C, H * W, *strides)
+        forward(staged_x, staged_weight(w, rounded, traced), y, bias, z, r)
+    return run
+
+
+def staged_weight(w: torch.Tensor, rounded: bool, traced: bool) -> torch.Tensor:
+    """w as the staged TMA forward reads it: dense channels_last, rounded to tf32 where `rounded` (`derived`: kept
+    per version of a parameter's data)."""
+    if not rounded and w.is_contiguous(memory_format=torch.channels_last):
+        return w
+
+    def make(w):
+        w = w.contiguous(memory_format=torch.channels_last)
+        if not rounded:
+            return w
+        rows, cols = w.shape[0], w[0].numel()  # (channels_last rows: [COUT, KH * KW * C])
+        out = torch.empty_like(w)
+        launch(_gemm.operand_copy_kernel, (_runtime.cdiv(rows, 64) * _runtime.cdiv(cols, 64), 1), w, out, rows, cols,
+               0, cols, 1, 0, cols, 1, ROUND_TF32=True, BLOCK_R=64, BLOCK_C=64, traced=traced)
+        return out
+    return derived(w, "tma-tf32" if rounded else "tma", make, traced)
 
 
 def wgrad_launcher(cfg: dict, dims: tuple, x, stride, padding, dilation, precision: str, traced: bool):
