@@ -5,7 +5,7 @@ split-K sum (sparse's too), the tf32 operand copy and the activation / bias grad
 import triton
 import triton.language as tl
 
-from ._gemm import ACC_K, dot_acc, round_tf32, split_range, tile_coords
+from ._gemm import ACC_K, dot_acc, split_range, tile_coords
 from .activations import activation_grad, apply_activation
 
 
