@@ -568,9 +568,12 @@ MM_OPS = [  # (id, batch, m, k, n, dtype, layout, bias, activation, save_preact,
 def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_preact, path, allow_tf32,
                        monkeypatch):
     """Schema, fake and dynamic-shape tracing of dropin::mm (what torch.compile sees) in each kernel family:
-    pointer (strided and broadcast operands), CUDA-core (one row), tf32 operand copies, TMA (offered as on
-    Hopper: under the interpreter its descriptors are emulated), split K (forced)."""
-    allow_tf32(path == "tf32")
+    pointer (strided and broadcast operands), CUDA-core (one row), tf32 rounded in the kernel and through operand
+    copies (forced: small products round in the kernel), TMA (offered as on Hopper: under the interpreter its
+    descriptors are emulated), split K (forced)."""
+    allow_tf32(str(path).startswith("tf32"))
+    if path == "tf32-copies":
+        monkeypatch.setattr(_mm_module, "_tf32_copies_pay", lambda M, N: True)
     if path == "tma":
         monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
     if path == "splitk":
@@ -582,6 +585,31 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
     a, b = _mm_operands(batch, m, k, n, dtype, layout)
     _check.opcheck(torch.ops.dropin.mm.default, a, b, randn(n, dtype=dtype) if bias else None, activation,
                    save_preact)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_deep_split_k(dtype, monkeypatch):
+    """A product with fewer tiles than SMs and a long K offers K split over about two programs per SM
+    (`_deep_split_configs`, more splits than the fixed configs); forced, each matches float64 (fp32 partials
+    summed by split_sum_kernel's loop over the splits) with bias and activation. None for a product that fills
+    the SMs or has a short K."""
+    monkeypatch.setattr(_mm_module._runtime, "num_sms", lambda index=0: 64)
+    M, K, N = 5, 8192 + 40, 24
+    size, max_k = dtype.itemsize, _gemm.max_k(_gemm.precision(dtype, k=K), dtype.itemsize)
+    deep = _mm_module._deep_split_configs(1, M, N, K, size, max_k, 0)
+    assert deep and all(c["SPLIT_K"] > 8 and c["KERNEL"] == "ptr" for c in deep)
+    assert not _mm_module._deep_split_configs(1, M, N, 1024, size, max_k, 0)
+    assert not _mm_module._deep_split_configs(64, 512, 512, K, size, max_k, 0)
+    a, b, bias = randn(M, K, dtype=dtype), randn(K, N, dtype=dtype), randn(N, dtype=dtype)
+    ref = F.gelu(a.double() @ b.double() + bias.double())
+    for cfg in deep:
+        monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare, **timing: cfg)
+        _mm_module._plans.clear()
+        try:
+            out = dropin.linear(a, b.T, bias, activation="gelu")
+        finally:
+            _mm_module._plans.clear()
+        assert_close(out, ref, dtype, "fwd", torch_out=F.gelu(a @ b + bias), what=f"{cfg}")
 
 
 @pytest.mark.parametrize("activation,z,bias_grad,rows", [

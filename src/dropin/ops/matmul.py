@@ -67,6 +67,9 @@ _PTR_CONFIGS = {
         _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2), _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4),
         _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
+# Bases of the deep K splits (`_deep_split_configs`): few rows, and full tiles, each operand size.
+_DEEP_SPLIT_BASES = {2: [_cfg(16, 64, 128, 4, 4), _cfg(128, 128, 64, 8, 3)],
+                     4: [_cfg(16, 64, 64, 4, 3), _cfg(128, 128, 32, 8, 3)]}
 # The few-rows kernel, 16-bit operands, M <= 16 (decoding): B streams through 64-column tiles. The first config
 # (untimed plans take it: torch.compile, capture) keeps four 32 KB tiles of B in flight per program, no K split: the
 # fastest at M = 1 and 8, K = 4096 and 11008 on an H200 (perf-notes, "Decoding: the skinny products").
@@ -303,9 +306,23 @@ def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Te
     y = t.new_empty((batch, R, C)) if k_dim == 2 else torch.empty_strided((batch, R, C), (R * C, 1, R),
                                                                          device=t.device, dtype=t.dtype)
     grid = (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch)
-    launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), ROUND_TF32=True, BLOCK_R=64, BLOCK_C=64,
-           traced=traced)
+    launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), ROUND_TF32=True, BLOCK_R=64,
+           BLOCK_C=64, traced=traced)
     return y
+
+
+def _deep_split_configs(batch, M, N, K, size: int, max_k: int, device_index: int) -> list:
+    """Pointer-kernel candidates for a product with fewer tiles than SMs and a long K (16 x 2^20 @ 2^20 x 16, 1024
+    x 65536 @ 65536 x 1024): K split so that about two programs run per SM, each over at least 8 K tiles, where that
+    is more than the fixed configs' 4-8 splits; their fp32 partials (at most 64 MiB) summed by split_sum_kernel."""
+    batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
+    sms, out = _runtime.num_sms(device_index), []
+    for cfg in _gemm.fits(_DEEP_SPLIT_BASES[min(size, 4)], M, N, K, max_k):
+        tiles = batch * _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
+        splits = min(2 * sms // tiles, K // (8 * cfg["BLOCK_K"]))
+        if splits > 8 and splits * batch * M * N * 4 <= 64 << 20:
+            out.append(dict(cfg, KERNEL="ptr", SPLIT_K=splits))
+    return out
 
 
 def _skinny_configs(N, K) -> list:
@@ -333,6 +350,8 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     configs = [dict(cfg, KERNEL="tma") for cfg in _gemm.fits(_TMA_CONFIGS[size], M, N, K, max_k, 64)] if tma else []
     if ptr:
         configs += [dict(cfg, KERNEL="ptr") for cfg in _gemm.fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]
+    deep = _deep_split_configs(batch, M, N, K, size, max_k, a.device.index or 0) if tuned else []
+    configs += deep
     if M == 1 and tuned:
         configs = [dict(cfg, KERNEL="fma") for cfg in _gemm.fits(_FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
     elif N <= 16 and tuned:
@@ -381,6 +400,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
 
     key = ("mm", a.dtype, precision, tma, ptr, M == 1, N <= 16, a.stride(2) != 1, b.stride(2) != 1)
     key += tuple(map(_autotune.bucket, (batch, M, N, K))) + (("skinny",) if skinny else ())
+    key += ("deep",) if deep else ()
     args = (a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z)
 
     def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path

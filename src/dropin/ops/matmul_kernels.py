@@ -153,7 +153,7 @@ def split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
     offs = offs_r[:, None] * N + offs_n[None, :]
     mask = (offs_r[:, None] < R) & (offs_n[None, :] < N)
     acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
+    for s in range(SPLITS):
         acc += tl.load(w_ptr + s * R * N + offs, mask=mask, other=0.0)
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
     if STORE_Z:
