@@ -271,9 +271,9 @@ def test_direct_kernel_needs_int32_offsets():
 def test_staged_tma_forward(layout, allow_tf32, monkeypatch):
     """The TMA forward over channels_last copies (tma.staged_fwd_launcher), forced on any device (the interpreter
     runs it on the CPU): x in NCHW with an NCHW weight, stride and dilation, bias, residual and activation, the
-    last and the first staged config the plans offer; and on the GPU with TF32 allowed, where it takes channels_last x too and rounds both
-    copies (the tf32 tolerance, the 2x rule against cuDNN's TF32). A parameter's rounded weight is copied once
-    per version of its data."""
+    last and the first staged config the plans offer; and on the GPU with TF32 allowed, where it takes
+    channels_last x too and rounds both copies (the tf32 tolerance, the 2x rule against cuDNN's TF32). A
+    parameter's copied weight is made once per version of its data."""
     tf32 = layout.endswith("tf32")
     if tf32 and not ON_GPU:
         pytest.skip("tf32 runs on the GPU only (the interpreter takes true fp32)")

@@ -1,7 +1,7 @@
 """What the products of several op families share (matmul, conv2d, attention, swiglu): the Triton tile helpers
-(`dot`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`, `operand_copy_kernel`) and the host-side rules (`precision`, `max_k`,
-`fits`, `autocast`, `check_operands`). Callers reach the host-side rules through the module (`_gemm.precision`),
-so that a test patching one reaches every op."""
+(`dot`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`), the operand copy (`operand_copy_kernel`) and the
+host-side rules (`precision`, `max_k`, `fits`, `autocast`, `check_operands`). Callers reach the host-side rules
+through the module (`_gemm.precision`), so that a test patching one reaches every op."""
 from typing import Optional
 
 import torch
@@ -140,9 +140,9 @@ def tf32_key(t, op: str = "matmul") -> Optional[bool]:
 
 def precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional[int] = None) -> str:
     """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
-    (allow_tf32, default torch's rule for matmuls, `_runtime.tf32_allowed`), else true fp32: "tf32x3" on the GPU (three tf32
-    tensor-core products, 1.1-3.5x faster than the FMAs) for a reduction of length `k` >= TF32X3_MIN_K (None:
-    the caller bounds its chains itself, conv2d; attention cuts its head-dim products into chunks too); else
+    (allow_tf32, default torch's rule for matmuls, `_runtime.tf32_allowed`), else true fp32: "tf32x3" on the GPU
+    (three tf32 tensor-core products, 1.1-3.5x faster than the FMAs) for a reduction of length `k` >= TF32X3_MIN_K
+    (None: the caller bounds its chains itself, conv2d; attention cuts its head-dim products into chunks too); else
     "ieee" (fp32 FMAs; under the interpreter always: the same numbers at a third of the dots). See
     docs/perf-notes.md."""
     if dtype == torch.float32 and (_runtime.tf32_allowed("matmul") if allow_tf32 is None else allow_tf32):

@@ -1,7 +1,7 @@
 """The matrix products' Triton kernels (dropin.ops.matmul launches them): the pointer kernels `mm_kernel` and
 `skinny_kernel` (few rows), the CUDA-core `fma_kernel`, Hopper's persistent TMA kernel `mm_tma_kernel`, the
-split-K sum (sparse's too), the tf32 operand copy and the activation / bias gradient. Their tile helpers are
-`_gemm`'s."""
+split-K sum (sparse's too) and the activation / bias gradient. Their tile helpers (and the tf32 operand copy)
+are `_gemm`'s."""
 import triton
 import triton.language as tl
 
