@@ -470,8 +470,9 @@ def _tf32_kernel(x_ptr, y_ptr, N: tl.constexpr):
 
 
 def test_tf32_operand_rounding():
-    """What the tf32 MMA sees (the low 13 bits dropped) of round_tf32(x) is x rounded half away from zero;
-    inf, nan and the largest finite values pass unchanged."""
+    """round_tf32(x) is x rounded half away from zero to a tf32 value (its low 13 bits clear: the MMA's truncation,
+    and the interpreter without it, see the same operand); inf, nan and the largest finite values pass unchanged
+    (to the MMA's truncation)."""
     special = torch.tensor([float("inf"), -float("inf"), float("nan"), 3.4e38, -3.4e38, 0.0, -0.0, 1e-40])
     x = torch.cat([special, torch.randn(1024 - len(special)) * 10.0 ** torch.randint(-30, 30, (1024 - len(special),))])
     x = x.to(DEVICE)
@@ -482,6 +483,7 @@ def test_tf32_operand_rounding():
     finite = x.abs() < 3.0e38
     expect = torch.where(finite, (bits + 0x1000) & ~0x1FFF, bits & ~0x1FFF)
     assert torch.equal(seen[x == x], expect[x == x])
+    assert not (y.view(torch.int32)[finite] & 0x1FFF).any()
     assert torch.isnan(y[~(x == x)]).all()
     rounded = seen.view(torch.float32).double()
     normal = finite & (x.abs() >= torch.finfo(torch.float32).tiny)  # relative bound: normal numbers only
@@ -503,8 +505,9 @@ def test_float32_follows_allow_tf32(op, tf32, allow_tf32):
 
 @pytest.mark.parametrize("layout", ["nn", "tt"])
 def test_tf32_products_use_rounded_operands(layout, allow_tf32):
-    """With TF32 allowed, the kernels multiply tf32-rounded copies of the operands (exact products under the
-    MMA's truncation) and sum in fp32: the float64 product of the rounded operands, to fp32 accuracy."""
+    """With TF32 allowed, the kernels multiply tf32-rounded operands (rounded in registers; copies where the
+    product is large, test_registered_mm) and sum in fp32: the float64 product of the rounded operands, to fp32
+    accuracy (the MMA's truncation leaves them as they are)."""
     allow_tf32(True)
     a, b = randn(33, 70), randn(70, 20)
     if layout == "tt":

@@ -50,11 +50,12 @@ def split_range(split, K, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def round_tf32(x):
-    """x (fp32) rounded to tf32's 10-bit mantissa, half away from zero. Hopper's tf32 MMA drops the low 13
-    bits of each operand, a truncation whose bias grows with K (4-5x cuBLAS's error, measured on the
-    attention and SwiGLU tests); adding half a tf32 ulp first turns it into a rounding. inf, nan and the
-    largest finite values (which the add would carry out of range) are left to the truncation."""
-    bits = x.to(tl.int32, bitcast=True) + 0x1000
+    """x (fp32) rounded to tf32's 10-bit mantissa, half away from zero (the low 13 bits cleared). Hopper's tf32
+    MMA drops the low 13 bits of each operand, a truncation whose bias grows with K (4-5x cuBLAS's error, measured
+    on the attention and SwiGLU tests); adding half a tf32 ulp first turns it into a rounding, and clearing the
+    bits gives the interpreter (which does not truncate) the same operands. inf, nan and the largest finite values
+    (which the add would carry out of range) are left to the truncation."""
+    bits = (x.to(tl.int32, bitcast=True) + 0x1000) & -8192
     return tl.where(tl.abs(x) < 3.0e38, bits.to(tl.float32, bitcast=True), x)
 
 
