@@ -597,7 +597,7 @@ def test_deep_split_k(dtype, monkeypatch):
     summed by split_sum_kernel's loop over the splits) with bias and activation. None for a product that fills
     the SMs or has a short K."""
     monkeypatch.setattr(_mm_module._runtime, "num_sms", lambda index=0: 64)
-    M, K, N = 5, 8192 + 40, 24
+    M, K, N = 5, 32768 + 40, 24
     size, max_k = dtype.itemsize, _gemm.max_k(_gemm.precision(dtype, k=K), dtype.itemsize)
     deep = _mm_module._deep_split_configs(1, M, N, K, size, max_k, 0)
     assert deep and all(c["SPLIT_K"] > 8 and c["KERNEL"] == "ptr" for c in deep)

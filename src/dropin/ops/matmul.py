@@ -67,9 +67,10 @@ _PTR_CONFIGS = {
         _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2), _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4),
         _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
-# Bases of the deep K splits (`_deep_split_configs`): few rows, and full tiles, each operand size.
-_DEEP_SPLIT_BASES = {2: [_cfg(16, 64, 128, 4, 4), _cfg(128, 128, 64, 8, 3)],
-                     4: [_cfg(16, 64, 64, 4, 3), _cfg(128, 128, 32, 8, 3)]}
+# Bases of the deep K splits (`_deep_split_configs`), each operand size: full tiles, few rows, few rows and columns
+# (the smallest last: `_gemm.fits` keeps it where none fits).
+_DEEP_SPLIT_BASES = {2: [_cfg(128, 128, 64, 8, 3), _cfg(16, 64, 128, 4, 4), _cfg(16, 16, 256, 4, 3)],
+                     4: [_cfg(128, 128, 32, 8, 3), _cfg(16, 64, 64, 4, 3), _cfg(16, 16, 32, 4, 3)]}
 # The few-rows kernel, 16-bit operands, M <= 16 (decoding): B streams through 64-column tiles. The first config
 # (untimed plans take it: torch.compile, capture) keeps four 32 KB tiles of B in flight per program, no K split: the
 # fastest at M = 1 and 8, K = 4096 and 11008 on an H200 (perf-notes, "Decoding: the skinny products").
