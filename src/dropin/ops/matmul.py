@@ -314,15 +314,18 @@ def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Te
 
 def _deep_split_configs(batch, M, N, K, size: int, max_k: int, device_index: int) -> list:
     """Pointer-kernel candidates for a product with fewer tiles than SMs and a long K (16 x 2^20 @ 2^20 x 16, 1024
-    x 65536 @ 65536 x 1024): K split so that about two programs run per SM, each over at least 8 K tiles, where that
-    is more than the fixed configs' 4-8 splits; their fp32 partials (at most 64 MiB) summed by split_sum_kernel."""
+    x 65536 @ 65536 x 1024): K split so that about two programs run per SM, each over at least 8 K tiles (none that
+    the fixed configs hold); their fp32 partials (at most 64 MiB) summed by split_sum_kernel."""
     batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
     sms, out = _runtime.num_sms(device_index), []
+    if K < 1024:  # (`_gemm.fits`' rule for K splits)
+        return out
     for cfg in _gemm.fits(_DEEP_SPLIT_BASES[min(size, 4)], M, N, K, max_k):
         tiles = batch * _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
-        splits = min(2 * sms // tiles, K // (8 * cfg["BLOCK_K"]))
-        if splits > 8 and splits * batch * M * N * 4 <= 64 << 20:
-            out.append(dict(cfg, KERNEL="ptr", SPLIT_K=splits))
+        split = dict(cfg, SPLIT_K=min(2 * sms // tiles, K // (8 * cfg["BLOCK_K"])))
+        if split["SPLIT_K"] > 1 and split["SPLIT_K"] * batch * M * N * 4 <= 64 << 20 \
+                and split not in _PTR_CONFIGS[min(size, 4)]:
+            out.append(dict(split, KERNEL="ptr"))
     return out
 
 
