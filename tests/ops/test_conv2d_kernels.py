@@ -293,22 +293,24 @@ def test_staged_tma_forward(layout, allow_tf32, monkeypatch):
 
     monkeypatch.setattr(_autotune, "pick", pick)
     cv._plans.clear()
-    for x_shape, kw in (((2, 32, 9, 11), dict(padding=(1, 2), dilation=(1, 2))),
-                        ((1, 64, 10, 12), dict(stride=2, padding=1))):
-        x = torch.randn(x_shape, device=DEVICE)
-        x = x.contiguous(memory_format=torch.channels_last) if tf32 else x
-        w = torch.nn.Parameter(torch.randn(24, x_shape[1], 3, 2, device=DEVICE) / (6 * x_shape[1]) ** 0.5,
-                               requires_grad=False)
-        b = torch.randn(24, device=DEVICE)
-        r = torch.randn(F.conv2d(x, w, **kw).shape, device=DEVICE)
-        ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), **kw) + r.double())
-        for _ in range(2):  # (the second call runs the plan the first made)
-            with torch.no_grad():
-                out = dropin.conv2d(x, w, b, activation="relu", residual=r, **kw)
-            assert_close(out, ref, torch.float32, "fwd", torch_out=F.relu(F.conv2d(x, w, b, **kw) + r),
-                         what=f"{layout} {x_shape} {kw}")
-            assert out.is_contiguous() == (not tf32)  # in x's layout
-    cv._plans.clear()
+    try:
+        for x_shape, kw in (((2, 32, 9, 11), dict(padding=(1, 2), dilation=(1, 2))),
+                            ((1, 64, 10, 12), dict(stride=2, padding=1))):
+            x = torch.randn(x_shape, device=DEVICE)
+            x = x.contiguous(memory_format=torch.channels_last) if tf32 else x
+            w = torch.nn.Parameter(torch.randn(24, x_shape[1], 3, 2, device=DEVICE) / (6 * x_shape[1]) ** 0.5,
+                                   requires_grad=False)
+            b = torch.randn(24, device=DEVICE)
+            r = torch.randn(F.conv2d(x, w, **kw).shape, device=DEVICE)
+            ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), **kw) + r.double())
+            for _ in range(2):  # (the second call runs the plan the first made)
+                with torch.no_grad():
+                    out = dropin.conv2d(x, w, b, activation="relu", residual=r, **kw)
+                assert_close(out, ref, torch.float32, "fwd", torch_out=F.relu(F.conv2d(x, w, b, **kw) + r),
+                             what=f"{layout} {x_shape} {kw}")
+                assert out.is_contiguous() == (not tf32)  # in x's layout
+    finally:
+        cv._plans.clear()
     assert len(offered) == 2 and min(offered) > 0, "the plan offered no staged TMA config"
     assert made == ["tma-tf32" if tf32 else "tma"] * 2  # once per weight, not per call
 

@@ -593,7 +593,7 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_deep_split_k(dtype, monkeypatch):
     """A product with fewer tiles than SMs and a long K offers K split over about two programs per SM
-    (`_deep_split_configs`, more splits than the fixed configs); forced, each matches float64 (fp32 partials
+    (`_deep_split_configs`, none that the fixed configs hold); forced, each matches float64 (fp32 partials
     summed by split_sum_kernel's loop over the splits) with bias and activation. None for a product that fills
     the SMs or has a short K."""
     monkeypatch.setattr(_mm_module._runtime, "num_sms", lambda index=0: 64)
