@@ -1,7 +1,8 @@
 """What the products of several op families share (matmul, conv2d, attention, swiglu): the Triton tile helpers
-(`dot`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`), the operand copy (`operand_copy_kernel`) and the
-host-side rules (`precision`, `max_k`, `fits`, `autocast`, `check_operands`). Callers reach the host-side rules
-through the module (`_gemm.precision`), so that a test patching one reaches every op."""
+(`dot`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`), the operand copy (`operand_copy_kernel`, its
+launch: `operand_copy_launch`) and the host-side rules (`precision`, `max_k`, `fits`, `autocast`,
+`check_operands`). Callers reach the host-side rules through the module (`_gemm.precision`), so that a test
+patching one reaches every op."""
 from typing import Optional
 
 import torch
@@ -74,6 +75,11 @@ def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc,
     if ROUND_TF32:
         x = (round_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
     tl.store(y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc, x, mask=mask)
+
+
+def operand_copy_launch(R, C, batch, round_tf32: bool) -> tuple:
+    """(grid, constexprs) of operand_copy_kernel over [batch, R, C]: 64 x 64 tiles."""
+    return (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch), dict(ROUND_TF32=round_tf32, BLOCK_R=64, BLOCK_C=64)
 
 
 @triton.jit

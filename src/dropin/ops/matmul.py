@@ -306,9 +306,8 @@ def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Te
     batch, R, C = t.shape
     y = t.new_empty((batch, R, C)) if k_dim == 2 else torch.empty_strided((batch, R, C), (R * C, 1, R),
                                                                          device=t.device, dtype=t.dtype)
-    grid = (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch)
-    launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), ROUND_TF32=True, BLOCK_R=64,
-           BLOCK_C=64, traced=traced)
+    grid, meta = _gemm.operand_copy_launch(R, C, batch, True)
+    launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), traced=traced, **meta)
     return y
 
 

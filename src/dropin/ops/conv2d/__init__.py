@@ -144,7 +144,7 @@ def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int
         configs = depthwise.candidates(depthwise.FWD_CONFIGS, gemm, direct, OH, OW, COUT_G * groups,
                                        depthwise.WALK_FWD_CONFIGS if walk else ())
         tma_configs = tma.fwd_configs(x, w, stride, groups, traced)
-        tma_staged = tma.staged_fwd_configs(x, w, stride, groups, precision, traced)
+        tma_staged = tma.staged_fwd_configs(x, stride, groups, precision, bool(tma_configs))
         configs = (tma_staged + tma_configs if precision == "tf32" else tma_configs + tma_staged) + configs
         # one channel per group is told apart from 2-15 (same bucket): only there is the direct kernel a candidate
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, rows, residual is not None,

@@ -202,13 +202,13 @@ def fwd_configs(x, w, stride, groups: int, traced: bool) -> list:
     return _fwd_tiles(x, stride, "tma")
 
 
-def staged_fwd_configs(x, w, stride, groups: int, precision: str, traced: bool) -> list:
+def staged_fwd_configs(x, stride, groups: int, precision: str, direct: bool) -> list:
     """The candidates of the TMA forward over channels_last copies of x and w (`staged_fwd_launcher`), where the
-    direct one does not apply or takes tf32 (rounding every tile in registers, where a copy rounds once): x with
-    its rows dense (H and W merge: NCHW, channels_last) that `_fwd_fits`, whose copy fits in WORKSPACE."""
+    direct one does not apply (`direct`: fwd_configs offers it) or takes tf32 (rounding every tile in registers,
+    where a copy rounds once): x with its rows dense (H and W merge: NCHW, channels_last) that `_fwd_fits`, whose
+    copy fits in WORKSPACE."""
     if not _fwd_fits(x, stride, groups) or x.shape[2] > 1 and x.stride(2) != x.shape[3] * x.stride(3) or (
-            precision != "tf32" and fwd_configs(x, w, stride, groups, traced)) or (
-            _runtime.size_hint(x.numel()) * x.element_size() > WORKSPACE):
+            precision != "tf32" and direct) or _runtime.size_hint(x.numel()) * x.element_size() > WORKSPACE:
         return []
     return _fwd_tiles(x, stride, "tma-staged")
 
@@ -262,8 +262,7 @@ def staged_fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, dilati
     rounded = precision == "tf32"
     forward = fwd_launcher(cfg, dims, x, y, r, stride, padding, dilation, "tf32_rounded" if rounded else precision,
                            epilogue_meta, traced)
-    copy = Launch(_gemm.operand_copy_kernel, (_runtime.cdiv(C, 64) * _runtime.cdiv(H * W, 64), N),
-                  dict(ROUND_TF32=rounded, BLOCK_R=64, BLOCK_C=64), traced=traced)
+    copy = Launch(_gemm.operand_copy_kernel, *_gemm.operand_copy_launch(C, H * W, N, rounded), traced=traced)
     strides = (x.stride(0), x.stride(1), x.stride(3), H * W * C, 1, C)  # [N, C, H * W] views of x and the copy
 
     def run(x, w, y, bias, z, r):
@@ -285,8 +284,8 @@ def staged_weight(w: torch.Tensor, rounded: bool, traced: bool) -> torch.Tensor:
             return w
         rows, cols = w.shape[0], w[0].numel()  # (channels_last rows: [COUT, KH * KW * C])
         out = torch.empty_like(w)
-        launch(_gemm.operand_copy_kernel, (_runtime.cdiv(rows, 64) * _runtime.cdiv(cols, 64), 1), w, out, rows, cols,
-               0, cols, 1, 0, cols, 1, ROUND_TF32=True, BLOCK_R=64, BLOCK_C=64, traced=traced)
+        grid, meta = _gemm.operand_copy_launch(rows, cols, 1, True)
+        launch(_gemm.operand_copy_kernel, grid, w, out, rows, cols, 0, cols, 1, 0, cols, 1, traced=traced, **meta)
         return out
     return derived(w, "tma-tf32" if rounded else "tma", make, traced)
 
