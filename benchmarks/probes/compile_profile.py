@@ -4,7 +4,7 @@ forwards under the torch profiler; per variant it prints the wall ms a forward a
 (count, ms a forward), so a kernel that compile makes slower, or one it adds, shows.
 Usage: PYTHONPATH=src python3 <this file> llama --layers 4 --hidden 4096 --heads 32 --intermediate 11008 --seq 1024
 --batch 4 --dtype bfloat16 (or resnet50 --channels-last --batch 64 --dtype bfloat16, cvt-13 ...). With llama's
---generate N: HF generate() of N tokens with a static cache under reduce-overhead (HF compiles the decoding step),
+--generate N --bench: HF generate() of N tokens with a static cache under reduce-overhead (HF compiles the decoding step),
 original against injected, per generate() call."""
 import copy
 import sys

@@ -36,13 +36,14 @@ class RotaryAttention(DropinModule):
             raise TypeError("dropin RotaryAttention: both cache and past_key_values given (they name one argument)")
         cache = past_key_values if cache is None else cache
         shape = (*hidden_states.shape[:-1], -1, a.head_dim)
-        q, k, v = (getattr(self, n)(hidden_states).view(shape).transpose(1, 2) for n in PROJECTIONS[:3])
+        children = self._modules  # (not getattr: see DropinModule._weight_bias)
+        q, k, v = (children[n](hidden_states).view(shape).transpose(1, 2) for n in PROJECTIONS[:3])
         q, k = rope(q, k, *position_embeddings)
         if cache is not None:
             k, v = cache.update(k, v, a.layer_idx)
         causal = q.shape[2] > 1 and attention_mask is None and kwargs.get("is_causal", a.is_causal)
         out = attention(q, k, v, attention_mask, is_causal=causal, scale=a.scaling, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(*hidden_states.shape[:-1], -1)), None
+        return children["o_proj"](out.transpose(1, 2).reshape(*hidden_states.shape[:-1], -1)), None
 
 
 class CvtSelfAttention(DropinModule):
@@ -56,9 +57,10 @@ class CvtSelfAttention(DropinModule):
     walks_children = True
 
     def forward(self, hidden_state, height, width):
-        a = self.original
-        if self.training and self.dropout.p:
-            raise RuntimeError(f"dropin CvtSelfAttention: attention dropout p={self.dropout.p} in training mode; "
+        a, children = self.original, self._modules  # (not getattr: see DropinModule._weight_bias)
+        dropout = children["dropout"].p
+        if self.training and dropout:
+            raise RuntimeError(f"dropin CvtSelfAttention: attention dropout p={dropout} in training mode; "
                                f"dropin attention has no dropout (revert_ the model, or set the dropout's p to 0)")
         cls_token = None
         if a.with_cls_token:
@@ -66,7 +68,7 @@ class CvtSelfAttention(DropinModule):
         batch, _, channels = hidden_state.shape
         hidden_state = hidden_state.permute(0, 2, 1).view(batch, channels, height, width)
         qkv = [self._projection(n, hidden_state, cls_token) for n in ("query", "key", "value")]
-        q, k, v = (getattr(self, f"projection_{n}")(t).view(batch, t.shape[1], a.num_heads, -1).transpose(1, 2)
+        q, k, v = (children[f"projection_{n}"](t).view(batch, t.shape[1], a.num_heads, -1).transpose(1, 2)
                    for n, t in zip(("query", "key", "value"), qkv))
         out = attention(q, k, v, scale=a.scale)
         return out.transpose(1, 2).reshape(batch, q.shape[2], a.embed_dim)
@@ -75,7 +77,7 @@ class CvtSelfAttention(DropinModule):
         """The conv projection `name` as [B, L, C] rows, after the class token where there is one. In inference
         (no autograd, eager) with the projection's conv a dropin conv with its BatchNorm folded in and no hooks on
         the modules it passes by, the conv writes its rows straight after the token's (out=): no concatenation."""
-        projection = getattr(self, f"convolution_projection_{name}")
+        projection = self._modules[f"convolution_projection_{name}"]
         if cls_token is None:
             return projection(hidden_state)
         inner = getattr(projection, "convolution_projection", None)

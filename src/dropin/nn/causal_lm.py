@@ -39,9 +39,15 @@ class CausalLMForward:
     def __init__(self, model: nn.Module, loss_reference):
         self.model, self.loss_reference = model, loss_reference
         self.signature = inspect.signature(type(model).forward)
+        names = list(self.signature.parameters)[1:]
+        # how many positional arguments a call has before its labels (binding costs host time and, under
+        # torch.compile, guards: a call without labels skips it)
+        self.before_labels = names.index("labels") if "labels" in names else len(names)
 
     def __call__(self, *args, **kwargs):
         model, forward = self.model, type(self.model).forward
+        if len(args) <= self.before_labels and kwargs.get("labels") is None:
+            return forward(model, *args, **kwargs)
         bound = self._fused_call(args, kwargs)
         if bound is None:
             return forward(model, *args, **kwargs)

@@ -33,7 +33,7 @@ class Conv2d(DropinModule):
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, *,
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """out: see dropin.ops.conv2d (inference only)."""
-        return self._conv(x, self.weight, self.bias, self.activation, residual, out)
+        return self._conv(x, *self._weight_bias(), self.activation, residual, out)
 
 
 class ConvBNAct(Conv2d):
@@ -60,8 +60,7 @@ class ConvBNAct(Conv2d):
         self.refresh_()
 
     def _sources(self) -> tuple:
-        # (the modules' dicts read directly: Module.__getattr__ costs host time on every call)
-        conv, bn = self._parameters, self.bn
+        conv, bn = self._parameters, self.bn  # (the modules' dicts read directly: see DropinModule._weight_bias)
         return (conv["weight"], conv.get("bias"), bn._parameters.get("weight"), bn._parameters.get("bias"),
                 bn._buffers.get("running_mean"), bn._buffers.get("running_var"))
 
@@ -74,10 +73,11 @@ class ConvBNAct(Conv2d):
         if _is_dtensor(sources[0]):
             return
         with torch.no_grad():
-            weight, bias = fold_batchnorm(self.weight, self.bias, self.bn)
-        self.derived.set("weight", weight)
-        self.derived.set("bias", bias)
-        frozen(self.derived.weight)
+            weight, bias = fold_batchnorm(*sources[:2], self.bn)
+        derived = self._modules["derived"]
+        derived.set("weight", weight)
+        derived.set("bias", bias)
+        frozen(derived.weight)
         # the source tensors stay referenced with their versions, so a new tensor cannot reuse their address
         object.__setattr__(self, "_folded_from", ([t for t in sources if t is not None], versions(*sources),
                                                   self.bn.eps))
@@ -86,18 +86,19 @@ class ConvBNAct(Conv2d):
         sources, own = self._sources(), self._own
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in sources) or not (
                 sources[0] is own[0] and sources[1] is own[1] and sources[2] is own[2] and sources[3] is own[3]):
-            return fold_batchnorm(self.weight, self.bias, self.bn)
+            return fold_batchnorm(*sources[:2], self.bn)
         if not (torch.compiler.is_compiling() or _runtime.capturing()):
             key = versions(*sources)
             if key is None or key != self._folded_from[1] or self.bn.eps != self._folded_from[2]:
                 self.refresh_()
-        return self.derived.weight, self.derived.bias
+        derived = self._modules["derived"]
+        return derived.weight, derived.bias
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, *,
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
         if not self.bn.training:
             return self._conv(x, *self._folded(), self.activation, residual, out)
-        y = self.bn(self._conv(x, self.weight, self.bias, None, None))
+        y = self.bn(self._conv(x, *self._weight_bias(), None, None))
         if not torch.compiler.is_compiling():
             # batch statistics moved the running ones, which does not always bump their versions: fold again
             object.__setattr__(self, "_folded_from", (None, None, None))

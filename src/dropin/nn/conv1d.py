@@ -31,8 +31,8 @@ class Conv1d(DropinModule):
             f"+{activation}" if activation else "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.original
+        c, (weight, bias) = self.original, self._weight_bias()
         if self.pads is None:
-            return conv1d(x, self.weight, self.bias, c.stride, c.padding, c.dilation, c.groups, self.activation)
-        return conv1d(F.pad(x, self.pads, mode=c.padding_mode), self.weight, self.bias, c.stride, 0, c.dilation,
+            return conv1d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups, self.activation)
+        return conv1d(F.pad(x, self.pads, mode=c.padding_mode), weight, bias, c.stride, 0, c.dilation,
                       c.groups, self.activation)

@@ -17,4 +17,4 @@ class GroupNorm(DropinModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         norm = self.original
-        return group_norm(x, norm.num_groups, self.weight, self.bias, norm.eps, self.activation)
+        return group_norm(x, norm.num_groups, *self._weight_bias(), norm.eps, self.activation)

@@ -17,7 +17,7 @@ class Linear(DropinModule):
         self.kernel = "linear" + (f"+{activation}" if activation else "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.activation)
+        return linear(x, *self._weight_bias(), self.activation)
 
 
 class TransposedLinear(Linear):
@@ -25,4 +25,5 @@ class TransposedLinear(Linear):
     linear of the weight's transposed view, the Conv1D's own parameters read at each call."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight.t(), self.bias, self.activation)
+        weight, bias = self._weight_bias()
+        return linear(x, weight.t(), bias, self.activation)

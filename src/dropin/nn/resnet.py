@@ -32,7 +32,8 @@ class ResidualBlock(DropinModule):
             ", shortcut conv2d+bn" if downsample else "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x if self.shortcut is None else getattr(self, self.shortcut)(x)
+        children = self._modules  # (not getattr: see DropinModule._weight_bias)
+        shortcut = x if self.shortcut is None else children[self.shortcut](x)
         for name in self.chain[:-1]:
-            x = getattr(self, name)(x)
-        return getattr(self, self.chain[-1])(x, residual=shortcut)
+            x = children[name](x)
+        return children[self.chain[-1]](x, residual=shortcut)
