@@ -158,11 +158,12 @@ def _batch_norm(m, x):
         momentum = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
     training = bn.training or bn.running_mean is None and bn.running_var is None
     stats = not bn.training or bn.track_running_stats
-    return ops.batch_norm(x, bn.running_mean if stats else None, bn.running_var if stats else None, m.weight, m.bias,
+    return ops.batch_norm(x, bn.running_mean if stats else None, bn.running_var if stats else None, bn.weight, bn.bias,
                           training, momentum, bn.eps)
 
 
-# The functions an Op runs (module level, so that a whole injected model pickles: torch.save(model))
+# The functions an Op runs (module level, so that a whole injected model pickles: torch.save(model)). They read the
+# original's attributes (`m.original`: nn.Module's own lookups, which torch.compile reads without tracing them).
 def _activation_op(m, x, name: str):
     return ops.activation(x, name)
 
@@ -182,7 +183,8 @@ def _adaptive_avg_pool2d(m, x):
 
 
 def _layer_norm(m, x):
-    return ops.layer_norm(x, m.original.normalized_shape, m.weight, m.bias, m.original.eps)
+    o = m.original
+    return ops.layer_norm(x, o.normalized_shape, o.weight, o.bias, o.eps)
 
 
 @register(nn.BatchNorm2d, op="batch_norm")

@@ -67,7 +67,8 @@ class MultiheadAttention(DropinModule):
         out = attention(q, k, v, mask, is_causal=is_causal)
         back = (2, 0, 1, 3) if batched and not a.batch_first else (0, 2, 1, 3)
         out = out.permute(back).flatten(-2)
-        out = linear(out if batched else out.squeeze(0), self.out_proj.weight, self.out_proj.bias)
+        out_proj = self._modules["out_proj"]  # (not getattr: see DropinModule._weight_bias)
+        out = linear(out if batched else out.squeeze(0), out_proj.weight, out_proj.bias)
         return out, None
 
     def _in_projections(self, query, key, value) -> tuple:
