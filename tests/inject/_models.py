@@ -5,6 +5,8 @@ error" rule is the op tests' (through a deep model, and a training BatchNorm ove
 the ratio of two rounding errors is noise: it failed about one run in three at errors near 1e-6 in float32).
 """
 import copy
+import logging
+import re
 
 import torch
 from torch import nn
@@ -97,3 +99,24 @@ def check_hf_backward(injected: nn.Module, original: nn.Module, inputs: dict, ke
     assert_close(out, ref, out.dtype, "fwd")
     for name, g, g_64 in zip(params, grads, grads_64):
         assert_close(g, g_64, out.dtype, "bwd", what=f"gradient of {name}")
+
+
+def compiled_guards(model, x) -> list:
+    """The guards torch.compile (Dynamo, no Inductor: the captured graph runs eagerly) puts on a call of model."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    log = logging.getLogger("torch._dynamo.guards.__guards")  # (the "guards" artifact's logger)
+    torch._dynamo.reset()
+    torch._logging.set_logs(guards=True)
+    log.addHandler(handler)
+    log.propagate = False  # (here, not on stderr)
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend="eager")(x)
+    finally:
+        log.removeHandler(handler)
+        log.propagate = True
+        torch._logging.set_logs()
+        torch._dynamo.reset()
+    return [line for record in records for line in record.splitlines() if re.search(r"\+- [A-Z_]+: ", line)]

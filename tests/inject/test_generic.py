@@ -10,7 +10,7 @@ import dropin.nn as dnn
 from dropin.inject import InjectConfig, InjectError, VerificationError, registry
 from _tol import DEVICE, gpu
 
-from _models import (assert_same_state, check_backward, check_forward, cnn, injected_pair, mlp,
+from _models import (assert_same_state, check_backward, check_forward, cnn, compiled_guards, injected_pair, mlp,
                      randomize_batchnorms, snapshot)
 
 
@@ -292,6 +292,17 @@ def test_torch_compile_fullgraph(make, shape):
     model, original, _ = injected_pair(make, verify=False)
     x = torch.randn(shape, device=DEVICE)
     check_forward(torch.compile(model, fullgraph=True), original, x)
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda: nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)).to(DEVICE), (4, 16)),
+    (cnn, (2, 3, 8, 8))], ids=["mlp-layernorm", "cnn"])
+def test_compiled_guards_come_from_no_getattr(make, shape):
+    """The drop-ins' forwards read their tensors and children from the module dicts or through the original:
+    none through DropinModule's own __getattr__, which torch.compile traces, guarding each lookup."""
+    model, _, _ = injected_pair(make, verify=False)
+    guards = compiled_guards(model, torch.randn(shape, device=DEVICE))
+    assert guards and not [g for g in guards if "in __getattr__" in g]
 
 
 class _Projections(nn.Module):

@@ -1,7 +1,6 @@
 """inject_ on HF Llama (tiny config): fused SwiGLU MLP, RMSNorm, attention with RoPE; cache, revert, training."""
 import copy
 import os
-import re
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import dropin
 import dropin.nn as dnn
 from _tol import DEVICE, assert_close
 
-from _models import assert_same_state, check_hf_backward, snapshot
+from _models import assert_same_state, check_hf_backward, compiled_guards, snapshot
 
 transformers = pytest.importorskip("transformers")
 
@@ -138,29 +137,6 @@ def test_llama_unsupported_configs_stay_torch_with_reasons(monkeypatch):
     assert "its forward takes cache_position" in {e.name: e.reason for e in report.notes}["model.layers.0.self_attn"]
 
 
-def _compiled_guards(model, x) -> list:
-    """The guards torch.compile (Dynamo, no Inductor: the captured graph runs eagerly) puts on a call of model."""
-    import logging
-
-    records = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())
-    log = logging.getLogger("torch._dynamo.guards.__guards")  # (the "guards" artifact's logger)
-    torch._dynamo.reset()
-    torch._logging.set_logs(guards=True)
-    log.addHandler(handler)
-    log.propagate = False  # (here, not on stderr)
-    try:
-        with torch.no_grad():
-            torch.compile(model, backend="eager")(x)
-    finally:
-        log.removeHandler(handler)
-        log.propagate = True
-        torch._logging.set_logs()
-        torch._dynamo.reset()
-    return [line for record in records for line in record.splitlines() if re.search(r"\+- [A-Z_]+: ", line)]
-
-
 def test_compiled_guards_near_the_originals():
     """Every compiled call evaluates its guards on the host (a decoding step's ~0.5 ms under reduce-overhead): the
     injected model's forwards read their tensors and children from the module dicts, so that none comes through
@@ -168,9 +144,9 @@ def test_compiled_guards_near_the_originals():
     to a 4-layer tiny Llama's 1482, and 62 us to each decoding step of a 4-layer 7B-shaped one on an H100); dropin's
     ops add a few guards each."""
     model, x = tiny_llama(), ids()
-    original = _compiled_guards(copy.deepcopy(model), x)
+    original = compiled_guards(copy.deepcopy(model), x)
     dropin.inject_(model, example_inputs=x)
-    injected = _compiled_guards(model, x)
+    injected = compiled_guards(model, x)
     assert not [g for g in injected if "in __getattr__" in g], "guards from tracing a __getattr__"
     assert len(injected) <= 1.4 * len(original), (len(injected), len(original))  # (CPU 1.22x, H100 1.33x)
 
