@@ -9,7 +9,7 @@ import dropin
 import dropin.nn as dnn
 from _tol import DEVICE, assert_close
 
-from _models import assert_same_state, check_hf_backward, randomize_batchnorms, snapshot
+from _models import assert_same_state, check_hf_backward, compiled_guards, randomize_batchnorms, snapshot
 
 transformers = pytest.importorskip("transformers")
 
@@ -117,3 +117,12 @@ def test_cvt_attention_dropout():
         model(pixel_values=pixels())  # eval: no dropout
         with pytest.raises(RuntimeError, match="attention dropout p=0.1 in training mode"):
             model.train()(pixel_values=pixels())
+
+
+def test_compiled_guards_come_from_no_getattr():
+    """Compiled, the attention drop-in reads its projections from the module dict: no guard from tracing
+    DropinModule's own __getattr__ (each lookup through it is guarded on every call)."""
+    model = tiny_cvt()
+    dropin.inject_(model, verify=False)
+    guards = compiled_guards(model, pixels())
+    assert guards and not [g for g in guards if "in __getattr__" in g]
