@@ -1,4 +1,5 @@
-"""Handlers for models written in plain torch.nn (issue 26): ReLU6 as a drop-in and as a conv / linear epilogue,
+"""Handlers for models written in plain torch.nn (issue 26): ReLU6, Hardswish, Hardsigmoid and Sigmoid as drop-ins and
+as conv / linear epilogues,
 activations without a kernel named, subclasses that keep their base's forward, nn.MultiheadAttention's out_proj,
 a CvT-style block whose forward reads its children's attributes, Dropout and Identity in eval."""
 import pytest
@@ -61,15 +62,62 @@ def test_mobilenet_style_relu6_fused_into_conv_and_linear():
     check_backward(injected, original, x)
 
 
+HARD = {"hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "sigmoid": torch.sigmoid}
+
+
+@pytest.mark.parametrize("name", list(HARD))
+def test_hard_activations_and_sigmoid_against_torch(name):
+    """Values on both sides of the kinks at -3 and 3 (x * 4), forward and backward against float64; at the kinks
+    themselves, and for NaN, the values and gradients torch gives."""
+    check(lambda x: ops.activation(x, name), HARD[name], {"x": torch.randn(3, 7, 33, device=DEVICE) * 4})
+    points = [-3.0, 3.0, -2.5, 0.0, 2.5, -4.0, 4.0]
+    x = torch.tensor(points, device=DEVICE, requires_grad=True)
+    x_64 = torch.tensor(points, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    out, ref = ops.activation(x, name), HARD[name](x_64)
+    assert_close(out, ref, x.dtype, "fwd")
+    (grad,), (grad_64,) = torch.autograd.grad(out, x, torch.ones_like(out)), torch.autograd.grad(
+        ref, x_64, torch.ones_like(ref))
+    assert_close(grad, grad_64, x.dtype, "bwd")
+    assert torch.isnan(ops.activation(torch.tensor([float("nan")], device=DEVICE), name)).all()
+
+
+@pytest.mark.parametrize("name", list(HARD))
+def test_hard_activation_epilogues_of_linear_and_conv(name):
+    check(lambda x, w, b: ops.linear(x, w, b, activation=name), lambda x, w, b: HARD[name](F.linear(x, w, b)),
+          {"x": torch.randn(5, 16, device=DEVICE) * 2, "w": torch.randn(8, 16, device=DEVICE) / 2,
+           "b": torch.randn(8, device=DEVICE)})
+    check(lambda x, w, b: ops.conv2d(x, w, b, padding=1, activation=name),
+          lambda x, w, b: HARD[name](F.conv2d(x, w, b, padding=1)),
+          {"x": torch.randn(2, 3, 5, 5, device=DEVICE) * 2, "w": torch.randn(4, 3, 3, 3, device=DEVICE) / 2,
+           "b": torch.randn(4, device=DEVICE)})
+
+
+def test_mobilenet_v3_style_hardswish_fused_into_conv_and_linear():
+    """MobileNetV3's pattern: conv -> BN -> Hardswish, a linear + Hardswish head, a Hardsigmoid, a Sigmoid."""
+    model = randomize_batchnorms(nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.Hardswish(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.Hardsigmoid(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 8), nn.Hardswish(), nn.Linear(8, 4), nn.Sigmoid(),
+    )).to(DEVICE).eval()
+    x = torch.randn(2, 3, 6, 6, device=DEVICE) * 4
+    injected, original, report = injected_pair(lambda: model, example_inputs=x)
+    assert [(r.name, r.kernel, r.fused) for r in report.replaced] == [
+        ("0", "conv2d+bn+hardswish", ("1", "2")), ("3", "conv2d+bn+hardsigmoid", ("4", "5")),
+        ("6", "adaptive_avg_pool2d", ()), ("8", "linear+hardswish", ("9",)), ("10", "linear+sigmoid", ("11",))]
+    assert report.left == [] and report.verification.startswith("verified")
+    check_forward(injected, original, x)
+    check_backward(injected, original, x)
+
+
 def test_activations_without_a_kernel_are_named():
-    model = nn.Sequential(nn.Linear(8, 8), nn.Hardswish(), nn.Linear(8, 8), nn.Sigmoid(), nn.Hardtanh(-1.0, 1.0),
-                          nn.LeakyReLU(), nn.Tanh()).to(DEVICE)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Mish(), nn.Linear(8, 8), nn.Tanh(), nn.Hardtanh(-1.0, 1.0),
+                          nn.LeakyReLU()).to(DEVICE)
     x = torch.randn(4, 8, device=DEVICE)
     injected, original, report = injected_pair(lambda: model, example_inputs=x)
     assert [(r.name, r.kernel) for r in report.replaced] == [("0", "linear"), ("2", "linear")]
     left = {e.name: e.reason for e in report.left}
-    assert set(left) == {"1", "3", "4", "5", "6"} and "relu6" in left["4"]
-    for name, kind in (("1", "Hardswish"), ("3", "Sigmoid"), ("5", "LeakyReLU"), ("6", "Tanh")):
+    assert set(left) == {"1", "3", "4", "5"} and "relu6" in left["4"]
+    for name, kind in (("1", "Mish"), ("3", "Tanh"), ("5", "LeakyReLU")):
         assert f"no {kind} kernel" in left[name]
     check_forward(injected, original, x)
 

@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in exp:Run
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
 ACTS = {"relu": (ops.relu, F.relu), "gelu": (ops.gelu, F.gelu), "silu": (ops.silu, F.silu),
-        "gelu_tanh": (lambda x: ops.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh"))}
+        "gelu_tanh": (lambda x: ops.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh")),
+        **{name: (lambda x, name=name: ops.activation(x, name), ref)
+           for name, ref in (("hardswish", F.hardswish), ("hardsigmoid", F.hardsigmoid), ("sigmoid", torch.sigmoid))}}
 
 
 @pytest.mark.parametrize("name", list(ACTS))

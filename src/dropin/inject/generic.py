@@ -1,8 +1,8 @@
 """Handlers for torch.nn layers: Linear (+ activation), Conv2d (+ BatchNorm2d) (+ activation), Conv1d (+ activation;
 conv2d's kernels), GroupNorm (+ activation), and the layers that are one functional op: BatchNorm2d (not folded:
-training mode, or not after a conv), the activations (ReLU, ReLU6 and Hardtanh(0, 6), GELU, SiLU; the others are
-named with the reason they stay torch), max / average / adaptive average pooling, LayerNorm. Subclasses that keep
-their base's forward are handled as the base.
+training mode, or not after a conv), the activations (ReLU, ReLU6 and Hardtanh(0, 6), GELU, SiLU, Hardswish,
+Hardsigmoid, Sigmoid; the others are named with the reason they stay torch), max / average / adaptive average
+pooling, LayerNorm. Subclasses that keep their base's forward are handled as the base.
 
 Fusions take the siblings that follow in an nn.Sequential (see Site.following).
 """
@@ -25,9 +25,11 @@ _ACTIVATIONS = {  # module type -> fn(module) -> the dropin activation it comput
     nn.SiLU: lambda m: "silu",
     nn.GELU: lambda m: {"none": "gelu", "tanh": "gelu_tanh"}.get(m.approximate),
     nn.Hardtanh: lambda m: "relu6" if (m.min_val, m.max_val) == (0.0, 6.0) else None,  # nn.ReLU6 too
+    nn.Hardswish: lambda m: "hardswish",
+    nn.Hardsigmoid: lambda m: "hardsigmoid",
+    nn.Sigmoid: lambda m: "sigmoid",
 }
-_NO_KERNEL = (nn.Hardswish, nn.Hardsigmoid, nn.Mish, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.Sigmoid, nn.Tanh,
-              nn.Softplus, nn.PReLU)
+_NO_KERNEL = (nn.Mish, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.Tanh, nn.Softplus, nn.PReLU)
 
 
 def activation_name(module: nn.Module) -> Optional[str]:

@@ -1,9 +1,9 @@
 """Activation functions shared by the fused epilogues (linear, conv, swiglu): Triton helpers and references;
 and the standalone elementwise op (`activation`, `relu`, `gelu`, `silu`), forward and backward, one kernel.
 
-Names: "relu", "relu6" (min(max(x, 0), 6)), "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "silu". Inside
-kernels the
-activation is a `tl.constexpr` string; "none" is the identity.
+Names: "relu", "relu6" (min(max(x, 0), 6)), "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "silu",
+"hardswish" (x * relu6(x + 3) / 6), "hardsigmoid" (relu6(x + 3) / 6), "sigmoid". Inside kernels the activation is a
+`tl.constexpr` string; "none" is the identity.
 """
 from typing import Optional
 
@@ -16,7 +16,7 @@ from .. import _runtime
 from ._common import check_float, is_dense, joint_dims
 from ._dispatch import Checks, Launch, Shortcuts, Unary, absent, plan, switch, torch_op, writing
 
-ACTIVATIONS = ("relu", "relu6", "gelu", "gelu_tanh", "silu")
+ACTIVATIONS = ("relu", "relu6", "gelu", "gelu_tanh", "silu", "hardswish", "hardsigmoid", "sigmoid")
 
 _REFS = {
     "relu": F.relu,
@@ -24,6 +24,9 @@ _REFS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "sigmoid": torch.sigmoid,
 }
 
 
@@ -47,12 +50,17 @@ _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
 @triton.jit
+def _relu6(z):
+    return tl.where(z < 0.0, 0.0, tl.where(z > 6.0, 6.0, z))  # NaN stays NaN, as in torch
+
+
+@triton.jit
 def apply_activation(z, ACT: tl.constexpr):
     """act(z) for an fp32 tensor z."""
     if ACT == "relu":
         y = tl.where(z < 0.0, 0.0, z)  # NaN stays NaN, as in torch
     elif ACT == "relu6":
-        y = tl.where(z < 0.0, 0.0, tl.where(z > 6.0, 6.0, z))  # NaN stays NaN, as in torch
+        y = _relu6(z)
     elif ACT == "gelu":
         y = 0.5 * z * (1.0 + tl.math.erf(z * _SQRT1_2))
     elif ACT == "gelu_tanh":
@@ -60,6 +68,12 @@ def apply_activation(z, ACT: tl.constexpr):
         y = z * tl.sigmoid((z + 0.044715 * z * z * z) * (2.0 * _SQRT2_PI))
     elif ACT == "silu":
         y = z * tl.sigmoid(z)
+    elif ACT == "hardswish":
+        y = z * _relu6(z + 3.0) / 6.0
+    elif ACT == "hardsigmoid":
+        y = _relu6(z + 3.0) / 6.0
+    elif ACT == "sigmoid":
+        y = tl.sigmoid(z)
     else:
         y = z
     return y
@@ -82,6 +96,12 @@ def activation_grad(z, ACT: tl.constexpr):
     elif ACT == "silu":
         s = tl.sigmoid(z)
         d = s * (1.0 + z * tl.sigmoid(-z))
+    elif ACT == "hardswish":  # torch's hardswish_backward: 0 up to -3, x / 3 + 1/2 strictly inside, 1 from 3
+        d = tl.where(z <= -3.0, 0.0, tl.where(z < 3.0, z / 3.0 + 0.5, 1.0))
+    elif ACT == "hardsigmoid":  # 1/6 strictly inside (-3, 3), as torch's hardsigmoid_backward
+        d = tl.where((z > -3.0) & (z < 3.0), 1.0 / 6.0, 0.0)
+    elif ACT == "sigmoid":  # s (1 - s) with 1 - s as sigmoid(-z): no cancellation where s saturates
+        d = tl.sigmoid(z) * tl.sigmoid(-z)
     else:
         d = tl.full(z.shape, 1.0, tl.float32)
     return d
@@ -229,8 +249,9 @@ _shortcuts = Shortcuts(differentiable=True)
 
 
 def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
-    """`activation(input)` elementwise, for activation "relu", "relu6", "gelu" (exact, erf), "gelu_tanh" or "silu",
-    as torch's F.relu / F.relu6 / F.gelu / F.gelu(approximate="tanh") / F.silu; fp32 math, backward included.
+    """`activation(input)` elementwise, for activation "relu", "relu6", "gelu" (exact, erf), "gelu_tanh", "silu",
+    "hardswish", "hardsigmoid" or "sigmoid", as torch's F.relu / F.relu6 / F.gelu / F.gelu(approximate="tanh") /
+    F.silu / F.hardswish / F.hardsigmoid / torch.sigmoid; fp32 math, backward included.
     input of any shape and strides, float32 / float16 / bfloat16, read through its strides; the output is
     `torch.empty_like(input)` (a dense input's own layout: channels_last stays channels_last), as torch's."""
     key, shortcut = _shortcuts.find((input,), (activation,))

@@ -453,8 +453,9 @@ def group_norm(input: torch.Tensor, num_groups: int, weight: Optional[torch.Tens
     with its fp32 mean and biased variance, then * weight + bias per channel.
 
     input [N, C, *spatial] (any number of spatial dims, none too), float32 / float16 / bfloat16, read through its
-    strides (NCHW, channels_last); weight / bias [C] or None, any of those dtypes; activation None, "relu", "relu6",
-    "gelu", "gelu_tanh" or "silu", fused. The output (and input's gradient) is in input's dtype and memory format."""
+    strides (NCHW, channels_last); weight / bias [C] or None, any of those dtypes; activation None or one
+    of dropin.ops.activations.ACTIVATIONS, fused. The output (and input's gradient) is in input's dtype and
+    memory format."""
     key, shortcut = _shortcuts.find((input, weight, bias), (num_groups, eps, activation))
     if shortcut is not None:
         return shortcut(input, weight, bias)

@@ -487,10 +487,10 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     input [N, C, H, W] or unbatched [C, H, W], any strides (NCHW and channels_last read without copies);
     weight [Cout, C / groups, KH, KW]; bias [Cout] or None; stride / padding / dilation an int or a pair,
     padding also 'valid' or 'same' (stride 1 only, the odd extra pixel on the bottom / right as in torch);
-    activation None, "relu", "gelu", "gelu_tanh" or "silu"; residual None or a tensor of the output's size
-    (e.g. a ResNet block's identity; any strides). With `fold_batchnorm`'s weight and bias, conv -> BatchNorm ->
-    (+ identity) -> relu is this one call. float32 / float16 / bfloat16 (all the same),
-    fp32 accumulation; float32 uses tf32 only where torch's convolutions would
+    activation None or one of dropin.ops.activations.ACTIVATIONS ("relu", "gelu", "silu", ...); residual None
+    or a tensor of the output's size (e.g. a ResNet block's identity; any strides). With `fold_batchnorm`'s
+    weight and bias, conv -> BatchNorm -> (+ identity) -> relu is this one call. float32 / float16 / bfloat16
+    (all the same), fp32 accumulation; float32 uses tf32 only where torch's convolutions would
     (`torch.backends.cudnn.allow_tf32`). The output is channels_last when input or weight is. Under torch.autocast
     input, weight, bias and residual are cast to its dtype, as F.conv2d's operands are.
 
