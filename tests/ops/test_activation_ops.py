@@ -19,7 +19,8 @@ DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id
 ACTS = {"relu": (ops.relu, F.relu), "gelu": (ops.gelu, F.gelu), "silu": (ops.silu, F.silu),
         "gelu_tanh": (lambda x: ops.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh")),
         **{name: (lambda x, name=name: ops.activation(x, name), ref)
-           for name, ref in (("hardswish", F.hardswish), ("hardsigmoid", F.hardsigmoid), ("sigmoid", torch.sigmoid))}}
+           for name, ref in (("hardswish", F.hardswish), ("hardsigmoid", F.hardsigmoid), ("sigmoid", torch.sigmoid),
+                                 ("leaky_relu", F.leaky_relu))}}
 
 
 @pytest.mark.parametrize("name", list(ACTS))

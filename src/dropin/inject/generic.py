@@ -1,8 +1,8 @@
 """Handlers for torch.nn layers: Linear (+ activation), Conv2d (+ BatchNorm2d) (+ activation), Conv1d (+ activation;
 conv2d's kernels), GroupNorm (+ activation), and the layers that are one functional op: BatchNorm2d (not folded:
 training mode, or not after a conv), the activations (ReLU, ReLU6 and Hardtanh(0, 6), GELU, SiLU, Hardswish,
-Hardsigmoid, Sigmoid; the others are named with the reason they stay torch), max / average / adaptive average
-pooling, LayerNorm. Subclasses that keep their base's forward are handled as the base.
+Hardsigmoid, Sigmoid, LeakyReLU(0.01); the others are named with the reason they stay torch), max / average /
+adaptive average pooling, LayerNorm. Subclasses that keep their base's forward are handled as the base.
 
 Fusions take the siblings that follow in an nn.Sequential (see Site.following).
 """
@@ -28,8 +28,9 @@ _ACTIVATIONS = {  # module type -> fn(module) -> the dropin activation it comput
     nn.Hardswish: lambda m: "hardswish",
     nn.Hardsigmoid: lambda m: "hardsigmoid",
     nn.Sigmoid: lambda m: "sigmoid",
+    nn.LeakyReLU: lambda m: "leaky_relu" if m.negative_slope == 0.01 else None,  # (the kernels' slope)
 }
-_NO_KERNEL = (nn.Mish, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.Tanh, nn.Softplus, nn.PReLU)
+_NO_KERNEL = (nn.Mish, nn.ELU, nn.SELU, nn.CELU, nn.Tanh, nn.Softplus, nn.PReLU)
 
 
 def activation_name(module: nn.Module) -> Optional[str]:

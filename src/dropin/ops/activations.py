@@ -2,8 +2,8 @@
 and the standalone elementwise op (`activation`, `relu`, `gelu`, `silu`), forward and backward, one kernel.
 
 Names: "relu", "relu6" (min(max(x, 0), 6)), "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "silu",
-"hardswish" (x * relu6(x + 3) / 6), "hardsigmoid" (relu6(x + 3) / 6), "sigmoid". Inside kernels the activation is a
-`tl.constexpr` string; "none" is the identity.
+"hardswish" (x * relu6(x + 3) / 6), "hardsigmoid" (relu6(x + 3) / 6), "sigmoid", "leaky_relu" (torch's default
+negative slope, 0.01). Inside kernels the activation is a `tl.constexpr` string; "none" is the identity.
 """
 from typing import Optional
 
@@ -16,7 +16,7 @@ from .. import _runtime
 from ._common import check_float, is_dense, joint_dims
 from ._dispatch import Checks, Launch, Shortcuts, Unary, absent, plan, switch, torch_op, writing
 
-ACTIVATIONS = ("relu", "relu6", "gelu", "gelu_tanh", "silu", "hardswish", "hardsigmoid", "sigmoid")
+ACTIVATIONS = ("relu", "relu6", "gelu", "gelu_tanh", "silu", "hardswish", "hardsigmoid", "sigmoid", "leaky_relu")
 
 _REFS = {
     "relu": F.relu,
@@ -27,6 +27,7 @@ _REFS = {
     "hardswish": F.hardswish,
     "hardsigmoid": F.hardsigmoid,
     "sigmoid": torch.sigmoid,
+    "leaky_relu": F.leaky_relu,
 }
 
 
@@ -74,6 +75,8 @@ def apply_activation(z, ACT: tl.constexpr):
         y = _relu6(z + 3.0) / 6.0
     elif ACT == "sigmoid":
         y = tl.sigmoid(z)
+    elif ACT == "leaky_relu":
+        y = tl.where(z > 0.0, z, z * 0.01)  # NaN stays NaN
     else:
         y = z
     return y
@@ -102,6 +105,8 @@ def activation_grad(z, ACT: tl.constexpr):
         d = tl.where((z > -3.0) & (z < 3.0), 1.0 / 6.0, 0.0)
     elif ACT == "sigmoid":  # s (1 - s) with 1 - s as sigmoid(-z): no cancellation where s saturates
         d = tl.sigmoid(z) * tl.sigmoid(-z)
+    elif ACT == "leaky_relu":  # the slope at 0, as torch's leaky_relu_backward
+        d = tl.where(z > 0.0, 1.0, 0.01)
     else:
         d = tl.full(z.shape, 1.0, tl.float32)
     return d
@@ -250,8 +255,9 @@ _shortcuts = Shortcuts(differentiable=True)
 
 def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
     """`activation(input)` elementwise, for activation "relu", "relu6", "gelu" (exact, erf), "gelu_tanh", "silu",
-    "hardswish", "hardsigmoid" or "sigmoid", as torch's F.relu / F.relu6 / F.gelu / F.gelu(approximate="tanh") /
-    F.silu / F.hardswish / F.hardsigmoid / torch.sigmoid; fp32 math, backward included.
+    "hardswish", "hardsigmoid", "sigmoid" or "leaky_relu", as torch's F.relu / F.relu6 / F.gelu /
+    F.gelu(approximate="tanh") / F.silu / F.hardswish / F.hardsigmoid / torch.sigmoid / F.leaky_relu (its default
+    negative slope, 0.01); fp32 math, backward included.
     input of any shape and strides, float32 / float16 / bfloat16, read through its strides; the output is
     `torch.empty_like(input)` (a dense input's own layout: channels_last stays channels_last), as torch's."""
     key, shortcut = _shortcuts.find((input,), (activation,))

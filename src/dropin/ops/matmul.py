@@ -623,7 +623,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            activation: Optional[str] = None) -> torch.Tensor:
     """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
     bias [N] or None; activation None or one of dropin.ops.activations.ACTIVATIONS (relu, relu6, gelu, gelu_tanh,
-    silu, hardswish, hardsigmoid, sigmoid)."""
+    silu, hardswish, hardsigmoid, sigmoid, leaky_relu)."""
     key, shortcut = _shortcuts.find((x, weight, bias), ("linear", activation, _gemm.tf32_key(x)))
     if shortcut is not None:
         return shortcut(x, weight, bias)
