@@ -62,18 +62,20 @@ def test_mobilenet_style_relu6_fused_into_conv_and_linear():
     check_backward(injected, original, x)
 
 
-HARD = {"hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "sigmoid": torch.sigmoid, "leaky_relu": F.leaky_relu}
+# torch's function of each activation whose kernel came after relu6's
+TORCH_ACTIVATIONS = {"hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "sigmoid": torch.sigmoid,
+                     "leaky_relu": F.leaky_relu}
 
 
-@pytest.mark.parametrize("name", list(HARD))
-def test_hard_activations_and_sigmoid_against_torch(name):
+@pytest.mark.parametrize("name", list(TORCH_ACTIVATIONS))
+def test_activation_against_torch_at_its_kinks(name):
     """Values on both sides of the kinks at -3, 0 and 3 (x * 4), forward and backward against float64; at the kinks
     themselves, and for NaN, the values and gradients torch gives."""
-    check(lambda x: ops.activation(x, name), HARD[name], {"x": torch.randn(3, 7, 33, device=DEVICE) * 4})
+    check(lambda x: ops.activation(x, name), TORCH_ACTIVATIONS[name], {"x": torch.randn(3, 7, 33, device=DEVICE) * 4})
     points = [-3.0, 3.0, -2.5, 0.0, 2.5, -4.0, 4.0]
     x = torch.tensor(points, device=DEVICE, requires_grad=True)
     x_64 = torch.tensor(points, device=DEVICE, dtype=torch.float64, requires_grad=True)
-    out, ref = ops.activation(x, name), HARD[name](x_64)
+    out, ref = ops.activation(x, name), TORCH_ACTIVATIONS[name](x_64)
     assert_close(out, ref, x.dtype, "fwd")
     (grad,), (grad_64,) = torch.autograd.grad(out, x, torch.ones_like(out)), torch.autograd.grad(
         ref, x_64, torch.ones_like(ref))
@@ -81,13 +83,14 @@ def test_hard_activations_and_sigmoid_against_torch(name):
     assert torch.isnan(ops.activation(torch.tensor([float("nan")], device=DEVICE), name)).all()
 
 
-@pytest.mark.parametrize("name", list(HARD))
-def test_hard_activation_epilogues_of_linear_and_conv(name):
-    check(lambda x, w, b: ops.linear(x, w, b, activation=name), lambda x, w, b: HARD[name](F.linear(x, w, b)),
+@pytest.mark.parametrize("name", list(TORCH_ACTIVATIONS))
+def test_activation_epilogues_of_linear_and_conv(name):
+    act = TORCH_ACTIVATIONS[name]
+    check(lambda x, w, b: ops.linear(x, w, b, activation=name), lambda x, w, b: act(F.linear(x, w, b)),
           {"x": torch.randn(5, 16, device=DEVICE) * 2, "w": torch.randn(8, 16, device=DEVICE) / 2,
            "b": torch.randn(8, device=DEVICE)})
     check(lambda x, w, b: ops.conv2d(x, w, b, padding=1, activation=name),
-          lambda x, w, b: HARD[name](F.conv2d(x, w, b, padding=1)),
+          lambda x, w, b: act(F.conv2d(x, w, b, padding=1)),
           {"x": torch.randn(2, 3, 5, 5, device=DEVICE) * 2, "w": torch.randn(4, 3, 3, 3, device=DEVICE) / 2,
            "b": torch.randn(4, device=DEVICE)})
 

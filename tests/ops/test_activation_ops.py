@@ -20,7 +20,7 @@ ACTS = {"relu": (ops.relu, F.relu), "gelu": (ops.gelu, F.gelu), "silu": (ops.sil
         "gelu_tanh": (lambda x: ops.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh")),
         **{name: (lambda x, name=name: ops.activation(x, name), ref)
            for name, ref in (("hardswish", F.hardswish), ("hardsigmoid", F.hardsigmoid), ("sigmoid", torch.sigmoid),
-                                 ("leaky_relu", F.leaky_relu))}}
+                             ("leaky_relu", F.leaky_relu))}}
 
 
 @pytest.mark.parametrize("name", list(ACTS))

@@ -60,8 +60,8 @@ class ConvBNAct(Conv2d):
         self.refresh_()
 
     def _sources(self) -> tuple:
-        conv, bn = self._parameters, self.bn  # (the modules' dicts read directly: see DropinModule._weight_bias)
-        return (conv["weight"], conv.get("bias"), bn._parameters.get("weight"), bn._parameters.get("bias"),
+        bn = self.bn  # (the modules' dicts read directly: see DropinModule._weight_bias)
+        return (*self._weight_bias(), bn._parameters.get("weight"), bn._parameters.get("bias"),
                 bn._buffers.get("running_mean"), bn._buffers.get("running_var"))
 
     def refresh_(self) -> None:

@@ -622,8 +622,7 @@ _checked = Checks()
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            activation: Optional[str] = None) -> torch.Tensor:
     """`activation(F.linear(x, weight, bias))` in one kernel: x [..., K], weight [N, K] (or [K]),
-    bias [N] or None; activation None or one of dropin.ops.activations.ACTIVATIONS (relu, relu6, gelu, gelu_tanh,
-    silu, hardswish, hardsigmoid, sigmoid, leaky_relu)."""
+    bias [N] or None; activation None or one of dropin.ops.activations.ACTIVATIONS ("relu", "gelu", "silu", ...)."""
     key, shortcut = _shortcuts.find((x, weight, bias), ("linear", activation, _gemm.tf32_key(x)))
     if shortcut is not None:
         return shortcut(x, weight, bias)
