@@ -76,6 +76,12 @@ class DropinModule(torch.nn.Module):
                 raise
             return getattr(original, name)
 
+    def __bool__(self) -> bool:
+        """True, as any module. Spelled out for torch.compile: without it Dynamo (torch 2.11) tests a module's
+        truth (HF's `if self.normalization:`) by looking up __bool__ and __len__ through this class's __getattr__,
+        and guards each failed lookup on every call."""
+        return True
+
     def _weight_bias(self) -> tuple:
         """(weight, bias) as the original holds them now (None where it has none), read from the parameter dict.
         A drop-in's forward reads its tensors and children from the module's dicts or through the original, not as
