@@ -182,9 +182,9 @@ def test_verification_catches_a_wrong_kernel_and_reverts(monkeypatch):
 
 
 def test_strict_raises_on_modules_left_to_torch():
-    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh()).to(DEVICE)
+    model = nn.Sequential(nn.Linear(4, 4), nn.PReLU()).to(DEVICE)
     children = list(model.children())
-    with pytest.raises(InjectError, match="Tanh"):
+    with pytest.raises(InjectError, match="PReLU"):
         dropin.inject_(model, strict=True, verify=False)
     assert all(a is b for a, b in zip(model.children(), children))
     assert dropin.inject_(mlp(), strict=True, verify=False).left == []
@@ -247,10 +247,10 @@ def test_functional_layers():
 
 def test_unsupported_modules_and_root_are_reported():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), nn.Dropout(0.5),
-                          nn.BatchNorm2d(4), nn.Identity(), nn.Tanh(), nn.ConvTranspose2d(4, 4, 1)).to(DEVICE).eval()
+                          nn.BatchNorm2d(4), nn.Identity(), nn.PReLU(), nn.ConvTranspose2d(4, 4, 1)).to(DEVICE).eval()
     left = {e.name: e.reason for e in dropin.inject_(model, verify=False).left}
     assert set(left) == {"0", "4", "5"}  # eval Dropout and Identity compute nothing; BatchNorm: its own kernel
-    assert "padding_mode 'reflect'" in left["0"] and "no Tanh kernel" in left["4"]
+    assert "padding_mode 'reflect'" in left["0"] and "no PReLU kernel" in left["4"]
     model.train()
     assert "1" in {e.name for e in dropin.inject_(model, verify=False).left}  # training Dropout computes
     report = dropin.inject_(nn.Linear(4, 4).to(DEVICE), verify=False)

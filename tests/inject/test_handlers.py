@@ -1,5 +1,5 @@
-"""Handlers for models written in plain torch.nn (issue 26): ReLU6, Hardswish, Hardsigmoid, Sigmoid and LeakyReLU as
-drop-ins and as conv / linear epilogues,
+"""Handlers for models written in plain torch.nn (issue 26): ReLU6, Hardswish, Hardsigmoid, Sigmoid, LeakyReLU, Tanh,
+Mish, ELU, SELU, CELU and Softplus as drop-ins and as conv / linear epilogues,
 activations without a kernel named, subclasses that keep their base's forward, nn.MultiheadAttention's out_proj,
 a CvT-style block whose forward reads its children's attributes, Dropout and Identity in eval."""
 import pytest
@@ -64,15 +64,21 @@ def test_mobilenet_style_relu6_fused_into_conv_and_linear():
 
 # torch's function of each activation whose kernel came after relu6's
 TORCH_ACTIVATIONS = {"hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "sigmoid": torch.sigmoid,
-                     "leaky_relu": F.leaky_relu}
+                     "leaky_relu": F.leaky_relu, "tanh": torch.tanh, "mish": F.mish, "elu": F.elu, "selu": F.selu,
+                     "celu": F.celu, "softplus": F.softplus}
+# points beside -3, 0 and 3 where an activation has other edges: tanh's two formulas meet at 0.55, softplus's
+# threshold is 20, the tails saturate
+OTHER_KINKS = {"tanh": [0.5499, 0.55, -0.5501, 9.0, -30.0], "mish": [-30.0, 30.0, -1.19], "elu": [-1e-3, 1e-3, -20.0],
+               "selu": [-1e-3, 1e-3, -20.0], "celu": [-1e-3, 1e-3, -20.0], "softplus": [19.5, 20.0, 20.5, -20.0]}
 
 
 @pytest.mark.parametrize("name", list(TORCH_ACTIVATIONS))
 def test_activation_against_torch_at_its_kinks(name):
     """Values on both sides of the kinks at -3, 0 and 3 (x * 4), forward and backward against float64; at the kinks
-    themselves, and for NaN, the values and gradients torch gives."""
+    themselves (selu's gradient at 0: alpha * scale, as torch's elu_backward), and for NaN, the values and gradients
+    torch gives."""
     check(lambda x: ops.activation(x, name), TORCH_ACTIVATIONS[name], {"x": torch.randn(3, 7, 33, device=DEVICE) * 4})
-    points = [-3.0, 3.0, -2.5, 0.0, 2.5, -4.0, 4.0]
+    points = [-3.0, 3.0, -2.5, 0.0, 2.5, -4.0, 4.0] + OTHER_KINKS.get(name, [])
     x = torch.tensor(points, device=DEVICE, requires_grad=True)
     x_64 = torch.tensor(points, device=DEVICE, dtype=torch.float64, requires_grad=True)
     out, ref = ops.activation(x, name), TORCH_ACTIVATIONS[name](x_64)
@@ -80,7 +86,11 @@ def test_activation_against_torch_at_its_kinks(name):
     (grad,), (grad_64,) = torch.autograd.grad(out, x, torch.ones_like(out)), torch.autograd.grad(
         ref, x_64, torch.ones_like(ref))
     assert_close(grad, grad_64, x.dtype, "bwd")
-    assert torch.isnan(ops.activation(torch.tensor([float("nan")], device=DEVICE), name)).all()
+    nan = torch.tensor([float("nan")], device=DEVICE, requires_grad=True)
+    outs = [(f(nan), torch.autograd.grad(f(nan), nan)[0]) for f in (lambda t: ops.activation(t, name),
+                                                                    TORCH_ACTIVATIONS[name])]
+    assert torch.isnan(outs[0][0]).all()  # (elu's gradient at NaN: scale, as torch's)
+    torch.testing.assert_close(outs[0][1], outs[1][1], equal_nan=True)
 
 
 @pytest.mark.parametrize("name", list(TORCH_ACTIVATIONS))
@@ -112,17 +122,42 @@ def test_mobilenet_v3_style_hardswish_fused_into_conv_and_linear():
     check_backward(injected, original, x)
 
 
+def test_exp_activations_fused_into_conv_and_linear_and_alone():
+    """Conv -> BN -> Mish (YOLOv4's), conv -> ELU, conv -> Tanh, linear -> SELU / CELU / Softplus fused; Softplus after
+    a pooling and an ELU after a fused activation alone. inplace=True ones give the result torch's in-place call
+    returns."""
+    model = randomize_batchnorms(nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.Mish(inplace=True),
+        nn.Conv2d(8, 8, 3, padding=1), nn.ELU(inplace=True), nn.Conv2d(8, 8, 1), nn.Tanh(),
+        nn.AdaptiveAvgPool2d(1), nn.Softplus(), nn.Flatten(), nn.Linear(8, 8), nn.SELU(inplace=True),
+        nn.Linear(8, 8), nn.CELU(inplace=True), nn.Linear(8, 8), nn.Softplus(beta=1, threshold=20),
+        nn.ELU(inplace=True), nn.Linear(8, 4),
+    )).to(DEVICE).eval()
+    x = torch.randn(2, 3, 6, 6, device=DEVICE) * 4
+    injected, original, report = injected_pair(lambda: model, example_inputs=x)
+    assert [(r.name, r.kernel, r.fused) for r in report.replaced] == [
+        ("0", "conv2d+bn+mish", ("1", "2")), ("3", "conv2d+elu", ("4",)), ("5", "conv2d+tanh", ("6",)),
+        ("7", "adaptive_avg_pool2d", ()), ("8", "softplus", ()), ("10", "linear+selu", ("11",)),
+        ("12", "linear+celu", ("13",)), ("14", "linear+softplus", ("15",)), ("16", "elu", ()), ("17", "linear", ())]
+    assert report.left == [] and report.verification.startswith("verified")
+    check_forward(injected, original, x)
+    check_backward(injected, original, x)
+
+
 def test_activations_without_a_kernel_are_named():
-    model = nn.Sequential(nn.Linear(8, 8), nn.Mish(), nn.Linear(8, 8), nn.Tanh(), nn.Hardtanh(-1.0, 1.0),
-                          nn.LeakyReLU(0.2)).to(DEVICE)
+    """PReLU has no kernel; an activation whose parameters are not the kernels' (torch's defaults) stays torch, the
+    reason naming them."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.PReLU(), nn.Linear(8, 8), nn.ELU(alpha=0.5), nn.Hardtanh(-1.0, 1.0),
+                          nn.LeakyReLU(0.2), nn.CELU(alpha=2.0), nn.Softplus(beta=2.0),
+                          nn.Softplus(threshold=10.0)).to(DEVICE)
     x = torch.randn(4, 8, device=DEVICE)
     injected, original, report = injected_pair(lambda: model, example_inputs=x)
     assert [(r.name, r.kernel) for r in report.replaced] == [("0", "linear"), ("2", "linear")]
     left = {e.name: e.reason for e in report.left}
-    assert set(left) == {"1", "3", "4", "5"} and "relu6" in left["4"]
-    for name, kind in (("1", "Mish"), ("3", "Tanh")):
-        assert f"no {kind} kernel" in left[name]
-    assert "leaky_relu" in left["5"]  # (a slope other than the kernels' 0.01: the reason lists dropin's activations)
+    assert set(left) == {"1", "3", "4", "5", "6", "7", "8"} and "no PReLU kernel" in left["1"]
+    for name, parameter in (("3", "alpha=0.5"), ("4", "min_val=-1.0"), ("5", "negative_slope=0.2"), ("6", "alpha=2.0"),
+                            ("7", "beta=2.0"), ("8", "threshold=10.0")):
+        assert parameter in left[name] and "relu6" in left[name]  # (the module, then dropin's activations)
     check_forward(injected, original, x)
 
 

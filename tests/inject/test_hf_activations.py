@@ -1,5 +1,5 @@
 """HF's activation modules (transformers.activations) injected by what each computes (issue 26): dropin's gelu,
-gelu_tanh or silu, alone or fused into a preceding linear; those without a dropin kernel named with the reason."""
+gelu_tanh, silu or mish, alone or fused into a preceding linear; those without a dropin kernel named with the reason."""
 import pytest
 import torch
 from torch import nn
@@ -21,9 +21,18 @@ MAPPED = [  # (the module, the dropin activation its forward computes)
     (lambda: hf.FastGELUActivation(), "gelu_tanh"),
     (lambda: hf.AccurateGELUActivation(), "gelu_tanh"),
     (lambda: hf.SiLUActivation(), "silu"),
+    (lambda: hf.MishActivation(), "mish"),
+    (lambda: _python_mish(), "mish"),
 ]
 IDS = ["gelu", "gelu_python", "gelu_tanh", "gelu_tanh_python", "pytorch_gelu_tanh", "new_gelu", "fast_gelu",
-       "accurate_gelu", "silu"]
+       "accurate_gelu", "silu", "mish", "mish_python"]
+
+
+def _python_mish():
+    """MishActivation as older torch versions had it: x * tanh(softplus(x)) in Python."""
+    act = hf.MishActivation()
+    act.act = act._mish_python
+    return act
 
 
 class _Block(nn.Module):
@@ -69,12 +78,12 @@ def test_hf_activations_injected_alone_and_fused(make, name):
 
 def test_hf_activations_without_a_kernel_are_named():
     model = nn.Sequential(nn.Linear(8, 8), hf.QuickGELUActivation(), hf.ClippedGELUActivation(-1.0, 1.0),
-                          hf.MishActivation(), hf.LinearActivation(), nn.Linear(8, 4)).to(DEVICE)
+                          hf.ReLUSquaredActivation(), hf.LinearActivation(), nn.Linear(8, 4)).to(DEVICE)
     x = torch.randn(4, 8, device=DEVICE)
     injected, original, report = injected_pair(lambda: model, example_inputs=x)
     assert [(r.name, r.kernel) for r in report.replaced] == [("0", "linear"), ("5", "linear")]
     assert {e.name: e.type for e in report.left} == {
-        "1": "QuickGELUActivation", "2": "ClippedGELUActivation", "3": "MishActivation"}
+        "1": "QuickGELUActivation", "2": "ClippedGELUActivation", "3": "ReLUSquaredActivation"}
     assert all(f"no {e.type} kernel" in e.reason for e in report.left)
     check_forward(injected, original, x)
 

@@ -8,7 +8,8 @@ import dropin
 from _tol import DEVICE
 
 ACTS = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-        "silu": F.silu}
+        "silu": F.silu, "tanh": torch.tanh, "mish": F.mish, "elu": F.elu, "selu": F.selu, "celu": F.celu,
+        "softplus": F.softplus}
 
 
 def torch_conv(activation=None, **kw):

@@ -20,13 +20,32 @@ ACTS = {"relu": (ops.relu, F.relu), "gelu": (ops.gelu, F.gelu), "silu": (ops.sil
         "gelu_tanh": (lambda x: ops.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh")),
         **{name: (lambda x, name=name: ops.activation(x, name), ref)
            for name, ref in (("hardswish", F.hardswish), ("hardsigmoid", F.hardsigmoid), ("sigmoid", torch.sigmoid),
-                             ("leaky_relu", F.leaky_relu))}}
+                             ("leaky_relu", F.leaky_relu), ("tanh", torch.tanh), ("mish", F.mish), ("elu", F.elu),
+                             ("selu", F.selu), ("celu", F.celu), ("softplus", F.softplus))}}
+# the activations computed from exp (their own expm1, log1p and tanh): inputs where a naive formula cancels or overflows
+EXP_BASED = ["tanh", "mish", "elu", "selu", "celu", "softplus"]
 
 
 @pytest.mark.parametrize("name", list(ACTS))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dtypes(dtype, name):
     check(*ACTS[name], {"x": torch.randn(3, 7, 33, dtype=dtype, device=DEVICE) * 3})
+
+
+@pytest.mark.parametrize("name", EXP_BASED)
+@pytest.mark.parametrize("inputs", ["near-0", "positive-tail", "negative-tail"])
+def test_near_zero_and_in_the_tails(name, inputs):
+    """Forward and backward against float64 and the 2x rule: near 0 (1e-3 scale: exp(x) - 1 and 1 - exp(-2|x|)
+    cancel there) and in each tail, |x| in [10, 25] (past softplus's threshold 20, tanh and mish saturated,
+    softplus and mish of very negative x, where log(1 + exp(x)) rounds to 0); finite at +-90 and +-100, where
+    exp(2|x|) is inf (inf / inf in a naive tanh or mish)."""
+    x = {"near-0": lambda: torch.randn(4, 65) * 1e-3, "positive-tail": lambda: 10 + 15 * torch.rand(4, 65),
+         "negative-tail": lambda: -10 - 15 * torch.rand(4, 65)}[inputs]().to(DEVICE)
+    check(*ACTS[name], {"x": x})
+    big = torch.tensor([-100.0, -90.0, 90.0, 100.0], device=DEVICE, requires_grad=True)
+    out = ACTS[name][0](big)
+    (grad,) = torch.autograd.grad(out, big, torch.ones_like(out))
+    assert torch.isfinite(out).all() and torch.isfinite(grad).all()
 
 
 @pytest.mark.parametrize("layout", ["channels_last", "transposed", "sliced", "expanded", "6d-strided", "scalar"])
@@ -126,7 +145,7 @@ def test_large_gpu(dtype, name):
 
 def test_errors():
     with pytest.raises(ValueError, match="'activation'"):
-        ops.activation(torch.randn(3, device=DEVICE), "tanh")
+        ops.activation(torch.randn(3, device=DEVICE), "prelu")
     with pytest.raises(RuntimeError, match="'approximate'"):
         ops.gelu(torch.randn(3, device=DEVICE), approximate="erf")
     with pytest.raises(RuntimeError):

@@ -301,7 +301,7 @@ ERRORS = [
      "dilation"),
     ("stride-3-values", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), stride=(1, 2, 3)), RuntimeError,
      "stride"),
-    ("bad-activation", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), activation="tanh"), ValueError,
+    ("bad-activation", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), activation="prelu"), ValueError,
      "activation"),
     ("not-a-tensor", lambda: dropin.conv2d(randn(1, 4, 8, 8), [[1.0]]), TypeError, "weight"),
     ("residual-shape", lambda: dropin.conv2d(randn(1, 4, 8, 8), randn(6, 4, 3, 3), residual=randn(1, 6, 8, 8)),

@@ -87,7 +87,8 @@ def test_optional_affine(weight, bias):
     _check_gn(_leaves((2, 6, 4, 3), weight=weight, bias=bias), 2)
 
 
-@pytest.mark.parametrize("activation", ["relu", "relu6", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("activation", ["relu", "relu6", "gelu", "gelu_tanh", "silu", "tanh", "mish", "elu", "selu",
+                                        "celu", "softplus"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_activation(activation, dtype):
     """activation(group_norm(x)), the activation's gradient inside the norm's backward; also without weight."""
@@ -206,7 +207,7 @@ ERRORS = [  # (id, args, error, name in the message, torch also raises)
     ("int-input", (torch.ones(2, 6, 3, dtype=torch.int64, device=DEVICE), 2), NotImplementedError, "input", True),
     ("float64", (_t(2, 6, 3, dtype=torch.float64), 2), NotImplementedError, "input", False),
     ("int-weight", (_t(2, 6, 3), 2, torch.ones(6, dtype=torch.int32, device=DEVICE)), RuntimeError, "weight", False),
-    ("activation", (_t(2, 6, 3), 2, None, None, 1e-5, "tanh"), ValueError, "activation", False),
+    ("activation", (_t(2, 6, 3), 2, None, None, 1e-5, "prelu"), ValueError, "activation", False),
     ("not-a-tensor", ([[1.0]], 1), TypeError, "input", True),
 ] + ([("spatial-empty", (_t(2, 4, 0), 2), RuntimeError, "input", True)] if DEVICE == "cpu" else [])
 

@@ -31,6 +31,12 @@ ACTIVATIONS = {
     "gelu": F.gelu,  # exact (erf)
     "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
     "silu": F.silu,
+    "tanh": torch.tanh,
+    "mish": F.mish,
+    "elu": F.elu,
+    "selu": F.selu,
+    "celu": F.celu,
+    "softplus": F.softplus,
 }
 
 
@@ -283,7 +289,7 @@ def test_repeat_calls_with_autograd_through_the_shortcut(monkeypatch, true_fp32)
     _check.assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch)
 
 
-@pytest.mark.parametrize("activation", ["tanh", "Relu", "none", "gelu_erf"])
+@pytest.mark.parametrize("activation", ["prelu", "Relu", "none", "gelu_erf"])
 def test_linear_unknown_activation(activation):
     x, w = randn(3, 4), randn(5, 4)
     with pytest.raises(ValueError, match="'activation'"):

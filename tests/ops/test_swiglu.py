@@ -15,6 +15,7 @@ import _check
 import dropin
 from _check import check, poison_allocations
 from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
+from dropin.ops.activations import ACTIVATIONS
 
 swiglu = importlib.import_module("dropin.ops.swiglu")
 swiglu_mlp_ref = swiglu.swiglu_mlp_ref
@@ -47,6 +48,13 @@ SHAPES = [  # (x shape, intermediate size)
 @pytest.mark.parametrize("x_shape,intermediate", SHAPES)
 def test_swiglu_mlp(x_shape, intermediate, dtype):
     check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves(x_shape, intermediate, dtype), positive=few(x_shape))
+
+
+@pytest.mark.parametrize("activation", [a for a in ACTIVATIONS if a != "silu"])
+def test_other_activations(activation):
+    """The gated MLP of each other activation (GemmaMLP's gelu_tanh, ...): its value and gradient inside the kernels."""
+    check(lambda *t: dropin.ops.swiglu_mlp(*t, activation=activation), lambda *t: swiglu_mlp_ref(*t, activation),
+          leaves((7, 33), 50))
 
 
 def few(x_shape):

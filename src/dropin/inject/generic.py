@@ -1,8 +1,10 @@
 """Handlers for torch.nn layers: Linear (+ activation), Conv2d (+ BatchNorm2d) (+ activation), Conv1d (+ activation;
 conv2d's kernels), GroupNorm (+ activation), and the layers that are one functional op: BatchNorm2d (not folded:
 training mode, or not after a conv), the activations (ReLU, ReLU6 and Hardtanh(0, 6), GELU, SiLU, Hardswish,
-Hardsigmoid, Sigmoid, LeakyReLU(0.01); the others are named with the reason they stay torch), max / average /
-adaptive average pooling, LayerNorm. Subclasses that keep their base's forward are handled as the base.
+Hardsigmoid, Sigmoid, LeakyReLU(0.01), Tanh, Mish, ELU(alpha=1), SELU, CELU(alpha=1), Softplus(beta=1, threshold=20);
+inplace=True too, whose result they return without writing their input; the others, and other parameters, are named
+with the reason they stay torch), max / average / adaptive average pooling, LayerNorm. Subclasses that keep their
+base's forward are handled as the base.
 
 Fusions take the siblings that follow in an nn.Sequential (see Site.following).
 """
@@ -29,8 +31,14 @@ _ACTIVATIONS = {  # module type -> fn(module) -> the dropin activation it comput
     nn.Hardsigmoid: lambda m: "hardsigmoid",
     nn.Sigmoid: lambda m: "sigmoid",
     nn.LeakyReLU: lambda m: "leaky_relu" if m.negative_slope == 0.01 else None,  # (the kernels' slope)
+    nn.Tanh: lambda m: "tanh",
+    nn.Mish: lambda m: "mish",
+    nn.ELU: lambda m: "elu" if m.alpha == 1.0 else None,  # (the kernels' parameters, torch's defaults)
+    nn.SELU: lambda m: "selu",
+    nn.CELU: lambda m: "celu" if m.alpha == 1.0 else None,
+    nn.Softplus: lambda m: "softplus" if (m.beta, m.threshold) == (1.0, 20.0) else None,
 }
-_NO_KERNEL = (nn.Mish, nn.ELU, nn.SELU, nn.CELU, nn.Tanh, nn.Softplus, nn.PReLU)
+_NO_KERNEL = (nn.PReLU,)
 
 
 def activation_name(module: nn.Module) -> Optional[str]:

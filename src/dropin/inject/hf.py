@@ -1,7 +1,7 @@
 """Handlers for the HF modules that many families share: transformers.activations' activation modules, mapped to
 dropin's activations by what each forward computes (GELUActivation, GELUTanh / PytorchGELUTanh, NewGELUActivation,
-FastGELUActivation, AccurateGELUActivation, SiLUActivation); those without a dropin kernel (QuickGELUActivation, ...)
-are named with the reason, and LinearActivation (the identity) is passive."""
+FastGELUActivation, AccurateGELUActivation, SiLUActivation, MishActivation); those without a dropin kernel
+(QuickGELUActivation, ...) are named with the reason, and LinearActivation (the identity) is passive."""
 import functools
 
 import torch.nn.functional as F
@@ -10,8 +10,8 @@ from .generic import activation_module, activation_without_kernel
 from .registry import passive, register, when_imported
 
 _TANH_FORMULAS = ("NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation")  # 0.5 x (1 + tanh(...))
-_WITHOUT_KERNEL = ("QuickGELUActivation", "ClippedGELUActivation", "MishActivation", "LaplaceActivation",
-                   "ReLUSquaredActivation", "SqrtSoftplusActivation", "XIELUActivation")
+_WITHOUT_KERNEL = ("QuickGELUActivation", "ClippedGELUActivation", "LaplaceActivation", "ReLUSquaredActivation",
+                   "SqrtSoftplusActivation", "XIELUActivation")
 
 
 def _own_forward(name_of):
@@ -36,8 +36,11 @@ def _register():
                       and act.keywords == {"approximate": "tanh"})
         return "gelu_tanh" if torch_tanh or _calls_method(act, hf.GELUTanh._gelu_tanh_python) else None
 
+    def mish(m):  # self.act: F.mish, or x * tanh(F.softplus(x)) in Python (older torch)
+        return "mish" if m.act is F.mish or _calls_method(m.act, hf.MishActivation._mish_python) else None
+
     name_of = {"GELUActivation": gelu, "GELUTanh": gelu_tanh, "SiLUActivation": lambda m: "silu",
-               **{n: lambda m: "gelu_tanh" for n in _TANH_FORMULAS}}
+               "MishActivation": mish, **{n: lambda m: "gelu_tanh" for n in _TANH_FORMULAS}}
     gelu_tanh_class = getattr(hf, "GELUTanh", None)
     if getattr(hf, "PytorchGELUTanh", gelu_tanh_class) is not gelu_tanh_class:
         name_of["PytorchGELUTanh"] = lambda m: "gelu_tanh"  # older transformers: F.gelu(approximate="tanh") itself

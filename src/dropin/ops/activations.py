@@ -3,7 +3,9 @@ and the standalone elementwise op (`activation`, `relu`, `gelu`, `silu`), forwar
 
 Names: "relu", "relu6" (min(max(x, 0), 6)), "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "silu",
 "hardswish" (x * relu6(x + 3) / 6), "hardsigmoid" (relu6(x + 3) / 6), "sigmoid", "leaky_relu" (torch's default
-negative slope, 0.01). Inside kernels the activation is a `tl.constexpr` string; "none" is the identity.
+negative slope, 0.01), "tanh", "mish" (x * tanh(softplus(x))), "elu" and "celu" (alpha 1: the same function), "selu",
+"softplus" (beta 1, threshold 20). Inside kernels the activation is a `tl.constexpr` string; "none" is the
+identity.
 """
 from typing import Optional
 
@@ -16,7 +18,8 @@ from .. import _runtime
 from ._common import check_float, is_dense, joint_dims
 from ._dispatch import Checks, Launch, Shortcuts, Unary, absent, plan, switch, torch_op, writing
 
-ACTIVATIONS = ("relu", "relu6", "gelu", "gelu_tanh", "silu", "hardswish", "hardsigmoid", "sigmoid", "leaky_relu")
+ACTIVATIONS = ("relu", "relu6", "gelu", "gelu_tanh", "silu", "hardswish", "hardsigmoid", "sigmoid", "leaky_relu",
+               "tanh", "mish", "elu", "selu", "celu", "softplus")
 
 _REFS = {
     "relu": F.relu,
@@ -28,6 +31,12 @@ _REFS = {
     "hardsigmoid": F.hardsigmoid,
     "sigmoid": torch.sigmoid,
     "leaky_relu": F.leaky_relu,
+    "tanh": torch.tanh,
+    "mish": F.mish,
+    "elu": F.elu,
+    "selu": F.selu,
+    "celu": F.celu,
+    "softplus": F.softplus,
 }
 
 
@@ -48,11 +57,76 @@ def activation_ref(x: torch.Tensor, activation) -> torch.Tensor:
 _SQRT1_2 = tl.constexpr(0.7071067811865476)
 _SQRT2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
+_SELU_SCALE = tl.constexpr(1.0507009873554804934193349852946)
+_SELU_ALPHA_SCALE = tl.constexpr(1.6732632423543772848170429916717 * 1.0507009873554804934193349852946)
 
 
 @triton.jit
 def _relu6(z):
     return tl.where(z < 0.0, 0.0, tl.where(z > 6.0, 6.0, z))  # NaN stays NaN, as in torch
+
+
+@triton.jit
+def _expm1(x):
+    """exp(x) - 1 to fp32 accuracy: where |x| < 1 (exp(x) - 1 cancels there) x + x^2 (1/2! + x (1/3! + ...)) to
+    x^11 / 11! (truncation under 1e-8 relative), elsewhere exp(x) - 1 (whose cancellation costs at most e / (e - 1))."""
+    p = x * (1.0 / 39916800.0) + 1.0 / 3628800.0
+    p = p * x + 1.0 / 362880.0
+    p = p * x + 1.0 / 40320.0
+    p = p * x + 1.0 / 5040.0
+    p = p * x + 1.0 / 720.0
+    p = p * x + 1.0 / 120.0
+    p = p * x + 1.0 / 24.0
+    p = p * x + 1.0 / 6.0
+    p = p * x + 0.5
+    return tl.where(tl.abs(x) < 1.0, x + x * x * p, tl.exp(x) - 1.0)
+
+
+@triton.jit
+def _log1p_unit(u):
+    """log(1 + u) for u in [0, 1], as 2 atanh(s) = u - s (u - 2 s^2 (1/3 + s^2 / 5 + ... + s^12 / 15)), s = u / (2 + u)
+    <= 1/3 (truncation under 2e-9 relative): u exact and the rest at most a third of it, and no log of a number
+    near 1 (whose fast GPU log loses the relative accuracy)."""
+    s = u / (2.0 + u)
+    s2 = s * s
+    q = s2 * (1.0 / 15.0) + 1.0 / 13.0
+    q = q * s2 + 1.0 / 11.0
+    q = q * s2 + 1.0 / 9.0
+    q = q * s2 + 1.0 / 7.0
+    q = q * s2 + 1.0 / 5.0
+    q = q * s2 + 1.0 / 3.0
+    return u - s * (u - 2.0 * s2 * q)
+
+
+@triton.jit
+def _tanh(z):
+    """tanh(z): z's sign on tanh(a), a = |z|; below 0.55 a + a^3 P(a^2), P tanh's Taylor series to a^17 (truncation
+    under 1e-8 relative; 1 - exp cancels there), elsewhere 1 - 2w / (1 + w), w = exp(-2a) (2w / (1 + w) <= 1/2: no
+    cancellation; w underflows to 0 where tanh is 1, never inf / inf)."""
+    a = tl.abs(z)
+    s = a * a
+    p = s * (6404582.0 / 10854718875.0) - 929569.0 / 638512875.0
+    p = p * s + 21844.0 / 6081075.0
+    p = p * s - 1382.0 / 155925.0
+    p = p * s + 62.0 / 2835.0
+    p = p * s - 17.0 / 315.0
+    p = p * s + 2.0 / 15.0
+    p = p * s - 1.0 / 3.0
+    w = tl.exp(-2.0 * a)
+    t = tl.where(a < 0.55, a + a * s * p, 1.0 - 2.0 * w / (1.0 + w))
+    return tl.where(z < 0.0, -t, t)
+
+
+@triton.jit
+def _mish_parts(z):
+    """(p, r, q), q = p + r: tanh(softplus(z)) = p / q and 1 - tanh(softplus(z)) = r / q, from w = exp(-|z|) <= 1:
+    (w^2 + 2w, 2) below 0 and (1 + 2w, 2w^2) from 0 (((1 + e)^2 - 1) / ((1 + e)^2 + 1), e = exp(z), the second
+    over e^2): sums of positive terms, so no cancellation and no overflow."""
+    w = tl.exp(-tl.abs(z))
+    neg = z < 0.0
+    p = tl.where(neg, w * (w + 2.0), 1.0 + 2.0 * w)
+    r = tl.where(neg, 2.0, 2.0 * w * w)
+    return p, r, p + r
 
 
 @triton.jit
@@ -77,6 +151,19 @@ def apply_activation(z, ACT: tl.constexpr):
         y = tl.sigmoid(z)
     elif ACT == "leaky_relu":
         y = tl.where(z > 0.0, z, z * 0.01)  # NaN stays NaN
+    elif ACT == "tanh":
+        y = _tanh(z)
+    elif ACT == "mish":
+        p, r, q = _mish_parts(z)
+        y = z * p / q
+    elif ACT == "elu" or ACT == "celu":  # (celu(x, alpha) is elu(x / alpha) * alpha: one function at alpha 1)
+        y = tl.where(z <= 0.0, _expm1(z), z)
+    elif ACT == "selu":
+        y = tl.where(z <= 0.0, _SELU_ALPHA_SCALE * _expm1(z), _SELU_SCALE * z)
+    elif ACT == "softplus":
+        # max(z, 0) + log1p(exp(-|z|)): no overflow. Torch's threshold (z itself above 20) needs no branch in fp32:
+        # log1p(exp(-z)) < 2.1e-9 there, under half an ulp of z (and sigmoid(z), the gradient, rounds to 1)
+        y = tl.where(z > 0.0, z, 0.0) + _log1p_unit(tl.exp(-tl.abs(z)))
     else:
         y = z
     return y
@@ -107,6 +194,19 @@ def activation_grad(z, ACT: tl.constexpr):
         d = tl.sigmoid(z) * tl.sigmoid(-z)
     elif ACT == "leaky_relu":  # the slope at 0, as torch's leaky_relu_backward
         d = tl.where(z > 0.0, 1.0, 0.01)
+    elif ACT == "tanh":  # 1 - tanh^2 as 4w / (1 + w)^2, w = exp(-2|z|): no cancellation where tanh saturates
+        w = tl.exp(-2.0 * tl.abs(z))
+        d = 4.0 * w / ((1.0 + w) * (1.0 + w))
+    elif ACT == "mish":  # torch's mish_backward: t + z sigmoid(z) (1 - t^2), t = tanh(softplus(z)) = p / q,
+        # 1 - t^2 = r (q + p) / q^2
+        p, r, q = _mish_parts(z)
+        d = p / q + z * tl.sigmoid(z) * (r * (q + p) / (q * q))
+    elif ACT == "elu" or ACT == "celu":  # torch's elu_backward from the input: exp(z) up to 0 (1 at 0), NaN -> 1
+        d = tl.where(z <= 0.0, tl.exp(z), 1.0)
+    elif ACT == "selu":  # as elu's, scaled: alpha * scale at 0
+        d = tl.where(z <= 0.0, _SELU_ALPHA_SCALE * tl.exp(z), _SELU_SCALE)
+    elif ACT == "softplus":
+        d = tl.sigmoid(z)
     else:
         d = tl.full(z.shape, 1.0, tl.float32)
     return d
@@ -255,9 +355,10 @@ _shortcuts = Shortcuts(differentiable=True)
 
 def activation(input: torch.Tensor, activation: str) -> torch.Tensor:
     """`activation(input)` elementwise, for activation "relu", "relu6", "gelu" (exact, erf), "gelu_tanh", "silu",
-    "hardswish", "hardsigmoid", "sigmoid" or "leaky_relu", as torch's F.relu / F.relu6 / F.gelu /
-    F.gelu(approximate="tanh") / F.silu / F.hardswish / F.hardsigmoid / torch.sigmoid / F.leaky_relu (its default
-    negative slope, 0.01); fp32 math, backward included.
+    "hardswish", "hardsigmoid", "sigmoid", "leaky_relu", "tanh", "mish", "elu", "selu", "celu" or "softplus", as
+    torch's F.relu / F.relu6 / F.gelu / F.gelu(approximate="tanh") / F.silu / F.hardswish / F.hardsigmoid /
+    torch.sigmoid / F.leaky_relu / torch.tanh / F.mish / F.elu / F.selu / F.celu / F.softplus with their default
+    arguments (negative slope 0.01, alpha 1, beta 1, threshold 20); fp32 math, backward included.
     input of any shape and strides, float32 / float16 / bfloat16, read through its strides; the output is
     `torch.empty_like(input)` (a dense input's own layout: channels_last stays channels_last), as torch's."""
     key, shortcut = _shortcuts.find((input,), (activation,))
