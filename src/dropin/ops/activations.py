@@ -67,9 +67,39 @@ def _relu6(z):
 
 
 @triton.jit
+def _exp_neg(x):
+    """exp(x) for x <= 0 to about 1 ulp in fp32 (positive x reads as 0; NaN stays NaN). tl.exp, ex2.approx of
+    x * log2(e), loses |x| * 2^-24 of relative accuracy to that product's rounding (about 1e-6 at x = -20, where
+    these activations' tails are exp itself): here 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 with ln 2 in two
+    parts (Cody-Waite: n * hi is exact), exp(r) by its Taylor polynomial to r^7 (|r| <= 0.35: truncation under 6e-9).
+    Below -104 exp(x) rounds to 0 in fp32."""
+    xc = tl.minimum(tl.maximum(x, -104.0), 0.0)
+    n = tl.floor(xc * 1.4426950408889634 + 0.5)
+    r = xc - n * 0.693145751953125
+    r = r - n * 1.4286068203094173e-06
+    p = r * (1.0 / 5040.0) + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    return tl.where(x == x, p * tl.exp2(n), x)
+
+
+@triton.jit
+def _sigmoid(z):
+    """sigmoid(z) from w = exp(-|z|) (`_exp_neg`): 1 / (1 + w) from 0, w / (1 + w) below, where it is w's own
+    accuracy (tl.sigmoid's exp loses it in the negative tail)."""
+    w = _exp_neg(-tl.abs(z))
+    return tl.where(z >= 0.0, 1.0, w) / (1.0 + w)
+
+
+@triton.jit
 def _expm1(x):
-    """exp(x) - 1 to fp32 accuracy: where |x| < 1 (exp(x) - 1 cancels there) x + x^2 (1/2! + x (1/3! + ...)) to
-    x^11 / 11! (truncation under 1e-8 relative), elsewhere exp(x) - 1 (whose cancellation costs at most e / (e - 1))."""
+    """exp(x) - 1 for x <= 0 to fp32 accuracy: above -1 (exp(x) - 1 cancels there) x + x^2 (1/2! + x (1/3! + ...))
+    to x^11 / 11! (truncation under 1e-8 relative), elsewhere exp(x) - 1 (whose cancellation costs at most
+    e / (e - 1))."""
     p = x * (1.0 / 39916800.0) + 1.0 / 3628800.0
     p = p * x + 1.0 / 362880.0
     p = p * x + 1.0 / 40320.0
@@ -79,7 +109,7 @@ def _expm1(x):
     p = p * x + 1.0 / 24.0
     p = p * x + 1.0 / 6.0
     p = p * x + 0.5
-    return tl.where(tl.abs(x) < 1.0, x + x * x * p, tl.exp(x) - 1.0)
+    return tl.where(x > -1.0, x + x * x * p, _exp_neg(x) - 1.0)
 
 
 @triton.jit
@@ -112,7 +142,7 @@ def _tanh(z):
     p = p * s - 17.0 / 315.0
     p = p * s + 2.0 / 15.0
     p = p * s - 1.0 / 3.0
-    w = tl.exp(-2.0 * a)
+    w = _exp_neg(-2.0 * a)
     t = tl.where(a < 0.55, a + a * s * p, 1.0 - 2.0 * w / (1.0 + w))
     return tl.where(z < 0.0, -t, t)
 
@@ -122,7 +152,7 @@ def _mish_parts(z):
     """(p, r, q), q = p + r: tanh(softplus(z)) = p / q and 1 - tanh(softplus(z)) = r / q, from w = exp(-|z|) <= 1:
     (w^2 + 2w, 2) below 0 and (1 + 2w, 2w^2) from 0 (((1 + e)^2 - 1) / ((1 + e)^2 + 1), e = exp(z), the second
     over e^2): sums of positive terms, so no cancellation and no overflow."""
-    w = tl.exp(-tl.abs(z))
+    w = _exp_neg(-tl.abs(z))
     neg = z < 0.0
     p = tl.where(neg, w * (w + 2.0), 1.0 + 2.0 * w)
     r = tl.where(neg, 2.0, 2.0 * w * w)
@@ -163,7 +193,7 @@ def apply_activation(z, ACT: tl.constexpr):
     elif ACT == "softplus":
         # max(z, 0) + log1p(exp(-|z|)): no overflow. Torch's threshold (z itself above 20) needs no branch in fp32:
         # log1p(exp(-z)) < 2.1e-9 there, under half an ulp of z (and sigmoid(z), the gradient, rounds to 1)
-        y = tl.where(z > 0.0, z, 0.0) + _log1p_unit(tl.exp(-tl.abs(z)))
+        y = tl.where(z > 0.0, z, 0.0) + _log1p_unit(_exp_neg(-tl.abs(z)))
     else:
         y = z
     return y
@@ -195,18 +225,18 @@ def activation_grad(z, ACT: tl.constexpr):
     elif ACT == "leaky_relu":  # the slope at 0, as torch's leaky_relu_backward
         d = tl.where(z > 0.0, 1.0, 0.01)
     elif ACT == "tanh":  # 1 - tanh^2 as 4w / (1 + w)^2, w = exp(-2|z|): no cancellation where tanh saturates
-        w = tl.exp(-2.0 * tl.abs(z))
+        w = _exp_neg(-2.0 * tl.abs(z))
         d = 4.0 * w / ((1.0 + w) * (1.0 + w))
     elif ACT == "mish":  # torch's mish_backward: t + z sigmoid(z) (1 - t^2), t = tanh(softplus(z)) = p / q,
         # 1 - t^2 = r (q + p) / q^2
         p, r, q = _mish_parts(z)
-        d = p / q + z * tl.sigmoid(z) * (r * (q + p) / (q * q))
+        d = p / q + z * _sigmoid(z) * (r * (q + p) / (q * q))
     elif ACT == "elu" or ACT == "celu":  # torch's elu_backward from the input: exp(z) up to 0 (1 at 0), NaN -> 1
-        d = tl.where(z <= 0.0, tl.exp(z), 1.0)
+        d = tl.where(z <= 0.0, _exp_neg(z), 1.0)
     elif ACT == "selu":  # as elu's, scaled: alpha * scale at 0
-        d = tl.where(z <= 0.0, _SELU_ALPHA_SCALE * tl.exp(z), _SELU_SCALE)
+        d = tl.where(z <= 0.0, _SELU_ALPHA_SCALE * _exp_neg(z), _SELU_SCALE)
     elif ACT == "softplus":
-        d = tl.sigmoid(z)
+        d = _sigmoid(z)
     else:
         d = tl.full(z.shape, 1.0, tl.float32)
     return d
