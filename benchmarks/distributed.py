@@ -164,26 +164,39 @@ def run(name: str, mode: str, provider: str, args, device: torch.device) -> dict
            "world_size": dist.get_world_size(), "batch_per_rank": s["batch"], "steps": args.steps,
            "warmup": args.warmup, **{k: s[k] for k in ("seq", "image", "layers") if k in s}}
     gc.collect()  # the previous run's model and optimizer (FSDP2's hooks hold references in cycles)
+    stages, start = {}, time.perf_counter()
     model = build(name, args.tiny, device)
     if mode == "ddp":
         model.to(args.dtype)  # (FSDP2 keeps float32 parameters and casts them at each unshard)
     data = batches(name, args.tiny, args.steps, args.dtype, device, dist.get_rank())
+    stages["build"] = time.perf_counter() - start
     if provider == "dropin":
         # verified on two samples (a training-mode BatchNorm needs more than one value per channel), images in the
         # parameters' dtype (FSDP2's model stays float32 until its mixed-precision policy casts at each unshard)
         example = next(iter(data[0].values()))[:2]
         example = example.to(next(model.parameters()).dtype) if example.is_floating_point() else example
         row["inject"] = dropin.inject_(model, example_inputs=example).summary
+        stages["inject"] = time.perf_counter() - start - stages["build"]
     if device.type == "cuda":  # the training's peak (inject_'s verification held float64 copies of the model)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     losses, step_ms = train(wrap(model, mode, args.dtype, device), data, args.lr, device)
+    stages["train"] = time.perf_counter() - start - sum(stages.values())
+    # wall seconds: the model and its batches built, inject_ (its verification, first-use tuning), the training
+    row["stage_s"] = stages
+    progress(f"{name} {mode} {provider}: " + ", ".join(f"{k} {v:.1f} s" for k, v in stages.items()))
     timed = sum(step_ms[args.warmup:])
     per_step = s["batch"] * (s["seq"] if name == "llama" else 1) * dist.get_world_size()
     row.update(losses=losses, median_step_ms=statistics.median(step_ms[args.warmup:]),
                throughput=per_step * (args.steps - args.warmup) / timed * 1e3 if timed else None,
                unit="tokens/s" if name == "llama" else "images/s", peak_memory_mib=peak_memory_mib(device))
     return row
+
+
+def progress(line: str) -> None:
+    """A progress line on stderr from rank 0 (a run on a cold GPU tunes and compiles for minutes)."""
+    if dist.get_rank() == 0:
+        print(f"distributed: {line}", file=sys.stderr, flush=True)
 
 
 def compare(original: dict, injected: dict) -> None:
@@ -248,26 +261,26 @@ def main(argv=None) -> int:
     from dropin.bench import harness
 
     device = init_distributed(args.device)
+    world = dist.get_world_size()
+    command = " ".join(([f"torchrun --nproc_per_node {world}"] if "RANK" in os.environ else ["python"]) + sys.argv)
+    out = args.out or RESULTS / f"{_runtime.gpu_slug()}x{world}" / "distributed.json"
     rows = []
     for name in args.model:
         for mode in args.mode:
             pair = []
             for provider in ("original", "dropin"):
-                row = {"model": name, "mode": mode, "provider": provider}
+                row = {"model": name, "mode": mode, "provider": provider, "command": command}
                 pair.append(harness.attempt(row, lambda: run(name, mode, provider, args, device)) or row)
             compare(*pair)
             rows += pair
-    world = dist.get_world_size()
+            if dist.get_rank() == 0:  # written after each pair: a run cut short keeps what it measured
+                env = harness.environment("distributed", command, {})
+                env.update(world_size=world, backend=dist.get_backend(), dtype=str(args.dtype),
+                           timing="per step: perf_counter between device synchronizations, the slowest rank's time")
+                harness.write_json(out, merged(out, env, pair))
     if dist.get_rank() == 0:
-        command = " ".join(([f"torchrun --nproc_per_node {world}"] if "RANK" in os.environ else ["python"]) + sys.argv)
-        env = harness.environment("distributed", command, {})
-        env.update(world_size=world, backend=dist.get_backend(), dtype=str(args.dtype),
-                   timing="per step: perf_counter between device synchronizations, the slowest rank's time")
-        for row in rows:
-            row["command"] = command
-        out = args.out or RESULTS / f"{_runtime.gpu_slug()}x{world}" / "distributed.json"
         print(table(rows))
-        print(f"wrote {harness.write_json(out, merged(out, env, rows))}")
+        print(f"wrote {out}")
     dist.destroy_process_group()
     return 0 if all("error" not in r for r in rows) else 1
 
