@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 from .._tolerance import default_dtype, limit, rel_err, to_float64
 from ..nn import CausalLMForward, DropinModule, Folded
 from . import registry
+from . import report_text
 from .coverage import Coverage, measure
 
 # Progress of the slow stages (verification's first calls tune and compile kernels; coverage profiles a forward):
@@ -126,17 +127,12 @@ class InjectReport:
                 f"{len(self.left)} left to torch; {self.verification}")
 
     def __str__(self) -> str:
-        lines = [f"dropin inject_: {self.summary}"]
-        tables = [("replaced", "original", "kernel", [(r.name, r.original, r.kernel + (
-                      f"  (also {', '.join(r.fused)})" if r.fused else "")) for r in self.replaced]),
-                  ("left to torch", "type", "reason", [(e.name, e.type, e.reason) for e in self.left]),
-                  ("not fused", "type", "reason", [(e.name, e.type, e.reason) for e in self.notes])]
-        rows = [row for *_, body in tables for row in body] + [t[:3] for t in tables]
-        width = [max(len(row[i] or "<root>") for row in rows) for i in (0, 1)]
-        for *head, body in tables:
-            if body:
-                lines += [f"  {head[0]:<{width[0]}}  {head[1]:<{width[1]}}  {head[2]}"]
-                lines += [f"  {name or '<root>':<{width[0]}}  {kind:<{width[1]}}  {text}" for name, kind, text in body]
+        """The summary and the module tables (repeated blocks on one row; fitted to the terminal's width)."""
+        tables = [("replaced", "original", "kernel", [(r.name or "<root>", r.original, r.kernel + (
+                      f"  (also {report_text.relative(r.name, r.fused)})" if r.fused else "")) for r in self.replaced]),
+                  ("left to torch", "type", "reason", [(e.name or "<root>", e.type, e.reason) for e in self.left]),
+                  ("not fused", "type", "reason", [(e.name or "<root>", e.type, e.reason) for e in self.notes])]
+        lines = [f"dropin inject_: {self.summary}", *report_text.render(tables, report_text.terminal_width())]
         if self.coverage is not None:
             lines.append(str(self.coverage))
         return "\n".join(lines)

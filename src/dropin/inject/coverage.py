@@ -7,6 +7,7 @@ share is 1 - torch's FLOPs left / the original's FLOPs. GPU kernel time: the dev
 kernels (known by name) against all kernels (memset and memcpy included); none under the interpreter.
 """
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -68,10 +69,12 @@ def _flops(events) -> tuple:
 
 def _profile(model: torch.nn.Module, run: Callable):
     activities = [ProfilerActivity.CPU] + ([] if _runtime.INTERPRET else [ProfilerActivity.CUDA])
-    with profile(activities=activities, with_flops=True) as p:
-        run(model)
-        if not _runtime.INTERPRET:
-            torch.cuda.synchronize()
+    with warnings.catch_warnings():  # (torch's note that a profiler keeps one cycle's events: one is all it has)
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+        with profile(activities=activities, with_flops=True) as p:
+            run(model)
+            if not _runtime.INTERPRET:
+                torch.cuda.synchronize()
     return p
 
 
