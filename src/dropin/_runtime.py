@@ -42,6 +42,12 @@ TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 # ops/_dispatch.Launch calls directly (as read in 3.6 on the GPU and 3.8 in source); others take the ordinary
 # `kernel[grid](...)` path every call.
 DIRECT_LAUNCH = (3, 6) <= TRITON_VERSION <= (3, 8)
+# Triton's AsyncCompileMode (3.6 to 3.8): within it a kernel's compile goes to an executor and a warm-up returns at
+# once; ops/_autotune compiles a tuning's candidates side by side through it. None elsewhere (compiled one by one).
+try:
+    from triton.runtime._async_compile import AsyncCompileMode
+except ImportError:
+    AsyncCompileMode = None
 # The device a kernel runs on: CUDA tensors, or CPU tensors under the interpreter.
 KERNEL_DEVICE = "cpu" if INTERPRET else "cuda"
 

@@ -67,3 +67,64 @@ def test_no_timing_while_a_cuda_graph_is_captured(fresh, monkeypatch):
         x.add_(1)
     graph.replay()
     assert chosen == CONFIGS[0] and not timed and not at._memory
+
+
+class _CompileMode:
+    """Stands in for Triton's AsyncCompileMode: records that it was entered with the pool."""
+    entered = []
+
+    def __init__(self, executor, ignore_errors=False):
+        self.executor, self.ignore_errors = executor, ignore_errors
+
+    def __enter__(self):
+        _CompileMode.entered.append(self.ignore_errors)
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Kernel:
+    """A kernel whose warm-ups and launches are counted."""
+
+    def __init__(self):
+        self.warmups, self.launches = [], 0
+        self.params = ()
+
+    def warmup(self, *args, grid, **constexprs):
+        self.warmups.append((args, grid, constexprs))
+
+    def __getitem__(self, grid):
+        def run(*args, **constexprs):
+            self.launches += 1
+        return run
+
+
+def test_candidates_compile_side_by_side_before_timing(fresh, monkeypatch):
+    """Each candidate's launches first run as warm-ups (compiles handed to Triton's async compile mode), then each
+    is timed; a pick met during the warm-ups takes its first candidate, remembered nowhere, and plans made then are
+    not kept (their picks were untimed)."""
+    dispatch = __import__("dropin.ops._dispatch", fromlist=["Launch"])
+    monkeypatch.setattr(at, "TUNING", True)
+    monkeypatch.setattr(at._runtime, "INTERPRET", False)
+    monkeypatch.setattr(at._runtime, "DIRECT_LAUNCH", False)  # (a direct launch would ask for the GPU)
+    monkeypatch.setattr(at._runtime, "AsyncCompileMode", _CompileMode)
+    monkeypatch.setattr(at, "_time", lambda prepare, config, graph: prepare(config)() or config["BLOCK_M"])
+    _CompileMode.entered.clear()
+    kernel, events, plans = _Kernel(), [], {}
+
+    def prepare(config):
+        launch = dispatch.Launch(kernel, (1,), {"BLOCK": config["BLOCK_M"]})
+
+        def run():
+            events.append((config["BLOCK_M"], at.warming_up()))
+            inner = at.pick("inner", (config["BLOCK_M"],), CONFIGS, lambda c: (lambda: None))
+            dispatch.plan(plans, config["BLOCK_M"], lambda: inner)
+            launch(7)
+        return run
+
+    assert at.pick("outer", (1,), CONFIGS, prepare) == CONFIGS[1]  # the faster (BLOCK_M 32)
+    assert _CompileMode.entered == [True] * 3  # the outer pick's, then each inner pick's, met while timing
+    assert events[:2] == [(64, True), (32, True)] and events[2:] == [(64, False), (32, False)]
+    assert [w[0] for w in kernel.warmups] == [(7,), (7,)] and {w[2]["BLOCK"] for w in kernel.warmups} == {64, 32}
+    assert kernel.launches == 2  # the timed calls only
+    assert not at.warming_up() and plans == {64: CONFIGS[1], 32: CONFIGS[1]}  # kept from the timed calls

@@ -7,6 +7,7 @@ launch (`prepare(config)` returns it, ready to call repeatedly) with
 (same file names), so the benchmark shapes need no tuning there. Under the interpreter, or with
 DROPIN_AUTOTUNE=0, no timing happens: the first candidate (the heuristic default) is used.
 """
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -23,6 +24,8 @@ _SHIPPED_DIR = pathlib.Path(__file__).with_name("tuned")
 _memory: dict = {}
 _disk: dict | None = None
 _untimed = threading.local()
+_warming = threading.local()
+_compile_pool = None
 _flush = None  # (the L2-flushing buffer, the ms its zeroing takes in a CUDA graph) once graph timing has run
 
 
@@ -36,6 +39,35 @@ def untimed():
         yield
     finally:
         _untimed.on = saved
+
+
+def warming_up() -> bool:
+    """Whether launches are to compile their kernels only (`_precompile`): `_dispatch.Launch` warms up instead."""
+    return getattr(_warming, "on", False)
+
+
+def _precompile(prepare, configs: list) -> None:
+    """Compiles the candidates' kernels side by side before they are timed, so that a first-use tuning waits about
+    as long as its slowest compile rather than their sum (Triton's compiler releases the GIL in its passes and in
+    ptxas): each candidate's launches run as warm-ups (compiled, not launched) whose compiles go to a thread pool.
+    A candidate that fails here fails again, as before, when it is timed."""
+    global _compile_pool
+    if _runtime.AsyncCompileMode is None or _runtime.INTERPRET or warming_up():
+        return
+    if _compile_pool is None:
+        _compile_pool = concurrent.futures.ThreadPoolExecutor(min(16, os.cpu_count() or 1))
+    _warming.on = True
+    try:
+        with _runtime.AsyncCompileMode(_compile_pool, ignore_errors=True):
+            for config in configs:
+                try:
+                    prepare(config)()
+                except Exception:  # noqa: BLE001  (timed and discarded below, with its error)
+                    pass
+    except RuntimeError:
+        pass  # another AsyncCompileMode is active: compiled one by one
+    finally:
+        _warming.on = False
 
 
 def bucket(n: int) -> int:
@@ -105,8 +137,9 @@ def pick(name: str, key: tuple, configs: list, prepare, graph: bool = False) -> 
             return remembered
     config = configs[0]
     if TUNING and len(configs) > 1:
-        if _runtime.capturing() or getattr(_untimed, "on", False):
+        if _runtime.capturing() or getattr(_untimed, "on", False) or warming_up():
             return config
+        _precompile(prepare, configs)
         times = [_time(prepare, c, graph) for c in configs]
         config = configs[min(range(len(configs)), key=times.__getitem__)]
         _save_disk(full_key, config)

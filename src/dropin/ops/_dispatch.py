@@ -122,14 +122,15 @@ MAX_PLANS = 4096
 def plan(plans: dict, key, make, traced: bool = False):
     """plans[key], made by make() on first use (tuning then) and reused: a small op's launch costs about as much CPU
     time as its kernel takes GPU time. traced: made anew without timing (the key may hold symbolic sizes). During a
-    CUDA graph capture a missing plan is made without timing and not kept, so that a later eager call tunes. The
+    CUDA graph capture, and while a tuning's candidates warm up (`_autotune._precompile`), a missing plan is made
+    without timing and not kept, so that a later eager call tunes. The
     cache is emptied past MAX_PLANS signatures (ever-new shapes)."""
     if traced:
         with _autotune.untimed():
             return make()
     found = plans.get(key)
     if found is None:
-        if _runtime.capturing():
+        if _runtime.capturing() or _autotune.warming_up():
             return make()
         if len(plans) > MAX_PLANS:
             plans.clear()
@@ -158,7 +159,8 @@ class Shortcuts:
     made for: shape, strides, dtype, device, 16-byte alignment); the other
     arguments with their types. No key (no shortcut, none kept) while torch.compile traces, under autocast (it
     casts operands), or where autograd records the call of an op that keeps no `Differentiable`; none is kept
-    during a CUDA graph capture (its plan is untimed); past MAX_PLANS signatures the cache is emptied.
+    during a CUDA graph capture or a tuning's warm-up (its plan is untimed); past MAX_PLANS signatures the cache is
+    emptied.
 
     A plan's launches read their tensors' addresses alone (a kernel argument is a pointer; the plan fixed the
     strides and dtypes): a shortcut may pass a tensor in place of a view of it that starts at the same address
@@ -190,7 +192,7 @@ class Shortcuts:
     def keep(self, key, make, grad: bool = False) -> None:
         """Keeps make()'s shortcut (None: none) under key (from `find`; None: nothing), where autograd records the
         call with grad (a `Differentiable`) and does not without."""
-        if key is None or (key[0] is not None) != grad or _runtime.capturing():
+        if key is None or (key[0] is not None) != grad or _runtime.capturing() or _autotune.warming_up():
             return
         if len(self._runs) > MAX_PLANS:
             self._runs.clear()
@@ -316,6 +318,9 @@ class Launch:
             return
         compiled = self.compiled
         if compiled is None:
+            if _autotune.warming_up():  # (a tuning's candidates compiled side by side: `_autotune._precompile`)
+                self.kernel.warmup(*args, grid=self.grid, **self.constexprs)
+                return
             compiled = self.kernel[self.grid](*args, **self.constexprs)
             if _runtime.DIRECT_LAUNCH and not _runtime.INTERPRET:
                 self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
