@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import dropin  # noqa: F401
+import dropin
 
 at = __import__("dropin.ops._autotune", fromlist=["pick"])
 CONFIGS = [at.config(64, 64, 32, 4, 3), at.config(32, 32, 32, 4, 2)]
@@ -128,3 +128,22 @@ def test_candidates_compile_side_by_side_before_timing(fresh, monkeypatch):
     assert [w[0] for w in kernel.warmups] == [(7,), (7,)] and {w[2]["BLOCK"] for w in kernel.warmups} == {64, 32}
     assert kernel.launches == 2  # the timed calls only
     assert not at.warming_up() and plans == {64: CONFIGS[1], 32: CONFIGS[1]}  # kept from the timed calls
+
+
+@pytest.mark.gpu
+def test_tuning_on_the_gpu_compiles_the_candidates_first(fresh, monkeypatch):
+    """A real first-use tuning (a product of a shape no other test makes): its candidates are warmed up under
+    Triton's async compile mode, then timed; one is remembered and the product is right."""
+    import torch
+
+    from _tol import rel_err
+
+    monkeypatch.setattr(at, "TUNING", True)
+    precompiled, precompile = [], at._precompile
+    monkeypatch.setattr(at, "_precompile", lambda prepare, configs: (precompiled.append(len(configs)),
+                                                                      precompile(prepare, configs)))
+    a = torch.randn(149, 83, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(83, 211, device="cuda", dtype=torch.bfloat16)
+    out = dropin.matmul(a, b)
+    assert precompiled and max(precompiled) > 1 and at._memory and not at.warming_up()
+    assert rel_err(out, a.double() @ b.double()) < 1e-2
