@@ -330,3 +330,93 @@ def test_training_mode_verification_with_dropout():
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 8)).to(DEVICE).train()
     report = dropin.inject_(model, example_inputs=torch.randn(4, 16, device=DEVICE))
     assert report.verification.startswith("verified") and [e.name for e in report.left] == ["2"]
+
+
+class _AttributeBlock(nn.Module):
+    """A block written with attributes, as timm's and HF's are: conv -> bn -> (Identity) -> act chains, a ReLU
+    shared by two calls, a conv whose BatchNorm's output meets a residual add, an argument with a default."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.drop_block, self.act1 = nn.Identity(), nn.ReLU(inplace=True)
+        self.conv2, self.bn2, self.act2 = nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.SiLU()
+        self.conv3, self.bn3, self.shared = nn.Conv2d(width, width, 1), nn.BatchNorm2d(width), nn.ReLU()
+
+    def forward(self, x, scale: float = 1.0):
+        x = self.act1(self.drop_block(self.bn1(self.conv1(x))))
+        x = self.act2(self.bn2(self.conv2(x)))
+        return self.shared(self.shared(self.bn3(self.conv3(x)) + x) * scale)
+
+
+class _SharedOutputBlock(_AttributeBlock):
+    """conv2's output feeds bn2 and an add: conv2 takes nothing; conv1 -> bn1 -> act1 still fuse."""
+
+    def forward(self, x, scale: float = 1.0):
+        z = self.conv2(x)
+        return self.act1(self.bn1(self.conv1(x))) + self.act2(self.bn2(z)) + z
+
+
+class _UntraceableBlock(_AttributeBlock):
+    """A branch on a tensor's value, which torch.fx cannot trace: nothing fuses, each layer runs alone."""
+
+    def forward(self, x, scale: float = 1.0):
+        y = self.conv1(x)
+        if y.sum() > 0:
+            y = y * scale
+        return self.act1(self.bn1(y))
+
+
+def _attribute_model(block):
+    return lambda: randomize_batchnorms(nn.Sequential(block(), block())).to(DEVICE)
+
+
+def test_traced_chains_fuse_blocks_written_with_attributes():
+    """A parent's forward traced one level deep: its conv -> bn -> act calls fuse as in an nn.Sequential (an
+    nn.Identity between them passed over and kept), a ReLU called twice stays alone, and conv3 takes bn3, whose
+    output meets the residual add. Verified; revert_ restores every module and the state_dict round-trips."""
+    x = torch.randn(2, 8, 6, 6, device=DEVICE)
+    model, original, report = injected_pair(_attribute_model(_AttributeBlock), example_inputs=x)
+    assert [(r.name, r.kernel, r.fused) for r in report.replaced[:4]] == [
+        ("0.conv1", "conv2d+bn+relu", ("0.bn1", "0.act1")), ("0.conv2", "conv2d+bn+silu", ("0.bn2", "0.act2")),
+        ("0.conv3", "conv2d+bn", ("0.bn3",)), ("0.shared", "relu", ())]
+    assert isinstance(model[0].drop_block, nn.Identity) and report.verification.startswith("verified")
+    check_forward(model, original, torch.randn(3, 8, 5, 7, device=DEVICE))
+    assert_same_state(model, original.state_dict())
+    dropin.revert_(model)
+    assert [type(m) for m in model.modules()] == [type(m) for m in original.modules()]
+
+
+class _NoFollower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(6, 6), nn.LayerNorm(6)
+
+    def forward(self, x):
+        return self.norm(self.fc(x))
+
+
+def test_forwards_traced_once_and_only_where_a_fusion_could_be(monkeypatch):
+    """Each parent is traced once, however many of its children ask; a parent without both a child that may open a
+    fusion and one that may continue it is never traced."""
+    traced, trace = [], registry._trace_chains
+    monkeypatch.setattr(registry, "_trace_chains", lambda parent: traced.append(type(parent)) or trace(parent))
+    injected_pair(lambda: nn.Sequential(_NoFollower(), _AttributeBlock(6).to(DEVICE)).to(DEVICE),
+                  example_inputs=torch.randn(2, 6, 6, 6, device=DEVICE), verify=False)
+    assert traced == [_AttributeBlock]
+
+
+@pytest.mark.parametrize("block", [_SharedOutputBlock, _UntraceableBlock])
+def test_shared_outputs_and_untraceable_forwards_do_not_fuse(block):
+    """A conv whose output feeds two calls takes no follower; a forward that does not trace keeps its layers apart,
+    each injected alone; both verified."""
+    x = torch.randn(2, 8, 6, 6, device=DEVICE)
+    model, original, report = injected_pair(_attribute_model(block), example_inputs=x)
+    fused = {r.name: r.fused for r in report.replaced}
+    assert fused["0.conv2" if block is _SharedOutputBlock else "0.conv1"] == ()
+    if block is _SharedOutputBlock:
+        assert fused["0.conv1"] == ("0.bn1", "0.act1")
+    else:
+        assert registry.traced_chains(model[0]) == []
+    assert report.verification.startswith("verified")
+    check_forward(model, original, x)

@@ -273,7 +273,7 @@ def test_plain_torch_cvt_block_injects_and_verifies():
     injected, original, report = injected_pair(lambda: model, example_inputs=x)
     assert report.left == [] and report.verification.startswith("verified")
     kernels = {r.name: r.kernel for r in report.replaced}
-    assert kernels["attn.conv_q.conv"] == "conv2d" and kernels["attn.conv_q.bn"] == "batch_norm"
+    assert kernels["attn.conv_q.conv"] == "conv2d+bn" and "attn.conv_q.bn" not in kernels  # (a traced chain)
     assert kernels["mlp.0"] == "linear+gelu" and kernels["norm2"] == "layer_norm"
     assert injected.norm1.eps == 1e-6 and injected.attn.proj_q.out_features == 8
     assert isinstance(injected.norm1, dropin.nn.DropinModule)

@@ -6,7 +6,8 @@ inplace=True too, whose result they return without writing their input; the othe
 with the reason they stay torch), max / average / adaptive average pooling, LayerNorm. Subclasses that keep their
 base's forward are handled as the base.
 
-Fusions take the siblings that follow in an nn.Sequential (see Site.following).
+Fusions take the siblings that run next on a module's output alone: in an nn.Sequential, a declared chain, or a
+chain that tracing the parent's forward finds (see Site.following).
 """
 import functools
 from typing import Callable, Optional
@@ -16,7 +17,7 @@ from torch import nn
 from .. import nn as dnn
 from .. import ops
 from ..ops.activations import ACTIVATIONS
-from .registry import computes_as, passive, register
+from .registry import computes_as, fusion_roles, passive, register
 
 passive(nn.Identity, nn.Flatten, nn.Unflatten, dnn.Derived)
 passive(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -39,6 +40,7 @@ _ACTIVATIONS = {  # module type -> fn(module) -> the dropin activation it comput
     nn.Softplus: lambda m: "softplus" if (m.beta, m.threshold) == (1.0, 20.0) else None,
 }
 _NO_KERNEL = (nn.PReLU,)
+fusion_roles(heads=(nn.Linear, nn.Conv2d, nn.Conv1d, nn.GroupNorm), followers=(nn.BatchNorm2d, *_ACTIVATIONS))
 
 
 def activation_name(module: nn.Module) -> Optional[str]:
@@ -215,6 +217,7 @@ def activation_module(kind: type, name_of: Callable) -> None:
     """Registers another library's activation module type: name_of(module) is the dropin activation it computes (or
     None); it runs as dropin's activation op and fuses into a preceding conv / linear as torch's activations do."""
     _ACTIVATIONS[kind] = name_of
+    fusion_roles(followers=(kind,))
     register(kind, op="activation")(activation)
 
 

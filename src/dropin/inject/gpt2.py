@@ -7,7 +7,7 @@ from torch import nn
 
 from .. import nn as dnn
 from .generic import fused_activation
-from .registry import chain, register, when_imported
+from .registry import chain, fusion_roles, register, when_imported
 
 
 def conv1d(module: nn.Module, site):
@@ -27,6 +27,7 @@ def _register_conv1d():
     from transformers.pytorch_utils import Conv1D
 
     register(Conv1D, op="linear")(conv1d)
+    fusion_roles(heads=(Conv1D,))
 
 
 @when_imported("transformers.models.gpt2.modeling_gpt2")

@@ -12,6 +12,7 @@ import dis
 import functools
 import inspect
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -73,14 +74,100 @@ class Site:
     config: "InjectConfig"  # noqa: F821  (api.InjectConfig)
 
     def following(self) -> list:
-        """(name, module) of the siblings that run right after this module, on its output alone: those after it
-        in an nn.Sequential (one whose forward is nn.Sequential's) or in a declared chain; [] elsewhere."""
+        """(name, module) of the siblings that run right after this module, each on the previous one's output
+        alone: those after it in an nn.Sequential (one whose forward is nn.Sequential's), in a declared chain, or in
+        a chain its parent's forward runs (`traced_chains`); [] elsewhere. nn.Identity siblings are passed over
+        (they stay, computing nothing)."""
         parent = self.parent
         if isinstance(parent, torch.nn.Sequential) and type(parent).forward is torch.nn.Sequential.forward:
             names = list(parent._modules)
         else:
-            names = next((c for c in CHAINS.get(type(parent), ()) if self.name in c), [self.name])
-        return [(n, parent._modules[n]) for n in names[names.index(self.name) + 1:]]
+            declared = CHAINS.get(type(parent))
+            chains = declared if declared is not None else traced_chains(parent)
+            names = next((c for c in chains if self.name in c), [self.name])
+        return [(n, parent._modules[n]) for n in names[names.index(self.name) + 1:]
+                if not _is_identity(parent._modules[n])]
+
+
+def _is_identity(module: Optional[torch.nn.Module]) -> bool:
+    return module is not None and computes_as(module, torch.nn.Identity)
+
+
+_TRACED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # parent module -> its traced chains
+FUSION_HEADS: set = set()  # types whose drop-ins take the siblings that follow them (the handler files add them)
+FUSION_FOLLOWERS: set = set()  # types that such a drop-in may take
+
+
+def fusion_roles(heads=(), followers=()) -> None:
+    """Declares module types whose calls may open (heads) or continue (followers) a fusion: only a parent with a
+    child of each kind has its forward traced (`traced_chains`)."""
+    FUSION_HEADS.update(heads)
+    FUSION_FOLLOWERS.update(followers)
+
+
+def traced_chains(parent: torch.nn.Module) -> list:
+    """The chains of `parent`'s children that its forward runs one on another's output alone, found by tracing that
+    forward one level deep (torch.fx, every child a leaf; arguments with defaults fixed to them): runs of child calls
+    where each child after the first is called once in the forward, with the previous call's output as its only
+    argument, and that output feeds nothing else (nn.Identity calls in between are passed through). This is how a
+    block written with attributes (timm's, HF's, a user's: `x = self.act(self.bn(self.conv(x)))`) fuses as an
+    nn.Sequential does. [] where the forward does not trace (data-dependent control flow, ...) or where no child
+    could open and none continue a fusion: the children are then handled one by one. Made once per parent."""
+    found = _TRACED.get(parent)
+    if found is None:
+        children = list(parent._modules.values())
+        heads, followers = tuple(FUSION_HEADS), tuple(FUSION_FOLLOWERS)
+        fusable = any(isinstance(c, heads) for c in children) and any(isinstance(c, followers) for c in children)
+        found = _TRACED[parent] = _trace_chains(parent) if fusable else []
+    return found
+
+
+def _trace_chains(parent: torch.nn.Module) -> list:
+    from torch import fx
+
+    class OneLevel(fx.Tracer):
+        def is_leaf_module(self, module, qualified_name):
+            return True
+
+    try:
+        parameters = inspect.signature(parent.forward).parameters.values()
+        defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+        graph = OneLevel().trace(parent, concrete_args=defaults)
+    except Exception:  # noqa: BLE001  (any failure of tracing user code: no traced fusion)
+        return []
+    modules = parent._modules
+
+    def child(node) -> Optional[str]:
+        is_call = isinstance(node, fx.Node) and node.op == "call_module" and node.target in modules
+        return node.target if is_call else None
+
+    def through_identities(node):
+        while child(node) is not None and _is_identity(modules[node.target]) and node.args:
+            node = node.args[0]
+        return node
+
+    def users(node) -> list:
+        """The calls that read node's value, through nn.Identity calls."""
+        found = []
+        for user in node.users:
+            found += users(user) if child(user) is not None and _is_identity(modules[user.target]) else [user]
+        return found
+
+    calls = [n for n in graph.nodes if child(n) is not None and not _is_identity(modules[n.target])]
+    count = {name: sum(child(n) == name for n in calls) for name in {child(n) for n in calls}}
+    after = {}  # child -> the child that runs next, on its output alone
+    for node in calls:
+        source = through_identities(node.args[0]) if len(node.args) == 1 and not node.kwargs else None
+        name = child(source)
+        if name is not None and count[node.target] == 1 and count[name] == 1 and users(source) == [node]:
+            after[name] = node.target
+    chains = []
+    for head in [name for name in after if name not in after.values()]:
+        chain = [head]
+        while chain[-1] in after:
+            chain.append(after[chain[-1]])
+        chains.append(tuple(chain))
+    return chains
 
 
 def _tensor_reason(module: torch.nn.Module, config) -> Optional[str]:
