@@ -420,3 +420,17 @@ def test_shared_outputs_and_untraceable_forwards_do_not_fuse(block):
         assert registry.traced_chains(model[0]) == []
     assert report.verification.startswith("verified")
     check_forward(model, original, x)
+
+
+class _ConstantBlock(_AttributeBlock):
+    """A forward that makes a tensor constant, which torch.fx keeps as an attribute of the module it traces."""
+
+    def forward(self, x, scale: float = 1.0):
+        return self.act1(self.bn1(self.conv1(x))) * torch.tensor(2.0)
+
+
+def test_tracing_leaves_the_users_module_as_it_was():
+    block = _ConstantBlock().to(DEVICE).eval()
+    before = dict(vars(block))
+    assert registry.traced_chains(block) == [("conv1", "bn1", "act1")]
+    assert vars(block).keys() == before.keys()

@@ -129,12 +129,16 @@ def _trace_chains(parent: torch.nn.Module) -> list:
         def is_leaf_module(self, module, qualified_name):
             return True
 
+    attributes = set(vars(parent))
     try:
         parameters = inspect.signature(parent.forward).parameters.values()
         defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
         graph = OneLevel().trace(parent, concrete_args=defaults)
     except Exception:  # noqa: BLE001  (any failure of tracing user code: no traced fusion)
         return []
+    finally:
+        for name in set(vars(parent)) - attributes:  # (fx keeps the forward's tensor constants on the module)
+            delattr(parent, name)
     modules = parent._modules
 
     def child(node) -> Optional[str]:
