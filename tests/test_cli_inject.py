@@ -305,3 +305,30 @@ def test_providers_argument():
     assert args.providers == ("original", "dropin")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["inject", "resnet18", "--bench", "--providers", "dropin,eager"])
+
+
+def test_inject_train_curve_writes_the_losses(capsys, tmp_path):
+    """--curve N: the original, the injected model and a float64 copy trained N steps on one batch; the losses match
+    at every step within the limit, and the file holds them."""
+    path = tmp_path / "curve.json"
+    assert main(["inject", "llama", "--train", "--curve", "3", "--json", str(path), "--quiet"]) == 0
+    assert "within the limit" in capsys.readouterr().out.split("loss curves")[1]
+    curve = json.loads(path.read_text())["curve"]
+    assert len(curve["original"]) == len(curve["dropin"]) == len(curve["float64"]) == 3 and curve["within"]
+    assert curve["original"][-1] < curve["original"][0]  # it trains
+    assert main(["inject", "llama", "--curve", "3"]) == 2  # (--train needed)
+    assert "--curve 3: a number of steps" in capsys.readouterr().err
+
+
+def test_loss_curve_finds_a_model_that_trains_apart():
+    """A model whose weights differ a little from the original's: its losses leave the limit."""
+    from dropin.bench import models
+
+    original = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 5))
+    other = copy.deepcopy(original)
+    with torch.no_grad():
+        other[0].weight.mul_(1.01)
+    curve = models.loss_curve(original, other, (torch.randn(4, 8),), steps=2)
+    assert not curve["within"] and curve["max_rel_diff"] > curve["limit"]
+    same = models.loss_curve(copy.deepcopy(original), copy.deepcopy(original), (torch.randn(4, 8),), steps=2)
+    assert same["within"] and same["max_rel_diff"] == 0.0

@@ -147,8 +147,10 @@ def _check_inject_args(args):
     if args.weights and os.path.isdir(args.weights) != directory:
         return (f"--weights {args.weights}: {args.model} loads "
                 f"{'a save_pretrained directory' if directory else 'a state_dict file (torch.save)'}")
-    if (args.json or args.csv) and not args.bench:
-        return "--json and --csv write the --bench rows: add --bench"
+    if (args.json or args.csv) and not args.bench and not (args.json and args.curve):
+        return "--json and --csv write the --bench rows (--json the --curve too): add --bench"
+    if args.curve is not None and (not args.train or args.curve < 1 or args.generate is not None):
+        return f"--curve {args.curve}: a number of steps (at least 1) with --train"
     if args.generate is not None:
         if args.model != "llama" or not args.bench or args.train or args.processes > 1 or args.providers:
             return "--generate is a llama --bench option (inference, one process, every provider)"
@@ -337,6 +339,7 @@ def _inject(args) -> int:
         return 0
     from dropin.bench import harness, models
 
+    rows, curve = [], None
     if args.generate:
         from dropin.bench import decode
 
@@ -347,8 +350,9 @@ def _inject(args) -> int:
         reference = models.float64_step(original, inputs, grad)  # one float64 copy for the check and the bench
         if args.train and not _train(original, model, inputs, grad, reference):
             return 1
-        if not args.bench:
+        if not args.bench and not args.curve:
             return 0
+    if args.bench and not args.generate:
         cover, measured = models.coverage(original, model, inputs, report, grad)
         rows = models.bench_rows(args.model, original, model, inputs, grad=grad, reference=reference,
                                  dtype=args.dtype, batch=args.batch, cover=cover, warmup_ms=args.warmup,
@@ -360,11 +364,19 @@ def _inject(args) -> int:
         print(models.format_rows(rows))
         original_err = rows[0]["rel_err_vs_fp64"] or 0.0
         print(models.recommendation(rows, limit(getattr(torch, args.dtype), original_err, backward=args.train)))
-    result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows}
+    if args.curve:  # last: it trains both models
+        curve = models.loss_curve(original, model, inputs, args.curve)
+        print(f"loss curves, {args.curve} AdamW steps on one batch (cross-entropy against fixed targets): original "
+              f"{curve['original'][0]:.4f} -> {curve['original'][-1]:.4f}, dropin {curve['dropin'][0]:.4f} -> "
+              f"{curve['dropin'][-1]:.4f}; largest relative difference {curve['max_rel_diff']:.2e} (limit "
+              f"{curve['limit']:.0e}; the original's own from its float64 curve {curve['torch_max_rel_diff']:.2e}): "
+              f"{'within' if curve['within'] else 'BEYOND'} the limit")
+    result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows,
+              **({"curve": curve} if curve else {})}
     for path in filter(None, (args.json and harness.write_json(args.json, result),
                               args.csv and harness.write_csv(args.csv, rows))):
         print(f"dropin inject: wrote {path}", file=sys.stderr)
-    return 0
+    return 0 if curve is None or curve["within"] else 1
 
 
 def _zoo(args) -> int:
@@ -450,6 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--csv", metavar="PATH", help="with --bench: write the rows as CSV")
     inject.add_argument("--warmup", type=float, default=25, help="with --bench: warm-up time, ms (GPU)")
     inject.add_argument("--rep", type=float, default=100, help="with --bench: timed repetitions, ms")
+    inject.add_argument("--curve", type=int, metavar="STEPS", help="with --train: train the original and the "
+                        "injected model STEPS steps on one batch (AdamW) and compare their losses at every step")
     inject.add_argument("--generate", type=int, metavar="NEW_TOKENS",
                         help="llama with --bench: time HF generate() instead (LlamaForCausalLM, static KV cache, "
                              "greedy, prompts of --seq random tokens, NEW_TOKENS new tokens, each --batch size): "

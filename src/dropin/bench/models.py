@@ -4,6 +4,7 @@ compared, the share of the work that dropin does, and latency rows in every exec
 Providers (PROVIDERS), each for the original model and the injected one: eager (`original`, `dropin`); the whole
 forward captured in one CUDA graph and replayed (`_graph`, inference only); torch.compile default (`_compile`) and
 mode="reduce-overhead" (`_compile_ro`). A mode that cannot run gives a row with the reason in `error` or `note`.
+`--curve N` adds the loss curves of N training steps of both models (`loss_curve`).
 Row keys (`--json` / `--csv`): model, provider, mode (inference | train: forward + backward), dtype, batch,
 median_ms, mean_ms, min_ms, max_ms, first_call_ms (the first call, ms: for the torch.compile providers the compile
 time with it), graph_ms (GPU time without the host's launch cost, eager inference rows only; None under the
@@ -76,6 +77,55 @@ def step_errors(outs: tuple, outs_64: tuple) -> dict:
 def upstream_gradient(original: nn.Module, inputs: tuple) -> torch.Tensor:
     """A fixed random upstream gradient for a training step (the loss sum(output * it)), shaped by one forward."""
     return torch.randn_like(main_output(original(*inputs)).detach())
+
+
+# The loss curves' bar: at every step the injected model's loss within this relative difference of the original's
+CURVE_LIMITS = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def _curve(model: nn.Module, inputs: tuple, targets: torch.Tensor, steps: int, lr: float) -> list:
+    """The losses of `steps` AdamW steps of `model` on one batch (each step seeded alike: the same dropout masks),
+    from no gradient (a gradient left by an earlier step would join the first)."""
+    device = targets.device
+    model.zero_grad(set_to_none=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **({"fused": True} if device.type == "cuda" else {}))
+    losses = []
+    for step in range(steps):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(step)
+            logits = main_output(model(*inputs))
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), targets.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def loss_curve(original: nn.Module, injected: nn.Module, inputs: tuple, steps: int, lr: float = 1e-4) -> dict:
+    """The original, the injected model and a float64 copy of the original trained `steps` steps on one fixed batch
+    from the same weights (torch's AdamW, fused on CUDA): the loss is the cross-entropy of the main output's last
+    dim against fixed random targets (logits of a classifier or a language model). Returns {"steps", "lr",
+    "original", "dropin", "float64": their losses, "rel_diff": per step |dropin - original| / |original|,
+    "max_rel_diff", "torch_max_rel_diff": the original's own largest difference from the float64 curve (Adam's
+    normalised steps carry rounding noise on gradients near 0 into the weights), "limit": CURVE_LIMITS of the
+    dtype, "within"}. Trains the models given: run it last."""
+    out = main_output(original(*inputs)).detach()
+    generator = torch.Generator(out.device).manual_seed(0)
+    targets = torch.randint(out.shape[-1], out.shape[:-1], generator=generator, device=out.device)
+    reference = copy.deepcopy(original).double()
+    curves = {"float64": _curve(reference, tuple(map(to_float64, inputs)), targets, steps, lr)}
+    del reference
+    curves.update(original=_curve(original, inputs, targets, steps, lr), dropin=_curve(injected, inputs, targets,
+                                                                                       steps, lr))
+
+    def differences(a, b):
+        return [abs(x - y) / abs(y) if y else abs(x - y) for x, y in zip(a, b)]
+    diffs = differences(curves["dropin"], curves["original"])
+    bound = CURVE_LIMITS.get(out.dtype, CURVE_LIMITS[torch.float32])
+    return {"steps": steps, "lr": lr, **curves, "rel_diff": diffs, "max_rel_diff": max(diffs),
+            "torch_max_rel_diff": max(differences(curves["original"], curves["float64"])), "limit": bound,
+            "within": max(diffs) <= bound}
 
 
 def float64_step(original: nn.Module, inputs: tuple, grad: torch.Tensor | None):
