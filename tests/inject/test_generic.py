@@ -434,3 +434,29 @@ def test_tracing_leaves_the_users_module_as_it_was():
     before = dict(vars(block))
     assert registry.traced_chains(block) == [("conv1", "bn1", "act1")]
     assert vars(block).keys() == before.keys()
+
+
+class DropPath(nn.Module):
+    """timm's and HF's stochastic depth, as they write it: the identity in eval mode or with drop_prob 0."""
+
+    def __init__(self, drop_prob):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x):
+        if self.drop_prob == 0 or not self.training:
+            return x
+        keep = torch.rand(x.shape[0], *([1] * (x.ndim - 1)), device=x.device) >= self.drop_prob
+        return x * keep / (1 - self.drop_prob)
+
+
+def test_stochastic_depth_in_eval_is_not_left_to_torch():
+    """Stochastic depth (torchvision's StochasticDepth, a *DropPath with drop_prob) computes nothing in eval mode
+    or at probability 0: not reported as left to torch; in training it is, with the reason."""
+    torchvision = pytest.importorskip("torchvision")
+    model = nn.Sequential(nn.Linear(4, 4), torchvision.ops.StochasticDepth(0.2, "row"), DropPath(0.1),
+                          nn.Linear(4, 4), DropPath(0.0)).to(DEVICE).eval()
+    assert dropin.inject_(model, verify=False).left == []
+    dropin.revert_(model)
+    left = {e.name for e in dropin.inject_(model.train(), verify=False).left}
+    assert left == {"1", "2"}

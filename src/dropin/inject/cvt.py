@@ -8,13 +8,13 @@ from .registry import chain, passive, register, when_imported
 
 @when_imported("transformers.models.cvt.modeling_cvt")
 def _register():
-    from transformers.models.cvt.modeling_cvt import (CvtDropPath, CvtIntermediate, CvtSelfAttention,
+    from transformers.models.cvt.modeling_cvt import (CvtIntermediate, CvtSelfAttention,
                                                       CvtSelfAttentionConvProjection, CvtSelfAttentionLinearProjection)
 
     chain(CvtSelfAttentionConvProjection, "convolution", "normalization")
     chain(CvtIntermediate, "dense", "activation")
     passive(CvtSelfAttentionLinearProjection)  # a view and a permute
-    passive(CvtDropPath, when=lambda m: not m.training or m.drop_prob == 0)
+    # (CvtDropPath: passive as any *DropPath in eval mode, registry.is_passive)
 
     @register(CvtSelfAttention, op="attention")
     def cvt_self_attention(module, site):

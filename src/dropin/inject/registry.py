@@ -304,8 +304,18 @@ def passive(*types, when: Callable = lambda module: True):
         PASSIVE[t] = when
 
 
+def _drop_path_idle(module: torch.nn.Module) -> bool:
+    """A stochastic-depth module (timm's DropPath, torchvision's StochasticDepth, HF's *DropPath classes) in eval
+    mode or with a drop probability of 0: the identity. (Its own forward still runs: passive only reports it so.)"""
+    probability = getattr(module, "drop_prob", getattr(module, "p", None))
+    return isinstance(probability, (int, float)) and (not module.training or probability == 0)
+
+
 def is_passive(module: torch.nn.Module) -> bool:
     when = PASSIVE.get(type(module))
+    if when is None:
+        name = type(module).__name__
+        when = _drop_path_idle if name.endswith("DropPath") or name == "StochasticDepth" else None
     return when is not None and when(module)
 
 
