@@ -20,7 +20,7 @@ from torch import nn
 
 import dropin
 from dropin.bench.models import gradient_errors
-from _tol import DEVICE, ON_GPU, TOLERANCES, assert_close, gpu, rel_err, tolerance
+from _tol import DEVICE, ON_GPU, TOLERANCES, assert_close, gpu, rel_err, slow, tolerance
 
 pytest.importorskip("transformers")
 from torch.distributed.fsdp import fully_shard  # noqa: E402
@@ -325,6 +325,7 @@ def test_benchmark_smoke_cpu(tmp_path):
 
 
 @gpu
+@slow  # (147 s on an H100, the longest of test-gpu; the GPU's DDP and FSDP2 paths are test_ddp_* and test_fsdp2_*'s)
 def test_benchmark_smoke_gpu(tmp_path):
     """Both models, both modes, bf16, world size 1 on the GPU (nccl), tiny configs; peak memory per rank."""
     rows = run_benchmark(tmp_path, "--tiny", "--steps", "4")
