@@ -460,3 +460,68 @@ def test_stochastic_depth_in_eval_is_not_left_to_torch():
     dropin.revert_(model)
     left = {e.name for e in dropin.inject_(model.train(), verify=False).left}
     assert left == {"1", "2"}
+
+
+class _ResidualBlock(nn.Module):
+    """timm's BasicBlock as it is written: conv -> bn -> act, conv -> bn -> (drop path) -> += shortcut -> act, the
+    shortcut a conv + bn where the width changes."""
+
+    def __init__(self, width_in=8, width=8):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(width_in, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.act1 = nn.ReLU(inplace=True)
+        self.conv2, self.bn2 = nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.drop_path, self.act2 = nn.Identity(), nn.ReLU(inplace=True)
+        self.downsample = None if width_in == width else nn.Sequential(nn.Conv2d(width_in, width, 1, bias=False),
+                                                                       nn.BatchNorm2d(width))
+
+    def forward(self, x):
+        shortcut = x
+        x = self.act1(self.bn1(self.conv1(x)))
+        x = self.drop_path(self.bn2(self.conv2(x)))
+        if self.downsample is not None:
+            shortcut = self.downsample(shortcut)
+        x += shortcut
+        return self.act2(x)
+
+
+def _residual_model():
+    return randomize_batchnorms(nn.Sequential(_ResidualBlock(), _ResidualBlock(8, 12))).to(DEVICE)
+
+
+def test_residual_blocks_written_with_attributes_fuse():
+    """act(bn(conv(x)) + shortcut) in a block's own forward: the block runs its traced forward, with one conv call
+    that takes the shortcut (BatchNorm folded, add and ReLU in the epilogue); its other children fuse as chains.
+    Verified; the state_dict and the original modules (revert_) are kept; switched to training mode, forward and
+    backward match torch's."""
+    x = torch.randn(2, 8, 6, 6, device=DEVICE)
+    model, original, report = injected_pair(_residual_model, example_inputs=x)
+    kernels = {r.name: (r.kernel, r.fused) for r in report.replaced}
+    assert isinstance(model[0], dnn.TracedBlock)
+    assert kernels["0"][0] == "traced forward (conv2: conv2d+bn+residual+relu)"
+    assert kernels["0.conv2"] == ("conv2d+bn+residual+relu", ("0.bn2", "0.act2"))
+    assert kernels["0.conv1"] == ("conv2d+bn+relu", ("0.bn1", "0.act1"))
+    assert kernels["1.downsample.0"] == ("conv2d+bn", ("1.downsample.1",)) and report.left == []
+    assert report.verification.startswith("verified")
+    check_forward(model, original, torch.randn(3, 8, 5, 7, device=DEVICE))
+    assert_same_state(model, original.state_dict())
+    model.train(), original.train()
+    check_backward(model, original, torch.randn(2, 8, 6, 6, device=DEVICE))
+    blocks = list(original.modules())
+    dropin.revert_(model)
+    assert [type(m) for m in model.modules()] == [type(m) for m in blocks]
+
+
+class _ResidualWithOptions(_ResidualBlock):
+    """The same block with a defaulted argument (torch.fx would fix it to its default): not rewritten."""
+
+    def forward(self, x, scale: float = 1.0):
+        return super().forward(x) * scale
+
+
+def test_residual_blocks_with_defaulted_arguments_are_not_rewritten():
+    model, original, report = injected_pair(
+        lambda: randomize_batchnorms(nn.Sequential(_ResidualWithOptions())).to(DEVICE),
+        example_inputs=torch.randn(2, 8, 6, 6, device=DEVICE))
+    assert not isinstance(model[0], dnn.TracedBlock) and report.verification.startswith("verified")
+    assert {r.name: r.kernel for r in report.replaced}["0.conv2"] == "conv2d+bn"

@@ -11,8 +11,7 @@ from torch.utils import _pytree as pytree
 
 from .._tolerance import default_dtype, limit, rel_err, to_float64
 from ..nn import CausalLMForward, DropinModule, Folded
-from . import registry
-from . import report_text
+from . import registry, report_text, traced
 from .coverage import Coverage, measure
 
 # Progress of the slow stages (verification's first calls tune and compile kernels; coverage profiles a forward):
@@ -142,10 +141,12 @@ def _walk(module: torch.nn.Module, prefix: str, config: InjectConfig, report: In
     fused = set()
     for name, child in list(module._modules.items()):
         path = prefix + name
-        if child is None or name in fused:
+        if child is None or name in fused or isinstance(child, Folded):  # (a Folded's work: its drop-in's)
             continue
-        new = child if isinstance(child, DropinModule) else registry.handle(
-            child, registry.Site(module, name, path, config))  # a DropinModule: injected before (idempotent)
+        site = registry.Site(module, name, path, config)
+        new = child if isinstance(child, DropinModule) else registry.handle(child, site)  # (a DropinModule:
+        if isinstance(new, str) and child._modules:                                       # injected before)
+            new = traced.residual_block(child, site) or new
         if isinstance(new, str):
             if child._modules:
                 if type(child) in registry.HANDLERS:

@@ -19,6 +19,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import _runtime
+from ..nn import TracedBlock
 
 HANDLERS: dict = {}  # type -> (op, fn)
 CHAINS: dict = {}  # parent type -> [names of children that its forward runs one after the other, ...]
@@ -113,6 +114,8 @@ def traced_chains(parent: torch.nn.Module) -> list:
     block written with attributes (timm's, HF's, a user's: `x = self.act(self.bn(self.conv(x)))`) fuses as an
     nn.Sequential does. [] where the forward does not trace (data-dependent control flow, ...) or where no child
     could open and none continue a fusion: the children are then handled one by one. Made once per parent."""
+    if isinstance(parent, TracedBlock):  # (its generated forward calls the children as the original's did)
+        return traced_chains(parent.original)
     found = _TRACED.get(parent)
     if found is None:
         children = list(parent._modules.values())
@@ -122,49 +125,80 @@ def traced_chains(parent: torch.nn.Module) -> list:
     return found
 
 
-def _trace_chains(parent: torch.nn.Module) -> list:
-    from torch import fx
+class OneLevelTrace:
+    """A parent's forward traced one level deep (torch.fx, every child a leaf; arguments with defaults fixed to them),
+    and what its graph says of the children's calls. `trace` returns None where the forward does not trace."""
 
-    class OneLevel(fx.Tracer):
-        def is_leaf_module(self, module, qualified_name):
-            return True
+    def __init__(self, parent: torch.nn.Module, graph, constants: dict):
+        self.parent, self.graph, self.constants = parent, graph, constants
+        self.modules = parent._modules
+        self.calls = [n for n in graph.nodes if self.child(n) is not None and not _is_identity(self.module(n))]
+        names = {self.child(n) for n in self.calls}
+        self.count = {name: sum(self.child(n) == name for n in self.calls) for name in names}
 
-    attributes = set(vars(parent))
-    try:
-        parameters = inspect.signature(parent.forward).parameters.values()
-        defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
-        graph = OneLevel().trace(parent, concrete_args=defaults)
-    except Exception:  # noqa: BLE001  (any failure of tracing user code: no traced fusion)
-        return []
-    finally:
-        for name in set(vars(parent)) - attributes:  # (fx keeps the forward's tensor constants on the module)
-            delattr(parent, name)
-    modules = parent._modules
+    @staticmethod
+    def trace(parent: torch.nn.Module, keep_constants: bool = False) -> Optional["OneLevelTrace"]:
+        """The trace, or None. The tensor constants of the forward, which torch.fx keeps as attributes of the module
+        it traces, are taken off `parent` (into `constants` where keep_constants)."""
+        from torch import fx
 
-    def child(node) -> Optional[str]:
-        is_call = isinstance(node, fx.Node) and node.op == "call_module" and node.target in modules
+        class OneLevel(fx.Tracer):
+            def is_leaf_module(self, module, qualified_name):
+                return True
+
+        attributes, constants = set(vars(parent)), {}
+        try:
+            parameters = inspect.signature(parent.forward).parameters.values()
+            defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+            graph = OneLevel().trace(parent, concrete_args=defaults)
+        except Exception:  # noqa: BLE001  (any failure of tracing user code: no traced fusion)
+            return None
+        finally:
+            for name in set(vars(parent)) - attributes:  # (the forward's tensor constants)
+                constants[name] = vars(parent)[name]
+                delattr(parent, name)
+        return OneLevelTrace(parent, graph, constants if keep_constants else {})
+
+    def child(self, node) -> Optional[str]:
+        """The name of the child that node calls, or None."""
+        is_call = getattr(node, "op", None) == "call_module" and node.target in self.modules
         return node.target if is_call else None
 
-    def through_identities(node):
-        while child(node) is not None and _is_identity(modules[node.target]) and node.args:
+    def module(self, node) -> torch.nn.Module:
+        return self.modules[node.target]
+
+    def through_identities(self, node):
+        """node's value before the nn.Identity calls it went through."""
+        while self.child(node) is not None and _is_identity(self.module(node)) and node.args:
             node = node.args[0]
         return node
 
-    def users(node) -> list:
-        """The calls that read node's value, through nn.Identity calls."""
+    def users(self, node) -> list:
+        """The nodes that read node's value, through nn.Identity calls."""
         found = []
         for user in node.users:
-            found += users(user) if child(user) is not None and _is_identity(modules[user.target]) else [user]
+            identity = self.child(user) is not None and _is_identity(self.module(user))
+            found += self.users(user) if identity else [user]
         return found
 
-    calls = [n for n in graph.nodes if child(n) is not None and not _is_identity(modules[n.target])]
-    count = {name: sum(child(n) == name for n in calls) for name in {child(n) for n in calls}}
+    def single_input(self, node):
+        """The value a child call reads as its one argument (through nn.Identity calls), or None."""
+        return self.through_identities(node.args[0]) if len(node.args) == 1 and not node.kwargs else None
+
+    def once(self, node) -> bool:
+        """Whether node calls a child that the forward calls only there."""
+        return self.child(node) is not None and self.count.get(node.target) == 1
+
+
+def _trace_chains(parent: torch.nn.Module) -> list:
+    traced = OneLevelTrace.trace(parent)
+    if traced is None:
+        return []
     after = {}  # child -> the child that runs next, on its output alone
-    for node in calls:
-        source = through_identities(node.args[0]) if len(node.args) == 1 and not node.kwargs else None
-        name = child(source)
-        if name is not None and count[node.target] == 1 and count[name] == 1 and users(source) == [node]:
-            after[name] = node.target
+    for node in traced.calls:
+        source = traced.single_input(node)
+        if traced.once(node) and traced.once(source) and traced.users(source) == [node]:
+            after[source.target] = node.target
     chains = []
     for head in [name for name in after if name not in after.values()]:
         chain = [head]

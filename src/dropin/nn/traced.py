@@ -1,0 +1,19 @@
+"""A block whose forward dropin runs from its traced graph, rewritten where a fusion needs other calls than the
+block's own (a conv that takes the residual its block adds after the conv's BatchNorm)."""
+from .module import DropinModule
+
+
+class TracedBlock(DropinModule):
+    """The block's forward as torch.fx traced it one level deep, with inject_'s rewrites: generated code that calls
+    the block's children, adopted under their names (inject_ then injects them, and the fused ones are put in
+    place), and reads its parameters and buffers (shared)."""
+
+    walks_children = True
+
+    def __init__(self, original, code, kernel: str):
+        super().__init__(original)
+        self._code = code  # the generated forward: a function of (the module, its inputs)
+        self.kernel = kernel
+
+    def forward(self, *inputs):
+        return self._code(self, *inputs)
