@@ -525,3 +525,22 @@ def test_residual_blocks_with_defaulted_arguments_are_not_rewritten():
         example_inputs=torch.randn(2, 8, 6, 6, device=DEVICE))
     assert not isinstance(model[0], dnn.TracedBlock) and report.verification.startswith("verified")
     assert {r.name: r.kernel for r in report.replaced}["0.conv2"] == "conv2d+bn"
+
+
+class _ModalResidualBlock(_ResidualBlock):
+    """A forward that branches on self.training (torch.fx fixes the branch it traced)."""
+
+    def forward(self, x):
+        if self.training:
+            x = x * 0.5
+        return super().forward(x)
+
+
+def test_residual_block_that_reads_its_mode_runs_the_original_in_the_other_mode():
+    x = torch.randn(2, 8, 6, 6, device=DEVICE)
+    model, original, report = injected_pair(lambda: randomize_batchnorms(nn.Sequential(_ModalResidualBlock())).to(
+        DEVICE), example_inputs=x)
+    assert isinstance(model[0], dnn.TracedBlock) and model[0].traced_mode is False
+    check_forward(model, original, x)
+    model.train(), original.train()
+    check_backward(model, original, x)  # (the original block, as torch runs it)

@@ -11,7 +11,7 @@ from torch import nn
 
 from .. import nn as dnn
 from .generic import activation_name, conv_reason, fold_reason
-from .registry import OneLevelTrace, computes_as
+from .registry import OneLevelTrace, code_names, computes_as
 
 _ADDS = (operator.add, operator.iadd, torch.add)
 
@@ -75,7 +75,8 @@ def residual_block(block: nn.Module, site) -> Optional[dnn.TracedBlock]:
     module.recompile()
     code = type(module).forward
     kernels = ", ".join(f"{conv.target}: conv2d+bn+residual+{name}" for conv, _, _, name, _ in tails)
-    new = dnn.TracedBlock(block, code, f"traced forward ({kernels})")
+    mode = block.training if "training" in code_names(type(block)) else None
+    new = dnn.TracedBlock(block, code, f"traced forward ({kernels})", mode)
     for conv, bn, act, name, _ in tails:
         fused = dnn.ConvBNAct(traced.module(conv), traced.module(bn), name, (bn.target, act.target))
         fused.kernel = f"conv2d+bn+residual+{name}"

@@ -10,10 +10,15 @@ class TracedBlock(DropinModule):
 
     walks_children = True
 
-    def __init__(self, original, code, kernel: str):
+    def __init__(self, original, code, kernel: str, traced_mode=None):
+        """traced_mode: the training flag the trace was made in, where the block's forward reads `self.training`
+        (the trace fixed that branch): in the other mode the original block runs, its own children unchanged."""
         super().__init__(original)
         self._code = code  # the generated forward: a function of (the module, its inputs)
         self.kernel = kernel
+        self.traced_mode = traced_mode
 
     def forward(self, *inputs):
+        if self.traced_mode is not None and self.training != self.traced_mode:
+            return self.original(*inputs)
         return self._code(self, *inputs)
