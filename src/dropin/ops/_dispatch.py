@@ -123,8 +123,8 @@ def plan(plans: dict, key, make, traced: bool = False):
     """plans[key], made by make() on first use (tuning then) and reused: a small op's launch costs about as much CPU
     time as its kernel takes GPU time. traced: made anew without timing (the key may hold symbolic sizes). During a
     CUDA graph capture, and while a tuning's candidates warm up (`_autotune._precompile`), a missing plan is made
-    without timing and not kept, so that a later eager call tunes. The
-    cache is emptied past MAX_PLANS signatures (ever-new shapes)."""
+    without timing and not kept, so that a later eager call tunes. The cache is emptied past MAX_PLANS signatures
+    (ever-new shapes)."""
     if traced:
         with _autotune.untimed():
             return make()
