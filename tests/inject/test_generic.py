@@ -286,7 +286,8 @@ def test_coverage_measured_with_the_profiler():
         dropin.inject_(mlp(), coverage=True)
 
 
-@pytest.mark.parametrize("make, shape", [(mlp, (4, 16)), pytest.param(cnn, (2, 3, 8, 8), marks=gpu)])
+@pytest.mark.parametrize("make, shape", [(mlp, (4, 16)), pytest.param(cnn, (2, 3, 8, 8), marks=gpu),
+                                         pytest.param(lambda: _residual_model(), (2, 8, 6, 6), id="traced-residual")])
 def test_torch_compile_fullgraph(make, shape):
     """(the CNN compiles in ~40 s on the CPU: GPU only)"""
     model, original, _ = injected_pair(make, verify=False)
@@ -296,7 +297,7 @@ def test_torch_compile_fullgraph(make, shape):
 
 @pytest.mark.parametrize("make, shape", [
     (lambda: nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)).to(DEVICE), (4, 16)),
-    (cnn, (2, 3, 8, 8))], ids=["mlp-layernorm", "cnn"])
+    (cnn, (2, 3, 8, 8)), (lambda: _residual_model(), (2, 8, 6, 6))], ids=["mlp-layernorm", "cnn", "traced-residual"])
 def test_compiled_guards_come_from_no_getattr(make, shape):
     """The drop-ins' forwards read their tensors and children from the module dicts or through the original:
     none through DropinModule's own __getattr__, which torch.compile traces, guarding each lookup."""

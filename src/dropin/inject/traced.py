@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .. import nn as dnn
+from ..nn.traced import call_child
 from .generic import activation_name, conv_reason, fold_reason
 from .registry import OneLevelTrace, code_names, computes_as
 
@@ -70,8 +71,16 @@ def residual_block(block: nn.Module, site) -> Optional[dnn.TracedBlock]:
             fused = graph.call_module(conv.target, (conv.args[0], residual))
         act.replace_all_uses_with(fused)
     module = torch.fx.GraphModule(block, graph)  # (its children: the block's, for the purity checks)
-    module.graph.eliminate_dead_code()  # the replaced calls, adds and nn.Identity calls
-    module.graph.lint()
+    graph = module.graph
+    graph.eliminate_dead_code()  # the replaced calls, adds and nn.Identity calls
+    with graph.inserting_before(next(iter(graph.nodes))):
+        children = graph.placeholder("children")
+    for node in [n for n in graph.nodes if n.op == "call_module"]:  # children called from the dict
+        with graph.inserting_before(node):
+            call = graph.call_function(call_child, (children, node.target, *node.args), dict(node.kwargs))
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
+    graph.lint()
     module.recompile()
     code = type(module).forward
     kernels = ", ".join(f"{conv.target}: conv2d+bn+residual+{name}" for conv, _, _, name, _ in tails)
