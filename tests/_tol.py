@@ -21,6 +21,10 @@ gpu = pytest.mark.gpu
 # every test runs).
 slow = pytest.mark.slow
 
+# The activations the products' and convolutions' epilogue tests run (None: none), against
+# dropin.ops.activations.activation_ref (torch's functions).
+EPILOGUE_ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu", "tanh", "mish", "elu", "selu", "celu", "softplus")
+
 # Under the interpreter tl.dot on bfloat16 is garbage (numpy sees uint16), so bf16 runs on the GPU only.
 DTYPES = [
     pytest.param(torch.float32, id="fp32"),

@@ -5,15 +5,14 @@ import torch.nn.functional as F
 
 import _check
 import dropin
-from _tol import DEVICE
+from _tol import DEVICE, EPILOGUE_ACTIVATIONS
+from dropin.ops.activations import activation_ref
 
-ACTS = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-        "silu": F.silu, "tanh": torch.tanh, "mish": F.mish, "elu": F.elu, "selu": F.selu, "celu": F.celu,
-        "softplus": F.softplus}
+ACTS = EPILOGUE_ACTIVATIONS
 
 
 def torch_conv(activation=None, **kw):
-    return lambda x, w, b=None: ACTS[activation](F.conv2d(x, w, b, **kw))
+    return lambda x, w, b=None: activation_ref(F.conv2d(x, w, b, **kw), activation)
 
 
 def dropin_conv(activation=None, **kw):

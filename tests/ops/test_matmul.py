@@ -21,27 +21,16 @@ import triton.language as tl
 import _check
 import dropin
 from dropin.ops import _gemm
+from dropin.ops.activations import activation_ref
 
 _mm_module = importlib.import_module("dropin.ops.matmul")  # dropin.ops.matmul is also the function
-from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, rel_err
+from _tol import DEVICE, DTYPES, EPILOGUE_ACTIVATIONS, ON_GPU, assert_close, gpu, rel_err
 
-ACTIVATIONS = {
-    None: lambda t: t,
-    "relu": F.relu,
-    "gelu": F.gelu,  # exact (erf)
-    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-    "silu": F.silu,
-    "tanh": torch.tanh,
-    "mish": F.mish,
-    "elu": F.elu,
-    "selu": F.selu,
-    "celu": F.celu,
-    "softplus": F.softplus,
-}
+ACTIVATIONS = EPILOGUE_ACTIVATIONS
 
 
 def linear_ref(x, weight, bias=None, activation=None):
-    return ACTIVATIONS[activation](F.linear(x, weight, bias))
+    return activation_ref(F.linear(x, weight, bias), activation)
 
 
 def dropin_linear(activation):
