@@ -137,9 +137,9 @@ class OneLevelTrace:
         self.count = {name: sum(self.child(n) == name for n in self.calls) for name in names}
 
     @staticmethod
-    def trace(parent: torch.nn.Module, keep_constants: bool = False) -> Optional["OneLevelTrace"]:
+    def trace(parent: torch.nn.Module) -> Optional["OneLevelTrace"]:
         """The trace, or None. The tensor constants of the forward, which torch.fx keeps as attributes of the module
-        it traces, are taken off `parent` (into `constants` where keep_constants)."""
+        it traces, are taken off `parent` (into `constants`)."""
         from torch import fx
 
         class OneLevel(fx.Tracer):
@@ -157,7 +157,7 @@ class OneLevelTrace:
             for name in set(vars(parent)) - attributes:  # (the forward's tensor constants)
                 constants[name] = vars(parent)[name]
                 delattr(parent, name)
-        return OneLevelTrace(parent, graph, constants if keep_constants else {})
+        return OneLevelTrace(parent, graph, constants)
 
     def child(self, node) -> Optional[str]:
         """The name of the child that node calls, or None."""

@@ -59,7 +59,7 @@ def residual_block(block: nn.Module, site) -> Optional[dnn.TracedBlock]:
     parameters = inspect.signature(block.forward).parameters.values()
     if any(p.default is not p.empty or p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters):
         return None  # (fx fixes defaulted arguments to their defaults: a call with another value would be wrong)
-    traced = OneLevelTrace.trace(block, keep_constants=True)
+    traced = OneLevelTrace.trace(block)
     if traced is None or traced.constants:
         return None  # (constants would be plain attributes, which .to() does not move)
     tails = _tails(traced)
