@@ -10,6 +10,7 @@ from torch import nn
 
 import dropin
 import dropin.nn as dnn
+from dropin.bench.peers import LIGER_MISSING
 from dropin.cli import MODELS, main
 from dropin.inject import registry
 from _tol import DEVICE, ON_GPU, TOLERANCES, gpu, slow
@@ -92,7 +93,7 @@ def test_inject_train_step_wrong_gradient_exits_1(capsys, monkeypatch):
 
 
 ROW_KEYS = {"model", "provider", "mode", "dtype", "batch", "median_ms", "mean_ms", "min_ms", "max_ms", "first_call_ms",
-            "graph_ms", "speedup_vs_original", "rel_err_vs_fp64", "coverage_modules", "coverage_flops", "coverage_time"}
+            "graph_ms", "peak_memory_mib", "speedup_vs_original", "rel_err_vs_fp64", "coverage_modules", "coverage_flops", "coverage_time"}
 
 
 def test_inject_bench_writes_rows(capsys, tmp_path):
@@ -105,8 +106,10 @@ def test_inject_bench_writes_rows(capsys, tmp_path):
     result = json.loads(paths["json"].read_text())
     rows = {r["provider"]: r for r in result["rows"]}
     assert list(rows) == ["original", "original_graph", "original_compile", "original_compile_ro",
-                          "dropin", "dropin_graph", "dropin_compile", "dropin_compile_ro"]
+                          "dropin", "dropin_graph", "dropin_compile", "dropin_compile_ro", "liger"]
     assert all(ROW_KEYS <= set(r) for r in rows.values()) and result["env"]["command"].startswith("dropin inject")
+    assert rows["liger"].get("note") in (LIGER_MISSING, "skipped: interpreter") or rows["liger"]["median_ms"] > 0
+    assert (rows["dropin"]["peak_memory_mib"] is None) == (not ON_GPU)
     assert rows["original"]["speedup_vs_original"] == 1.0 and rows["original"]["coverage_flops"] is None
     assert rows["dropin"]["mode"] == "train" and 0 < rows["dropin"]["rel_err_vs_fp64"] < TOLERANCES[torch.float32][1]
     # the residual adds stay torch (FLOPs), the embedding too (modules)

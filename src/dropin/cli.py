@@ -30,10 +30,12 @@ ZOO_DTYPES = ("bfloat16", "float32", "both")
 # Llama defaults: seed 002's LlamaModel (1 layer, hidden 1024, 4 heads of 256, intermediate 11008, vocab 32000,
 # token ids [2, 1024]), and a tiny one under the interpreter. Flag -> LlamaConfig field ("seq", "batch": inputs).
 LLAMA = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
-         "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size", "seq": None, "batch": None}
-LLAMA_SEED_002 = {"layers": 1, "hidden": 1024, "heads": 4, "kv_heads": 4, "intermediate": 11008, "seq": 1024,
-                  "batch": 2}
-LLAMA_TINY = {"layers": 1, "hidden": 64, "heads": 2, "kv_heads": 2, "intermediate": 128, "seq": 8, "batch": 2}
+         "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size", "vocab": "vocab_size", "seq": None,
+         "batch": None}
+LLAMA_SEED_002 = {"layers": 1, "hidden": 1024, "heads": 4, "kv_heads": 4, "intermediate": 11008, "vocab": 32000,
+                  "seq": 1024, "batch": 2}
+LLAMA_TINY = {"layers": 1, "hidden": 64, "heads": 2, "kv_heads": 2, "intermediate": 128, "vocab": 512, "seq": 8,
+              "batch": 2}
 # Under the interpreter CvT-13 is reduced (its full size takes minutes there): these CvtConfig fields replace
 # CvT-13's (embed dims 64/192/384, heads 1/3/6, depths 1/2/10).
 CVT_TINY = {"embed_dim": [8, 16, 32], "num_heads": [1, 2, 2], "depth": [1, 2, 3]}
@@ -82,14 +84,15 @@ def _cvt(args):
 
 
 def _llama(args):
-    """LlamaModel, or with --generate LlamaForCausalLM (generate() needs the LM head) with its KV cache on."""
+    """LlamaModel; LlamaForCausalLM with --train (its loss from labels) and with --generate (generate() needs the
+    LM head; its KV cache on)."""
     import transformers
 
-    cls = transformers.LlamaForCausalLM if args.generate else transformers.LlamaModel
+    cls = transformers.LlamaForCausalLM if args.generate or args.train else transformers.LlamaModel
     cache = bool(args.generate)
     sizes = {field: getattr(args, flag) for flag, field in LLAMA.items() if field}
     positions = max(2048, args.seq + (args.generate or 0))
-    config = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=positions, use_cache=cache,
+    config = transformers.LlamaConfig(max_position_embeddings=positions, use_cache=cache,
                                       attn_implementation="sdpa", **sizes)
     return _pretrained(cls, args, attn_implementation="sdpa", use_cache=cache) or cls(config)
 
@@ -242,6 +245,15 @@ def _describe(args, model) -> str:
             f"{', channels_last' if args.channels_last else ''}")
 
 
+def _training_loss(original, inputs):
+    """The function that gives a model its training loss as output (bench.models.TrainingLoss, one set of fixed
+    labels for every model)."""
+    from dropin.bench import models
+
+    labels = models.training_labels(original, inputs)
+    return lambda model: models.TrainingLoss(model, labels)
+
+
 def _train(original, model, inputs, grad, reference) -> bool:
     """One training step (upstream gradient `grad`) on each model; prints their errors against `reference` (the
     float64 step) and whether dropin's stay within the limit (for each parameter and the output: the dtype's
@@ -254,7 +266,7 @@ def _train(original, model, inputs, grad, reference) -> bool:
     bound = {k: limit(grad.dtype, theirs[k], backward=True) for k in ours}
     worst = max(ours, key=lambda k: ours[k] / bound[k])
     within = ours[worst] <= bound[worst]
-    print(f"train step (loss: sum(output * a fixed random tensor)), errors against the original in float64 "
+    print(f"train step (loss: cross-entropy against fixed labels), errors against the original in float64 "
           f"(gradients relative to at least {models.GRAD_FLOOR:g} x the largest gradient's norm): output "
           f"{ours['output']:.2e} (PyTorch {theirs['output']:.2e}); {len(ours) - 1} parameter gradients, worst "
           f"against its limit: {worst} {ours[worst]:.2e} (PyTorch {theirs[worst]:.2e}, limit "
@@ -262,10 +274,10 @@ def _train(original, model, inputs, grad, reference) -> bool:
     return within
 
 
-def _bench_processes(args) -> list[list[dict]]:
-    """The host-bound providers' bench rows (`models.HOST_BOUND`: eager) of args.processes - 1 more runs of this
-    command, each in a process of its own (the host's speed varies from process to process: eager figures are
-    medians over processes)."""
+def _bench_processes(args, providers) -> list[list[dict]]:
+    """The bench rows of the host-bound ones among `providers` (`models.HOST_BOUND`: eager) of args.processes - 1
+    more runs of this command, each in a process of its own (the host's speed varies from process to process:
+    eager figures are medians over processes)."""
     import json
     import subprocess
     import tempfile
@@ -280,7 +292,7 @@ def _bench_processes(args) -> list[list[dict]]:
             path = f"{tmp}/rows.json"
             print(f"dropin inject: bench process {i + 2} of {args.processes}", file=sys.stderr)
             subprocess.run([sys.executable, "-m", "dropin.cli", *argv, "--json", path, "--providers",
-                            ",".join(HOST_BOUND)], check=True, stdout=subprocess.DEVNULL)
+                            ",".join(p for p in HOST_BOUND if p in providers)], check=True, stdout=subprocess.DEVNULL)
             with open(path) as f:
                 runs.append(json.load(f)["rows"])
     return runs
@@ -338,6 +350,7 @@ def _inject(args) -> int:
     if not (args.train or args.bench):
         return 0
     from dropin.bench import harness, models
+    from dropin.bench.peers import liger_llama
 
     rows, curve = [], None
     if args.generate:
@@ -346,6 +359,8 @@ def _inject(args) -> int:
         rows = decode.generate_rows(args.model, original, model, args.batches, args.seq, args.generate)
         print(decode.format_rows(rows))
     else:
+        loss = _training_loss(original, inputs) if args.train else lambda m: m
+        bare, original, model = original, loss(original), loss(model)
         grad = models.upstream_gradient(original, inputs) if args.train else None
         reference = models.float64_step(original, inputs, grad)  # one float64 copy for the check and the bench
         if args.train and not _train(original, model, inputs, grad, reference):
@@ -354,12 +369,13 @@ def _inject(args) -> int:
             return 0
     if args.bench and not args.generate:
         cover, measured = models.coverage(original, model, inputs, report, grad)
+        peers = {"liger": lambda: loss(liger_llama(bare, loss=args.train))} if args.model == "llama" else {}
         rows = models.bench_rows(args.model, original, model, inputs, grad=grad, reference=reference,
                                  dtype=args.dtype, batch=args.batch, cover=cover, warmup_ms=args.warmup,
-                                 rep_ms=args.rep, providers=args.providers or models.PROVIDERS)
+                                 rep_ms=args.rep, providers=args.providers, peers=peers)
         print(measured)
         if args.processes > 1:
-            rows = models.merge_processes([rows, *_bench_processes(args)])
+            rows = models.merge_processes([rows, *_bench_processes(args, [r["provider"] for r in rows])])
             print(f"medians of {args.processes} processes (each row: process_median_ms, spread_ms)")
         print(models.format_rows(rows))
         original_err = rows[0]["rel_err_vs_fp64"] or 0.0
@@ -449,10 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--image-size", type=int, help="default: 224, or 32 under the interpreter")
     inject.add_argument("--weights", metavar="PATH", help="a torchvision state_dict file (resnet*), or a "
                         "save_pretrained directory (cvt-13, llama); default: random weights")
-    inject.add_argument("--train", action="store_true", help="training mode; one step (forward + backward) on the "
-                        "original and the injected model, the gradients compared")
+    inject.add_argument("--train", action="store_true", help="training mode; one step (forward, cross-entropy "
+                        "loss against fixed labels, backward) on the original and the injected model, the loss and "
+                        "gradients compared (llama: LlamaForCausalLM with its own loss)")
     inject.add_argument("--bench", action="store_true", help="time original / injected, eager / torch.compile "
-                        "(inference, or the training step with --train) with errors and coverage")
+                        "(inference, or with --train the training step and a fused AdamW step) with errors, peak "
+                        "memory and coverage; llama: Liger-Kernel's too where it is installed")
     inject.add_argument("--prune", type=float, metavar="FRACTION", help="first zero this fraction of the weights of "
                         "the model's Conv2d and Linear layers (llama: its MLPs' projections), smallest magnitudes "
                         "model-wide (torch.nn.utils.prune.global_unstructured, made permanent)")
@@ -472,12 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "stderr is a terminal)")
     inject.add_argument("--providers", type=_providers, metavar="LIST",
                         help="with --bench: time only these providers, comma-separated, e.g. original,dropin "
-                             "(default: all eight)")
+                             "(default: all eight, and liger for llama)")
     inject.add_argument("--processes", type=int, default=1, help="with --bench: run it in this many processes "
                         "and give the median of their medians, with the spread (default: %(default)s)")
     llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "
                                       "heads, intermediate 11008, vocab 32000, seq 1024, batch 2), 1 layer, hidden 64, "
-                                      "2 heads, intermediate 128, seq 8 under the interpreter; --kv-heads defaults to "
+                                      "2 heads, intermediate 128, vocab 512, seq 8 under the interpreter; --kv-heads defaults to "
                                       "--heads; SDPA attention (the seed's eager path stays torch), no attention mask")
     for flag in LLAMA:
         if flag != "batch":

@@ -3,19 +3,22 @@ compared, the share of the work that dropin does, and latency rows in every exec
 
 Providers (PROVIDERS), each for the original model and the injected one: eager (`original`, `dropin`); the whole
 forward captured in one CUDA graph and replayed (`_graph`, inference only); torch.compile default (`_compile`) and
-mode="reduce-overhead" (`_compile_ro`). A mode that cannot run gives a row with the reason in `error` or `note`.
-`--curve N` adds the loss curves of N training steps of both models (`loss_curve`).
-Row keys (`--json` / `--csv`): model, provider, mode (inference | train: forward + backward), dtype, batch,
+mode="reduce-overhead" (`_compile_ro`); and peers, other libraries' versions of the same model where they have one
+(`liger`: Liger-Kernel's Llama, see `bench.peers`). A mode that cannot run gives a row with the reason in `error` or
+`note`. A training step is the forward, the loss (`TrainingLoss`: cross-entropy against fixed labels), the backward
+and torch's AdamW step (fused on CUDA). `--curve N` adds the loss curves of N training steps (`loss_curve`).
+Row keys (`--json` / `--csv`): model, provider, mode (inference | train), dtype, batch,
 median_ms, mean_ms, min_ms, max_ms, first_call_ms (the first call, ms: for the torch.compile providers the compile
 time with it), graph_ms (GPU time without the host's launch cost, eager inference rows only; None under the
-interpreter), speedup_vs_original (original eager median / this median), rel_err_vs_fp64
-(||x - x_64|| / ||x_64|| against the original model run in float64: the output, and in train mode the worst of the
-output and every parameter's gradient, see `step_errors`), coverage_modules, coverage_flops, coverage_time (see
-`coverage`; None on original rows), note, error.
+interpreter), peak_memory_mib (see `bench_rows`; None under the interpreter), speedup_vs_original (original eager
+median / this median), rel_err_vs_fp64 (||x - x_64|| / ||x_64|| against the original model run in float64: the
+output, and in train mode the worst of the output and every parameter's gradient, see `step_errors`),
+coverage_modules, coverage_flops, coverage_time (see `coverage`; None on original rows), note, error.
 """
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 
 import torch
@@ -27,11 +30,12 @@ from ..inject.coverage import measure
 from . import harness
 
 PROVIDERS = ("original", "original_graph", "original_compile", "original_compile_ro",
-             "dropin", "dropin_graph", "dropin_compile", "dropin_compile_ro")
+             "dropin", "dropin_graph", "dropin_compile", "dropin_compile_ro", "liger")
+PEERS = ("liger",)  # providers built from another library (bench_rows' `peers`), eager
 # The providers whose figures the host's speed sets (a Python launch per op), and which vary from process to
 # process: `dropin inject --processes N` times these in N processes, the others (CUDA-graph replays, compiled
 # code) in the first.
-HOST_BOUND = ("original", "dropin")
+HOST_BOUND = ("original", "dropin", *PEERS)
 
 
 def main_output(out) -> torch.Tensor:
@@ -40,9 +44,10 @@ def main_output(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out[0]
 
 
-def train_step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor):
-    """Forward + backward of the loss sum(output * grad) (grad: a fixed random upstream gradient), with the
-    random state seeded (the same dropout masks for every model). Returns (output, {state_dict key: gradient})."""
+def train_step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor, optimizer=None):
+    """Forward + backward of sum(output * grad) (grad: a fixed upstream gradient; ones for a model whose output is
+    its loss, `TrainingLoss`), with the random state seeded (the same dropout masks for every model), then
+    optimizer.step() where one is given. Returns (output, {state_dict key: gradient})."""
     params = {k: v for k, v in model.state_dict(keep_vars=True).items() if isinstance(v, nn.Parameter)}
     for p in params.values():
         p.grad = None
@@ -50,7 +55,47 @@ def train_step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor):
         torch.manual_seed(0)
         out = main_output(forward(*inputs))
         (out * grad).sum().backward()
+    if optimizer is not None:
+        optimizer.step()
     return out.detach(), {k: p.grad for k, p in params.items() if p.grad is not None}
+
+
+def timing_optimizer(model: nn.Module):
+    """torch's AdamW over the model's parameters (fused on CUDA) with lr 0: a step does all of its work (moments,
+    weight decay, update) and leaves the weights as they are, so that every provider times and checks the same
+    weights."""
+    fused = {"fused": True} if next(model.parameters()).is_cuda else {}
+    return torch.optim.AdamW(model.parameters(), lr=0.0, **fused)
+
+
+class TrainingLoss(nn.Module):
+    """A model with its training loss as its output: the cross-entropy of its main output's last dim against
+    fixed `labels` (`training_labels`), in float32. A language model (a forward with `labels` and an output
+    embedding, HF's *ForCausalLM) computes it itself: HF's label shift, and in an injected LlamaForCausalLM
+    dropin's fused linear + cross-entropy, which never makes the logits (HF computes that loss in float32, for a
+    float64 model too: a float64 reference's loss carries float32's rounding). Parameters keep their names under
+    `model.`, alike in every model so wrapped."""
+
+    def __init__(self, model: nn.Module, labels: torch.Tensor):
+        super().__init__()
+        self.model, self.labels = model, labels
+        head = getattr(model, "get_output_embeddings", lambda: None)()
+        self.own_loss = head is not None and "labels" in inspect.signature(type(model).forward).parameters
+
+    def forward(self, *inputs):
+        if self.own_loss:
+            return self.model(*inputs, labels=self.labels).loss
+        logits = main_output(self.model(*inputs))
+        return nn.functional.cross_entropy(logits.flatten(0, -2).float(), self.labels.flatten())
+
+
+def training_labels(model: nn.Module, inputs: tuple) -> torch.Tensor:
+    """Fixed random class labels for the model's main output, shaped by one forward (a classifier's [batch], a
+    language model's [batch, tokens])."""
+    with torch.no_grad():
+        out = main_output(model(*inputs))
+    generator = torch.Generator(out.device).manual_seed(0)
+    return torch.randint(out.shape[-1], out.shape[:-1], generator=generator, device=out.device)
 
 
 # A gradient's error is relative to at least this share of the largest parameter gradient's norm: gradients that
@@ -75,26 +120,30 @@ def step_errors(outs: tuple, outs_64: tuple) -> dict:
 
 
 def upstream_gradient(original: nn.Module, inputs: tuple) -> torch.Tensor:
-    """A fixed random upstream gradient for a training step (the loss sum(output * it)), shaped by one forward."""
-    return torch.randn_like(main_output(original(*inputs)).detach())
+    """The upstream gradient of a training step (its loss: sum(output * it)): ones where the output is a loss (a
+    scalar, `TrainingLoss`), else a fixed random tensor shaped by one forward."""
+    out = main_output(original(*inputs)).detach()
+    return torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
 
 
 # The loss curves' bar: at every step the injected model's loss within this relative difference of the original's
 CURVE_LIMITS = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
-def _curve(model: nn.Module, inputs: tuple, targets: torch.Tensor, steps: int, lr: float) -> list:
+def _curve(model: nn.Module, inputs: tuple, targets: torch.Tensor | None, steps: int, lr: float) -> list:
     """The losses of `steps` AdamW steps of `model` on one batch (each step seeded alike: the same dropout masks),
-    from no gradient (a gradient left by an earlier step would join the first)."""
-    device = targets.device
+    from no gradient (a gradient left by an earlier step would join the first): the model's output where it is a
+    loss (a scalar, `TrainingLoss`), else the cross-entropy of its main output against `targets`."""
+    device = next(model.parameters()).device
     model.zero_grad(set_to_none=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **({"fused": True} if device.type == "cuda" else {}))
     losses = []
     for step in range(steps):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(step)
-            logits = main_output(model(*inputs))
-            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), targets.reshape(-1))
+            out = main_output(model(*inputs))
+            loss = out if out.dim() == 0 else nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]).double(),
+                                                                         targets.reshape(-1))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -104,15 +153,14 @@ def _curve(model: nn.Module, inputs: tuple, targets: torch.Tensor, steps: int, l
 
 def loss_curve(original: nn.Module, injected: nn.Module, inputs: tuple, steps: int, lr: float = 1e-4) -> dict:
     """The original, the injected model and a float64 copy of the original trained `steps` steps on one fixed batch
-    from the same weights (torch's AdamW, fused on CUDA): the loss is the cross-entropy of the main output's last
-    dim against fixed random targets (logits of a classifier or a language model). Returns {"steps", "lr",
-    "original", "dropin", "float64": their losses, "rel_diff": per step |dropin - original| / |original|,
+    from the same weights (torch's AdamW, fused on CUDA): the loss is the model's output where it is one
+    (`TrainingLoss`), else the cross-entropy of the main output's last dim against fixed random targets (logits of
+    a classifier or a language model). Returns {"steps", "lr", "original", "dropin", "float64": their losses, "rel_diff": per step |dropin - original| / |original|,
     "max_rel_diff", "torch_max_rel_diff": the original's own largest difference from the float64 curve (Adam's
     normalised steps carry rounding noise on gradients near 0 into the weights), "limit": CURVE_LIMITS of the
     dtype, "within"}. Trains the models given: run it last."""
     out = main_output(original(*inputs)).detach()
-    generator = torch.Generator(out.device).manual_seed(0)
-    targets = torch.randint(out.shape[-1], out.shape[:-1], generator=generator, device=out.device)
+    targets = None if out.dim() == 0 else training_labels(original, inputs)
     reference = copy.deepcopy(original).double()
     curves = {"float64": _curve(reference, tuple(map(to_float64, inputs)), targets, steps, lr)}
     del reference
@@ -122,7 +170,7 @@ def loss_curve(original: nn.Module, injected: nn.Module, inputs: tuple, steps: i
     def differences(a, b):
         return [abs(x - y) / abs(y) if y else abs(x - y) for x, y in zip(a, b)]
     diffs = differences(curves["dropin"], curves["original"])
-    bound = CURVE_LIMITS.get(out.dtype, CURVE_LIMITS[torch.float32])
+    bound = CURVE_LIMITS.get(next(original.parameters()).dtype, CURVE_LIMITS[torch.float32])
     return {"steps": steps, "lr": lr, **curves, "rel_diff": diffs, "max_rel_diff": max(diffs),
             "torch_max_rel_diff": max(differences(curves["original"], curves["float64"])), "limit": bound,
             "within": max(diffs) <= bound}
@@ -147,15 +195,15 @@ def coverage(original: nn.Module, injected: nn.Module, inputs: tuple, report, gr
             "coverage_time": measured.kernel_time}, measured
 
 
-def _step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor | None):
+def _step(forward, model: nn.Module, inputs: tuple, grad: torch.Tensor | None, optimizer=None):
     """The timed call, returning (output, {parameter: gradient}): an inference forward (no_grad, no gradients) or
-    a training step."""
+    a training step (with optimizer's step where one is given)."""
     if grad is None:
         def run():
             with torch.no_grad():
                 return main_output(forward(*inputs)), {}
         return run
-    return lambda: train_step(forward, model, inputs, grad)
+    return lambda: train_step(forward, model, inputs, grad, optimizer)
 
 
 def graphed(model: nn.Module, inputs: tuple):
@@ -200,30 +248,61 @@ def _provider_step(name: str, provider: str, model: nn.Module, inputs: tuple, gr
         return graphed(model, inputs)
     forward = {"": model, "compile": harness.compiled(model),
                "compile_ro": harness.compiled(model, mode="reduce-overhead")}[mode]
-    return _step(forward, model, inputs, grad)
+    return _step(forward, model, inputs, grad, None if grad is None else timing_optimizer(model))
+
+
+def _resident_bytes(model: nn.Module) -> int:
+    """Device bytes of the storages the model's modules hold: parameters, buffers and tensor attributes (weights
+    dropin derived at injection, e.g. a BatchNorm folded into a conv)."""
+    storages = {}
+    for module in model.modules():
+        for t in (*module._parameters.values(), *module._buffers.values(), *vars(module).values()):
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def _memory_mark() -> int | None:
+    """The device memory allocated now, with the peak statistics reset (None under the interpreter)."""
+    if _runtime.INTERPRET:
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
 
 
 def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tuple, *, grad: torch.Tensor | None,
                reference: tuple, dtype: str, batch: int, cover: dict, warmup_ms: float = 25,
-               rep_ms: float = 100, no_graph: str | None = None, providers=PROVIDERS) -> list[dict]:
-    """One row per entry of `providers` (PROVIDERS' names and order, see the module docstring; speed-ups where
-    `original` is one): a training step with upstream gradient `grad`, or
-    inference for None; errors against `reference` (float64_step's for the same grad). A provider that cannot run
-    here gets a `note` (skipped) or an `error` (it raised) and the others still run. no_graph: why the model's
-    forward cannot be captured in one plain CUDA graph (its `_graph` rows say so instead of running)."""
-    models = {"original": original, "dropin": injected}
+               rep_ms: float = 100, no_graph: str | None = None, providers=None, peers=None) -> list[dict]:
+    """One row per entry of `providers` (PROVIDERS' names and order, see the module docstring; by default all but
+    the peers not given; speed-ups where `original` is one): a training step with upstream gradient `grad` and an AdamW step (`timing_optimizer`), or
+    inference for None; errors against `reference` (float64_step's for the same grad). peers: {PEERS name: a
+    function that builds that library's version of the original (it may raise harness.Skipped)}. A provider that
+    cannot run here gets a `note` (skipped) or an `error` (it raised) and the others still run. no_graph: why the
+    model's forward cannot be captured in one plain CUDA graph (its `_graph` rows say so instead of running).
+    peak_memory_mib: the most device memory allocated during the provider's calls (torch.cuda.max_memory_allocated)
+    beyond what was allocated before its first, plus what its model holds (`_resident_bytes`): a process running
+    only this model in this mode would peak there (in training: weights, gradients, AdamW's state, activations).
+    Not counted: copies of frozen weights that dropin keeps in other layouts from calls before the row's
+    (conv2d.weights.derived, inference only)."""
+    models, peers = {"original": original, "dropin": injected}, peers or {}
+    providers = providers or tuple(p for p in PROVIDERS if p not in PEERS or p in peers)
     rows = []
     for provider in providers:
-        model = models[provider.split("_")[0]]
         row = {"model": name, "provider": provider, "mode": "inference" if grad is None else "train", "dtype": dtype,
                "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
-               "first_call_ms": None, "graph_ms": None,
+               "first_call_ms": None, "graph_ms": None, "peak_memory_mib": None,
                "speedup_vs_original": None, "rel_err_vs_fp64": None, "coverage_modules": None,
                "coverage_flops": None, "coverage_time": None}
         if provider.startswith("dropin"):
             row.update(cover)
         rows.append(row)
-        def measure():
+
+        def check_and_time():
+            if provider in PEERS and provider not in peers:
+                raise harness.Skipped(f"no {provider} version of {name}")
+            model = peers[provider]() if provider in peers else models[provider.split("_")[0]]
+            mark = _memory_mark()
             step = _provider_step(name, provider, model, inputs, grad, no_graph)
             start = time.perf_counter()
             outs = step()
@@ -231,9 +310,14 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
                 torch.cuda.synchronize()
             row["first_call_ms"] = (time.perf_counter() - start) * 1e3
             row["rel_err_vs_fp64"] = max(step_errors(outs, reference).values())
-            return step, harness.time_fn(step, warmup_ms, rep_ms)
+            times = harness.time_fn(step, warmup_ms, rep_ms)
+            if mark is not None:
+                torch.cuda.synchronize()
+                row["peak_memory_mib"] = (torch.cuda.max_memory_allocated() - mark + _resident_bytes(model)) / 2**20
+            model.zero_grad(set_to_none=True)  # (the next row starts from the same memory)
+            return step, times
 
-        measured = harness.attempt(row, measure)
+        measured = harness.attempt(row, check_and_time)
         if measured is None:
             continue
         step, times = measured
@@ -242,6 +326,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
             row["graph_ms"], note = harness.graph_time(step)
             if note:
                 row["note"] = note
+        del step, measured  # (a training step's optimizer and its state)
     return _speedups(rows)
 
 
@@ -297,7 +382,8 @@ def merge_processes(runs: list[list[dict]]) -> list[dict]:
 
 # Table columns: (row key, heading, format, width).
 COLUMNS = (("median_ms", "median ms", ".4f", 11), ("graph_ms", "graph ms", ".4f", 10),
-           ("speedup_vs_original", "speed-up", ".2f", 10), ("rel_err_vs_fp64", "err vs fp64", ".2e", 13),
+           ("peak_memory_mib", "peak MiB", ".0f", 10),
+           ("speedup_vs_original", "speed-up", ".2f", 10), ("rel_err_vs_fp64", "err vs fp64", ".2e", 12),
            ("coverage_modules", "modules", ".0%", 9), ("coverage_flops", "FLOPs", ".2%", 9),
            ("coverage_time", "GPU time", ".1%", 10))
 
@@ -313,7 +399,7 @@ def format_rows(rows: list[dict]) -> str:
         lines.append(f"{r['provider']:<19}" + "".join(f"{c:>{w}}" for c, (*_, w) in zip(cells, COLUMNS))
                      + f"  {r.get('error') or r.get('note', '')}")
     lines.append("err vs fp64: relative error against the original model in float64 (train: worst of the output "
-                 "and the parameter gradients); modules: share of the computing torch modules covered by dropin "
-                 "modules; FLOPs, GPU time: shares of the FLOPs and of the GPU kernel time in dropin kernels (torch "
-                 "profiler)")
+                 "and the parameter gradients); peak MiB: the device memory of the model alone in that mode at its "
+                 "peak; modules: share of the computing torch modules covered by dropin modules; FLOPs, GPU time: "
+                 "shares of the FLOPs and of the GPU kernel time in dropin kernels (torch profiler)")
     return "\n".join(lines)
