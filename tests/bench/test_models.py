@@ -1,5 +1,6 @@
 """dropin.bench.models' training step (the loss, the AdamW step, the memory row) and dropin.bench.peers (a
 library's module-wide patches kept to its own model)."""
+import copy
 import types
 
 import pytest
@@ -8,6 +9,7 @@ from torch import nn
 
 from dropin import _runtime
 from dropin.bench import harness, models, peers
+from dropin.inject import inject_
 from _tol import DEVICE
 
 
@@ -113,3 +115,22 @@ def test_module_patches_reach_the_patched_model_only():
     with pytest.raises(ValueError):
         model(fail=True)
     assert seen[-1] == "library" and module.rope() == "torch" and not hasattr(module, "extra")
+
+
+def test_injected_training_keeps_no_more_for_the_backward_than_torch():
+    """Convs, training BatchNorms, ReLUs, a conv and a linear with the ReLU fused (a ResNet's and an MLP's
+    patterns): the injected model's activation memory (saved_bytes: what the forward keeps for the backward,
+    weights aside) is at most the original's, but for one float32 per BatchNorm channel (dropin keeps the batch
+    mean as two float32, a high and a low part, for its accuracy, where torch keeps one)."""
+    original = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                             nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 16), nn.ReLU(),
+                             nn.Linear(16, 5)).to(DEVICE).train()
+    injected, x = copy.deepcopy(original), torch.randn(2, 3, 9, 7, device=DEVICE)
+    report = inject_(injected, example_inputs=(x,), verify=False)
+    assert {"conv2d+relu", "linear+relu"} <= {r.kernel for r in report.replaced}, report
+    grad = torch.randn(2, 5, device=DEVICE)
+    ours, theirs = (models.saved_bytes(lambda m=m: models.train_step(m, m, (x,), grad), m)
+                    for m in (injected, original))
+    activation, means = 2 * 8 * 9 * 7 * 4, 2 * 8 * 4  # one [2, 8, 9, 7] float32 tensor; the two BatchNorms' means
+    assert theirs >= 5 * activation and ours <= theirs + means, (ours, theirs)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import _check
 import dropin.ops as ops
+from dropin.ops.activations import FROM_OUTPUT, activation_ref
 from _check import check
 from _tol import DEVICE, gpu
 
@@ -93,6 +94,26 @@ def test_special_values_and_generic_entry():
     x = torch.zeros(4, device=DEVICE, requires_grad=True)
     (g,) = torch.autograd.grad(ops.relu(x).sum(), x)
     assert torch.equal(g, torch.zeros(4, device=DEVICE))
+
+
+@pytest.mark.parametrize("name", [*ACTS, "relu6"])
+def test_backward_keeps_one_tensor(name):
+    """The backward keeps one tensor: the output for the activations whose derivative it determines
+    (activations.FROM_OUTPUT, as torch's relu: the next op keeps that same tensor), else the input; on the first
+    call and through the shortcut. From the output, the gradient at the kinks (0, relu6's 6) and at NaN is still
+    torch's (NaN: relu and relu6 pass the upstream gradient, leaky_relu scales it)."""
+    x = torch.tensor([-1.5, -0.0, 0.0, 0.5, 3.0, 6.0, 7.0, float("nan")], device=DEVICE, requires_grad=True)
+    for _ in range(2):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = ops.activation(x, name)
+        kept = y if name in FROM_OUTPUT else x
+        assert [t.untyped_storage().data_ptr() for t in saved] == [kept.untyped_storage().data_ptr()]
+    if name in FROM_OUTPUT:
+        dy = torch.randn_like(x)
+        (ours,) = torch.autograd.grad(y, x, dy)
+        (theirs,) = torch.autograd.grad(activation_ref(x, name), x, dy)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
 def test_no_grad_and_empty():

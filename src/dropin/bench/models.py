@@ -10,7 +10,8 @@ and torch's AdamW step (fused on CUDA). `--curve N` adds the loss curves of N tr
 Row keys (`--json` / `--csv`): model, provider, mode (inference | train), dtype, batch,
 median_ms, mean_ms, min_ms, max_ms, first_call_ms (the first call, ms: for the torch.compile providers the compile
 time with it), graph_ms (GPU time without the host's launch cost, eager inference rows only; None under the
-interpreter), peak_memory_mib (see `bench_rows`; None under the interpreter), speedup_vs_original (original eager
+interpreter), peak_memory_mib (see `bench_rows`; None under the interpreter), saved_mib (the activation memory
+of an eager training step, `saved_bytes`), speedup_vs_original (original eager
 median / this median), rel_err_vs_fp64 (||x - x_64|| / ||x_64|| against the original model run in float64: the
 output, and in train mode the worst of the output and every parameter's gradient, see `step_errors`),
 coverage_modules, coverage_flops, coverage_time (see `coverage`; None on original rows), note, error.
@@ -251,14 +252,31 @@ def _provider_step(name: str, provider: str, model: nn.Module, inputs: tuple, gr
     return _step(forward, model, inputs, grad, None if grad is None else timing_optimizer(model))
 
 
-def _resident_bytes(model: nn.Module) -> int:
-    """Device bytes of the storages the model's modules hold: parameters, buffers and tensor attributes (weights
-    dropin derived at injection, e.g. a BatchNorm folded into a conv)."""
+def _resident(model: nn.Module) -> dict:
+    """{data_ptr: bytes} of the storages the model's modules hold: parameters, buffers and tensor attributes
+    (weights dropin derived at injection, e.g. a BatchNorm folded into a conv)."""
     storages = {}
     for module in model.modules():
         for t in (*module._parameters.values(), *module._buffers.values(), *vars(module).values()):
-            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            if isinstance(t, torch.Tensor):
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return storages
+
+
+def saved_bytes(step, model: nn.Module) -> int:
+    """The activation memory of a training step: bytes of the tensors autograd keeps from its forward for its
+    backward (torch.autograd.graph.saved_tensors_hooks; each storage once), but for the model's own (`_resident`:
+    the weights). Tensors an op keeps on its ctx outside save_for_backward are not seen (dropin's linear +
+    cross-entropy keeps its gradients so, as Liger-Kernel's does): peak_memory_mib counts them."""
+    resident, storages = _resident(model), {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in resident:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
     return sum(storages.values())
 
 
@@ -283,6 +301,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
     peak_memory_mib: the most device memory allocated during the provider's calls (torch.cuda.max_memory_allocated)
     beyond what was allocated before its first, plus what its model holds (`_resident_bytes`): a process running
     only this model in this mode would peak there (in training: weights, gradients, AdamW's state, activations).
+    saved_mib: the activation memory of a training step (`saved_bytes`), eager providers only.
     Not counted: copies of frozen weights that dropin keeps in other layouts from calls before the row's
     (conv2d.weights.derived, inference only)."""
     models, peers = {"original": original, "dropin": injected}, peers or {}
@@ -291,7 +310,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
     for provider in providers:
         row = {"model": name, "provider": provider, "mode": "inference" if grad is None else "train", "dtype": dtype,
                "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
-               "first_call_ms": None, "graph_ms": None, "peak_memory_mib": None,
+               "first_call_ms": None, "graph_ms": None, "peak_memory_mib": None, "saved_mib": None,
                "speedup_vs_original": None, "rel_err_vs_fp64": None, "coverage_modules": None,
                "coverage_flops": None, "coverage_time": None}
         if provider.startswith("dropin"):
@@ -313,7 +332,10 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
             times = harness.time_fn(step, warmup_ms, rep_ms)
             if mark is not None:
                 torch.cuda.synchronize()
-                row["peak_memory_mib"] = (torch.cuda.max_memory_allocated() - mark + _resident_bytes(model)) / 2**20
+                resident = sum(b for b in _resident(model).values())
+                row["peak_memory_mib"] = (torch.cuda.max_memory_allocated() - mark + resident) / 2**20
+            if grad is not None and provider.partition("_")[2] == "":
+                row["saved_mib"] = saved_bytes(step, model) / 2**20
             model.zero_grad(set_to_none=True)  # (the next row starts from the same memory)
             return step, times
 
@@ -382,24 +404,26 @@ def merge_processes(runs: list[list[dict]]) -> list[dict]:
 
 # Table columns: (row key, heading, format, width).
 COLUMNS = (("median_ms", "median ms", ".4f", 11), ("graph_ms", "graph ms", ".4f", 10),
-           ("peak_memory_mib", "peak MiB", ".0f", 10),
+           ("peak_memory_mib", "peak MiB", ".0f", 10), ("saved_mib", "saved MiB", ".1f", 10),
            ("speedup_vs_original", "speed-up", ".2f", 10), ("rel_err_vs_fp64", "err vs fp64", ".2e", 12),
            ("coverage_modules", "modules", ".0%", 9), ("coverage_flops", "FLOPs", ".2%", 9),
            ("coverage_time", "GPU time", ".1%", 10))
 
 
 def format_rows(rows: list[dict]) -> str:
-    """The terminal table of bench_rows."""
+    """The terminal table of bench_rows: the COLUMNS that some row has a value in."""
     first = rows[0]
+    columns = [c for c in COLUMNS if any(r.get(c[0]) is not None for r in rows)]
     lines = [f"{first['model']}, {first['mode']}, {first['dtype']}, batch {first['batch']}",
-             f"{'provider':<19}" + "".join(f"{head:>{width}}" for _, head, _, width in COLUMNS) + "  note"]
+             f"{'provider':<19}" + "".join(f"{head:>{width}}" for _, head, _, width in columns) + "  note"]
     for r in rows:
-        cells = ["-" if r[key] is None else format(r[key], fmt) + ("x" if key.startswith("speedup") else "")
-                 for key, _, fmt, _ in COLUMNS]
-        lines.append(f"{r['provider']:<19}" + "".join(f"{c:>{w}}" for c, (*_, w) in zip(cells, COLUMNS))
+        cells = ["-" if r.get(key) is None else format(r[key], fmt) + ("x" if key.startswith("speedup") else "")
+                 for key, _, fmt, _ in columns]
+        lines.append(f"{r['provider']:<19}" + "".join(f"{c:>{w}}" for c, (*_, w) in zip(cells, columns))
                      + f"  {r.get('error') or r.get('note', '')}")
     lines.append("err vs fp64: relative error against the original model in float64 (train: worst of the output "
                  "and the parameter gradients); peak MiB: the device memory of the model alone in that mode at its "
-                 "peak; modules: share of the computing torch modules covered by dropin modules; FLOPs, GPU time: "
-                 "shares of the FLOPs and of the GPU kernel time in dropin kernels (torch profiler)")
+                 "peak; saved MiB: the tensors a training step keeps for its backward, weights aside; modules: share "
+                 "of the computing torch modules covered by dropin modules; FLOPs, GPU time: shares of the FLOPs and "
+                 "of the GPU kernel time in dropin kernels (torch profiler)")
     return "\n".join(lines)

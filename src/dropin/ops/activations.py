@@ -202,10 +202,10 @@ def apply_activation(z, ACT: tl.constexpr):
 @triton.jit
 def activation_grad(z, ACT: tl.constexpr):
     """d act(z) / dz for an fp32 tensor z."""
-    if ACT == "relu":
-        d = tl.where(z > 0.0, 1.0, 0.0)
-    elif ACT == "relu6":
-        d = tl.where((z > 0.0) & (z < 6.0), 1.0, 0.0)  # 0 at both kinks, as torch's hardtanh_backward
+    if ACT == "relu":  # as torch's threshold_backward: 0 at 0, 1 at NaN (the upstream gradient passes)
+        d = tl.where(z <= 0.0, 0.0, 1.0)
+    elif ACT == "relu6":  # 0 at both kinks, 1 at NaN, as torch's hardtanh_backward
+        d = tl.where((z <= 0.0) | (z >= 6.0), 0.0, 1.0)
     elif ACT == "gelu":
         d = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2)) + z * _INV_SQRT_2PI * tl.exp(-0.5 * z * z)
     elif ACT == "gelu_tanh":
@@ -337,17 +337,38 @@ def _act_op(x: torch.Tensor, dy: Optional[torch.Tensor], act: str) -> torch.Tens
 _act = switch(_act_op, _act_impl)
 
 
+# Activations whose derivative the output gives exactly (by its sign, and relu6's by its cap): activation_grad of
+# the output equals that of the input, NaN included. Their backward reads the output, as torch's relu does: the
+# next op (a conv, a linear) saves that same tensor as its input, where the input would be one more kept for the
+# backward.
+FROM_OUTPUT = ("relu", "relu6", "leaky_relu")
+
+
+def stores_preactivation(activation: str, needs) -> bool:
+    """Whether a product or a convolution with this activation fused keeps its pre-activation for the backward:
+    where a gradient is wanted (any of `needs`) and the activation is not one of FROM_OUTPUT, whose backward reads
+    the output instead (`derivative_at`)."""
+    return activation != "none" and activation not in FROM_OUTPUT and any(needs)
+
+
+def derivative_at(activation: str, preactivation, output):
+    """What a fused activation's backward evaluates activation_grad at: the output for FROM_OUTPUT activations,
+    else the kept pre-activation (None where none is)."""
+    return output if activation in FROM_OUTPUT else preactivation
+
+
 class _ActivationFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, act):
-        ctx.save_for_backward(x)
+        y = _act(x, None, act)
+        ctx.save_for_backward(y if act in FROM_OUTPUT else x)
         ctx.act = act
-        return _act(x, None, act)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        return _act(x, dy, ctx.act), None
+        (saved,) = ctx.saved_tensors
+        return _act(saved, dy, ctx.act), None
 
 
 def _check(input, activation: str) -> None:
@@ -375,7 +396,7 @@ def _act_grad_shortcut(x, out, act: str):
         dx = _act_out(x, dy, act)
         run, copies = _act_planned(x, dy, dx, act, False)
         return None if copies else writing(dx, lambda dx, dy, x: run(x, dy, dx))
-    return None if forward_run is None else Unary(forward_run, False, backward_run,
+    return None if forward_run is None else Unary(forward_run, act in FROM_OUTPUT, backward_run,
                                                   lambda dy, x: _act_impl(x, dy, act))
 
 

@@ -19,7 +19,7 @@ from .. import _runtime
 from . import _autotune, _gemm
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op,
                         writing)
-from .activations import activation_ref, check_activation
+from .activations import FROM_OUTPUT, activation_ref, check_activation, derivative_at, stores_preactivation
 from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel
 
 
@@ -198,8 +198,8 @@ class ProductShortcut(Differentiable):
     tensors (a, b[, bias]) that start where the product's operands do (`to_given` turns the i-th operand's gradient
     into the given tensor's, `from_out` the output's gradient into the product's [B, M, N]; neither may hold a
     tensor: the shortcut lives in the op's cache). Forward: the plan on
-    a new output laid out as the first call's (and the pre-activation, saved, where an activation's gradient is
-    wanted). Backward, for each layout of the output's gradient: the activation's and bias's gradient, then one
+    a new output laid out as the first call's (and the pre-activation, kept where an activation's gradient reads it:
+    `stores_preactivation`; relu's and the like read the output). Backward, for each layout of the output's gradient: the activation's and bias's gradient, then one
     planned product per gradient wanted, into new tensors laid out as the op's own path lays them out."""
 
     def __init__(self, operands, needs, c, out, activation: str, to_given, from_out, mm):
@@ -209,7 +209,8 @@ class ProductShortcut(Differentiable):
         self.to_given = to_given
         self.from_out = from_out or (lambda dy, shape=c.shape: dy.reshape(shape))
         self.out = out.shape, out.stride(), out.dtype, out.device
-        self.save_preact = activation != "none" and any(needs)
+        self.save_preact = stores_preactivation(activation, needs)
+        self.from_output = activation in FROM_OUTPUT  # (the backward reads the output: `derivative_at`)
 
     @staticmethod
     def make(operands, given, needs, c, out, activation: str, to_given, from_out=None):
@@ -218,7 +219,7 @@ class ProductShortcut(Differentiable):
         if any(o is not None and (o.data_ptr() != g.data_ptr() or o.numel() == 0 or o.numel() != g.numel())
                for o, g in zip(operands, given)):
             return None
-        save_preact = activation != "none" and any(needs)
+        save_preact = stores_preactivation(activation, needs)
         mm = _mm_shortcut(*operands[:2], c, operands[2] if len(operands) > 2 else None, activation, save_preact)
         if mm is None:
             return None
@@ -231,11 +232,14 @@ class ProductShortcut(Differentiable):
         self.mm(a, b, y, bias, z)
         # the operands' views (the tensors, shapes and order the op's own path saves: a checkpoint's recomputation
         # served here saves what its first forward saved)
-        ctx.save_for_backward(*(t.as_strided(*layout) for t, layout in zip((a, b), self.operands)), z)
+        ctx.save_for_backward(*(t.as_strided(*layout) for t, layout in zip((a, b), self.operands)),
+                              self.from_out(y) if self.from_output else z)
         return y
 
     def backward(self, ctx, dy):
         a3, b3, z = ctx.saved_tensors
+        if self.from_output:  # (the activation's gradient reads it as the product's [B, M, N], contiguous)
+            z = z.contiguous()
         run = self.backward_plan((dy,), lambda: self._backward_run(dy, a3, b3, z))
         return self._backward(dy, a3, b3, z) if run is None else run(dy, a3, b3, z)
 
@@ -502,9 +506,9 @@ def canonical_product(a, b, bias, activation):
 class _MatmulFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, bias, activation):
-        save_preact = activation != "none" and any(ctx.needs_input_grad[:3])
+        save_preact = stores_preactivation(activation, ctx.needs_input_grad[:3])
         c, z = _mm(a, b, bias, activation, save_preact)
-        ctx.save_for_backward(a, b, z if save_preact else None)
+        ctx.save_for_backward(a, b, derivative_at(activation, z if save_preact else None, c))
         ctx.activation = activation
         return c
 

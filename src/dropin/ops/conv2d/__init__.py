@@ -23,7 +23,7 @@ from ... import _runtime
 from .. import _autotune, _gemm
 from .._common import column_sums_run, empty_in, is_channels_last, pixel
 from .._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
-from ..activations import activation_grad, activation_ref
+from ..activations import activation_grad, activation_ref, derivative_at, stores_preactivation
 from ..matmul import ProductShortcut, canonical_product, product_shortcut
 from . import depthwise, implicit_gemm, planning, tma
 from .args import check_conv2d, check_out, conv_args
@@ -360,9 +360,9 @@ _act_grad = switch(_act_grad_op, _act_grad_impl)
 class _Conv2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, bias, residual, stride, padding, dilation, groups, activation):
-        save_preact = activation != "none" and any(ctx.needs_input_grad[:4])
+        save_preact = stores_preactivation(activation, ctx.needs_input_grad[:4])
         y, z = _fwd(x, w, bias, residual, stride, padding, dilation, groups, activation, save_preact)
-        ctx.save_for_backward(x, w, z if save_preact else None)
+        ctx.save_for_backward(x, w, derivative_at(activation, z if save_preact else None, y))
         ctx.args = (stride, padding, dilation, groups)
         ctx.activation = activation
         return y
@@ -448,7 +448,7 @@ class _ConvShortcut(Differentiable):
 
     def __init__(self, x, w, y, bias, residual, args: tuple, activation: str, needs):
         super().__init__()
-        self.save_preact = activation != "none" and any(needs)
+        self.save_preact = stores_preactivation(activation, needs)
         self.run = _fwd_plan(x, w, y, torch.empty_like(y) if self.save_preact else y, bias, residual, *args,
                              activation, self.save_preact, False)[0]
         self.y, self.args, self.activation, self.needs = (y.shape, y.stride()), args, activation, needs[:4]
@@ -464,7 +464,7 @@ class _ConvShortcut(Differentiable):
         y = torch.empty_strided(*self.y, dtype=x.dtype, device=x.device)
         z = torch.empty_strided(*self.y, dtype=x.dtype, device=x.device) if self.save_preact else y
         self.run(x, w, y, y if bias is None else bias, z, y if residual is None else residual)
-        ctx.save_for_backward(x, w, z if self.save_preact else None)
+        ctx.save_for_backward(x, w, derivative_at(self.activation, z if self.save_preact else None, y))
         return y
 
     def backward(self, ctx, dy):
