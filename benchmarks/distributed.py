@@ -78,7 +78,7 @@ def build(name: str, tiny: bool, device: torch.device, seed: int = 0) -> torch.n
             return cli.MODELS[name](argparse.Namespace(train=True, weights=None)).train()
         s = sizes(name, tiny)
         fields = {field: s[flag] for flag, field in cli.LLAMA.items() if field}
-        config = transformers.LlamaConfig(vocab_size=s["vocab"], max_position_embeddings=max(2048, s["seq"]),
+        config = transformers.LlamaConfig(max_position_embeddings=max(2048, s["seq"]),
                                           use_cache=False, attn_implementation="sdpa", **fields)
         return transformers.LlamaForCausalLM(config).train()
 
