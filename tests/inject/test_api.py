@@ -1,5 +1,8 @@
 """inject_'s guarantees around verification: a model it cannot run is left whole, and an exception reverts it."""
 import math
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -85,6 +88,19 @@ def test_float64_model_left_whole_with_the_reason():
     with pytest.raises(InjectError, match="float64"):
         dropin.inject_(model, example_inputs=x, strict=True)
     assert_whole(model, children)
+
+
+def test_coverage_prints_no_profiler_log_lines():
+    """Measuring coverage (the torch profiler) leaves stderr to the user: none of the profiler backend's own log
+    lines (profile start / stop, a failed GPU count without a GPU), in a process of its own (its first profile)."""
+    code = ("import torch, dropin, dropin._runtime; device = dropin._runtime.KERNEL_DEVICE; "
+            "model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 4)).to(device); "
+            "dropin.inject_(model, coverage=True, example_inputs=torch.randn(3, 16, device=device)); print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert done.stdout.strip().endswith("ok"), done.stderr
+    assert not [line for line in done.stderr.splitlines() if "SyncActivityProfiler" in line or "DeviceProperties"
+                in line or line.startswith(("USDT:", "ERROR:", "STAGE:"))], done.stderr
 
 
 def test_progress_of_the_slow_stages_is_logged(caplog):

@@ -404,7 +404,7 @@ def merge_processes(runs: list[list[dict]]) -> list[dict]:
 
 # Table columns: (row key, heading, format, width).
 COLUMNS = (("median_ms", "median ms", ".4f", 11), ("graph_ms", "graph ms", ".4f", 10),
-           ("peak_memory_mib", "peak MiB", ".0f", 10), ("saved_mib", "saved MiB", ".1f", 10),
+           ("peak_memory_mib", "peak MiB", ".0f", 10), ("saved_mib", "saved MiB", ".4g", 10),
            ("speedup_vs_original", "speed-up", ".2f", 10), ("rel_err_vs_fp64", "err vs fp64", ".2e", 12),
            ("coverage_modules", "modules", ".0%", 9), ("coverage_flops", "FLOPs", ".2%", 9),
            ("coverage_time", "GPU time", ".1%", 10))

@@ -6,6 +6,7 @@ original (a reverted copy). dropin's kernels are Triton launches, which the prof
 share is 1 - torch's FLOPs left / the original's FLOPs. GPU kernel time: the device time of dropin's Triton
 kernels (known by name) against all kernels (memset and memcpy included); none under the interpreter.
 """
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -68,6 +69,10 @@ def _flops(events) -> tuple:
 
 
 def _profile(model: torch.nn.Module, run: Callable):
+    # Kineto, the profiler's backend, logs each profile's start and stop (and, without a GPU, a failed device count)
+    # on stderr: not for a user to read on every coverage measurement. Its level is read once, at its first use in
+    # the process; one the user set is kept.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     activities = [ProfilerActivity.CPU] + ([] if _runtime.INTERPRET else [ProfilerActivity.CUDA])
     with warnings.catch_warnings():  # (torch's note that a profiler keeps one cycle's events: one is all it has)
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
