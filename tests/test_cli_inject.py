@@ -120,7 +120,10 @@ def test_inject_bench_writes_rows(capsys, tmp_path):
     for provider in ("dropin_compile", "dropin_compile_ro"):
         assert (rows[provider].get("note") == "skipped: interpreter") == (rows[provider]["median_ms"] is None)
     assert "no plain CUDA graph" in rows["dropin_graph"]["note"] and rows["dropin_graph"]["median_ms"] is None
-    assert "fastest here: dropin" in out or "no recommendation" in out
+    if ON_GPU:
+        assert "fastest here: dropin" in out or "no recommendation" in out
+    else:  # (interpreted kernels' CPU times: no speed to compare)
+        assert out.count("say nothing of their speed on a GPU") == 2 and "fastest here" not in out
     assert paths["csv"].read_text().splitlines()[0].startswith("model,provider,mode")
 
 

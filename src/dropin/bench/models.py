@@ -363,7 +363,10 @@ def _speedups(rows: list[dict]) -> list[dict]:
 
 def recommendation(rows: list[dict], tolerance: float) -> str:
     """Which way to run the injected model, from the rows: the fastest dropin provider whose error is within
-    `tolerance`, with its speed-up over the original eager and over the original's fastest mode."""
+    `tolerance`, with its speed-up over the original eager and over the original's fastest mode; none under the
+    interpreter."""
+    if _runtime.INTERPRET:
+        return f"no recommendation: {INTERPRETER_TIMES}"
     timed = [r for r in rows if r["median_ms"] and r["rel_err_vs_fp64"] is not None]
     ours = [r for r in timed if r["provider"].startswith("dropin") and r["rel_err_vs_fp64"] <= tolerance]
     theirs = [r for r in timed if r["provider"].startswith("original")]
@@ -402,6 +405,9 @@ def merge_processes(runs: list[list[dict]]) -> list[dict]:
     return _speedups(merged)
 
 
+INTERPRETER_TIMES = ("the times are CPU times of kernels run by the Triton interpreter, which say nothing of their "
+                     "speed on a GPU")
+
 # Table columns: (row key, heading, format, width).
 COLUMNS = (("median_ms", "median ms", ".4f", 11), ("graph_ms", "graph ms", ".4f", 10),
            ("peak_memory_mib", "peak MiB", ".0f", 10), ("saved_mib", "saved MiB", ".4g", 10),
@@ -426,4 +432,6 @@ def format_rows(rows: list[dict]) -> str:
                  "peak; saved MiB: the tensors a training step keeps for its backward, weights aside; modules: share "
                  "of the computing torch modules covered by dropin modules; FLOPs, GPU time: shares of the FLOPs and "
                  "of the GPU kernel time in dropin kernels (torch profiler)")
+    if _runtime.INTERPRET:
+        lines.append(f"speed-up: {INTERPRETER_TIMES}")
     return "\n".join(lines)
