@@ -317,14 +317,17 @@ def test_providers_argument():
 def test_inject_train_curve_writes_the_losses(capsys, tmp_path):
     """--curve N: the original, the injected model and a float64 copy trained N steps on one batch; the losses match
     at every step within the limit, and the file holds them."""
-    path = tmp_path / "curve.json"
-    assert main(["inject", "llama", "--train", "--curve", "3", "--json", str(path), "--quiet"]) == 0
+    path, plot = tmp_path / "curve.json", tmp_path / "curve.png"
+    assert main(["inject", "llama", "--train", "--curve", "3", "--json", str(path), "--plot", str(plot), "--quiet"]) == 0
+    assert plot.read_bytes().startswith(b"\x89PNG")
     assert "within the limit" in capsys.readouterr().out.split("loss curves")[1]
     curve = json.loads(path.read_text())["curve"]
     assert len(curve["original"]) == len(curve["dropin"]) == len(curve["float64"]) == 3 and curve["within"]
     assert curve["original"][-1] < curve["original"][0]  # it trains
     assert main(["inject", "llama", "--curve", "3"]) == 2  # (--train needed)
     assert "--curve 3: a number of steps" in capsys.readouterr().err
+    assert main(["inject", "llama", "--train", "--plot", str(plot)]) == 2
+    assert "--plot draws the --curve" in capsys.readouterr().err
 
 
 def test_loss_curve_finds_a_model_that_trains_apart():

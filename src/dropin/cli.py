@@ -154,6 +154,8 @@ def _check_inject_args(args):
         return "--json and --csv write the --bench rows (--json the --curve too): add --bench"
     if args.curve is not None and (not args.train or args.curve < 1 or args.generate is not None):
         return f"--curve {args.curve}: a number of steps (at least 1) with --train"
+    if args.plot and not args.curve:
+        return "--plot draws the --curve: add --train --curve STEPS"
     if args.generate is not None:
         if args.model != "llama" or not args.bench or args.train or args.processes > 1 or args.providers:
             return "--generate is a llama --bench option (inference, one process, every provider)"
@@ -389,8 +391,10 @@ def _inject(args) -> int:
               f"{'within' if curve['within'] else 'BEYOND'} the limit")
     result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows,
               **({"curve": curve} if curve else {})}
+    title = f"{args.model}, {args.dtype}: {args.curve} AdamW steps on one batch"
     for path in filter(None, (args.json and harness.write_json(args.json, result),
-                              args.csv and harness.write_csv(args.csv, rows))):
+                              args.csv and harness.write_csv(args.csv, rows),
+                              args.plot and models.plot_curve(args.plot, curve, title))):
         print(f"dropin inject: wrote {path}", file=sys.stderr)
     return 0 if curve is None or curve["within"] else 1
 
@@ -482,6 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--rep", type=float, default=100, help="with --bench: timed repetitions, ms")
     inject.add_argument("--curve", type=int, metavar="STEPS", help="with --train: train the original and the "
                         "injected model STEPS steps on one batch (AdamW) and compare their losses at every step")
+    inject.add_argument("--plot", metavar="PNG", help="with --curve: draw the loss curves and their relative "
+                        "differences into this file (matplotlib)")
     inject.add_argument("--generate", type=int, metavar="NEW_TOKENS",
                         help="llama with --bench: time HF generate() instead (LlamaForCausalLM, static KV cache, "
                              "greedy, prompts of --seq random tokens, NEW_TOKENS new tokens, each --batch size): "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import pathlib
 import time
 
 import torch
@@ -175,6 +176,35 @@ def loss_curve(original: nn.Module, injected: nn.Module, inputs: tuple, steps: i
     return {"steps": steps, "lr": lr, **curves, "rel_diff": diffs, "max_rel_diff": max(diffs),
             "torch_max_rel_diff": max(differences(curves["original"], curves["float64"])), "limit": bound,
             "within": max(diffs) <= bound}
+
+
+def plot_curve(path, curve: dict, title: str):
+    """loss_curve's result as a PNG: the three loss curves step by step, and below them the injected model's
+    relative difference from the original's (and the original's from its float64 curve) against the limit."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = range(1, curve["steps"] + 1)
+    fig, (losses, diffs) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for name, style in (("float64", ":"), ("original", "-"), ("dropin", "--")):
+        losses.plot(steps, curve[name], style, label=name)
+    losses.set_ylabel("loss")
+    losses.set_title(title)
+    losses.legend()
+    own = [abs(x - y) / abs(y) if y else abs(x - y) for x, y in zip(curve["original"], curve["float64"])]
+    diffs.semilogy(steps, [max(d, 1e-12) for d in curve["rel_diff"]], "--", label="|dropin - original| / |original|")
+    diffs.semilogy(steps, [max(d, 1e-12) for d in own], ":", label="|original - float64| / |float64|")
+    diffs.axhline(curve["limit"], color="red", label=f"limit {curve['limit']:g}")
+    diffs.set_xlabel("AdamW step")
+    diffs.set_ylabel("relative difference (1e-12 where 0)")
+    diffs.legend()
+    fig.tight_layout()
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def float64_step(original: nn.Module, inputs: tuple, grad: torch.Tensor | None):
