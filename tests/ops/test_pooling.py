@@ -129,6 +129,16 @@ def test_global_avg_pool(dtype, layout):
           {"x": _x((3, 7, 9, 5), dtype, layout)}, grad_layout=None)
 
 
+@pytest.mark.parametrize("expanded, shape", [((0, 2), (2, 2, 2, 1)), ((2,), (2, 3, 4, 1)), ((2, 3), (2, 3, 4, 5)),
+                                             ((0, 3), (2, 3, 4, 5))])
+def test_global_avg_pool_of_an_expanded_input(expanded, shape):
+    """Stride 0 along H (and others): an H that does not merge with W keeps its own axis (fuzz: an input of strides
+    (0, 1, 0, 1) was read as one run of 2 along the channels)."""
+    base = torch.randn(*(1 if d in expanded else s for d, s in enumerate(shape)), device=DEVICE)
+    check(_bind(ops.adaptive_avg_pool2d, output_size=1), _bind(F.adaptive_avg_pool2d, output_size=1),
+          {"x": base.expand(shape)}, grad_layout=None)
+
+
 @pytest.mark.parametrize("output_size", [(3, 5), 2, (None, 4), (11, 9), (1, 3)])
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_adaptive_avg_pool_sizes(output_size, layout):

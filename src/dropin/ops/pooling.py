@@ -235,9 +235,11 @@ def _make_fwd_plan(x, y, mode, kernel, stride, padding, dilation, out_hw, count_
     N, C, H, W = x.shape
     OH, OW = out_hw
     if _global(x, mode, out_hw):
-        # merge H and W into one strided axis where the layout allows (NCHW: the plane is one unit-stride run)
-        sxh, sxw = (0, x.stride(3)) if x.stride(2) == W * x.stride(3) else x.stride()[2:]
-        ww = H * W if sxh == 0 else W
+        # merge H and W into one strided axis where the layout allows (NCHW: the plane is one unit-stride run); an
+        # H of stride 0 (an expanded input) that does not merge keeps its own axis
+        merged = x.stride(2) == W * x.stride(3)
+        sxh, sxw = (0, x.stride(3)) if merged else x.stride()[2:]
+        ww = H * W if merged else W
         block_c = min(_runtime.next_power_of_2(C), 64) if is_channels_last(x) else min(_runtime.next_power_of_2(C), 4)
         block_hw = max(2, min(_runtime.next_power_of_2(H * W), 2048 // block_c))
         launch = Launch(_global_avg_kernel, (N, _runtime.cdiv(C, block_c)),
