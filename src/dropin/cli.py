@@ -501,8 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "and give the median of their medians, with the spread (default: %(default)s)")
     llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "
                                       "heads, intermediate 11008, vocab 32000, seq 1024, batch 2), 1 layer, hidden 64, "
-                                      "2 heads, intermediate 128, vocab 512, seq 8 under the interpreter; --kv-heads defaults to "
-                                      "--heads; SDPA attention (the seed's eager path stays torch), no attention mask")
+                                      "2 heads, intermediate 128, vocab 512, seq 8 under the interpreter; --kv-heads "
+                                      "defaults to --heads; SDPA attention (the seed's eager path stays torch), no "
+                                      "attention mask")
     for flag in LLAMA:
         if flag != "batch":
             llama.add_argument(f"--{flag.replace('_', '-')}", type=int, dest=flag)

@@ -71,7 +71,8 @@ def test_bench_train_rows_take_an_optimizer_step(monkeypatch):
                              peers={})
     assert steps and all(s.state for s in steps)  # stepped, with its moments
     assert all(torch.equal(v, original.state_dict()[k]) for k, v in before.items())
-    assert [r["provider"] for r in rows] == ["original", "dropin", "liger"] and rows[2]["note"] == "no liger version of mlp"
+    assert [r["provider"] for r in rows] == ["original", "dropin", "liger"]
+    assert rows[2]["note"] == "no liger version of mlp"
     for row in rows[:2]:
         assert row["mode"] == "train" and row["rel_err_vs_fp64"] < 1e-5 and row["median_ms"] > 0
         assert (row["peak_memory_mib"] is None) == _runtime.INTERPRET

@@ -7,14 +7,14 @@ mode="reduce-overhead" (`_compile_ro`); and peers, other libraries' versions of 
 (`liger`: Liger-Kernel's Llama, see `bench.peers`). A mode that cannot run gives a row with the reason in `error` or
 `note`. A training step is the forward, the loss (`TrainingLoss`: cross-entropy against fixed labels), the backward
 and torch's AdamW step (fused on CUDA). `--curve N` adds the loss curves of N training steps (`loss_curve`).
-Row keys (`--json` / `--csv`): model, provider, mode (inference | train), dtype, batch,
-median_ms, mean_ms, min_ms, max_ms, first_call_ms (the first call, ms: for the torch.compile providers the compile
-time with it), graph_ms (GPU time without the host's launch cost, eager inference rows only; None under the
-interpreter), peak_memory_mib (see `bench_rows`; None under the interpreter), saved_mib (the activation memory
-of an eager training step, `saved_bytes`), speedup_vs_original (original eager
-median / this median), rel_err_vs_fp64 (||x - x_64|| / ||x_64|| against the original model run in float64: the
-output, and in train mode the worst of the output and every parameter's gradient, see `step_errors`),
-coverage_modules, coverage_flops, coverage_time (see `coverage`; None on original rows), note, error.
+Row keys (`--json` / `--csv`): model, provider, mode (inference | train), dtype, batch, median_ms, mean_ms, min_ms,
+max_ms, first_call_ms (the first call, ms: for the torch.compile providers the compile time with it), graph_ms (GPU
+time without the host's launch cost, eager inference rows only; None under the interpreter), peak_memory_mib (see
+`bench_rows`; None under the interpreter), saved_mib (the activation memory of an eager training step,
+`saved_bytes`), speedup_vs_original (original eager median / this median), rel_err_vs_fp64 (||x - x_64|| / ||x_64||
+against the original model run in float64: the output, and in train mode the worst of the output and every
+parameter's gradient, see `step_errors`), coverage_modules, coverage_flops, coverage_time (see `coverage`; None on
+original rows), note, error.
 """
 from __future__ import annotations
 
@@ -154,13 +154,13 @@ def _curve(model: nn.Module, inputs: tuple, targets: torch.Tensor | None, steps:
 
 
 def loss_curve(original: nn.Module, injected: nn.Module, inputs: tuple, steps: int, lr: float = 1e-4) -> dict:
-    """The original, the injected model and a float64 copy of the original trained `steps` steps on one fixed batch
-    from the same weights (torch's AdamW, fused on CUDA): the loss is the model's output where it is one
-    (`TrainingLoss`), else the cross-entropy of the main output's last dim against fixed random targets (logits of
-    a classifier or a language model). Returns {"steps", "lr", "original", "dropin", "float64": their losses, "rel_diff": per step |dropin - original| / |original|,
-    "max_rel_diff", "torch_max_rel_diff": the original's own largest difference from the float64 curve (Adam's
-    normalised steps carry rounding noise on gradients near 0 into the weights), "limit": CURVE_LIMITS of the
-    dtype, "within"}. Trains the models given: run it last."""
+    """The original, the injected model and a float64 copy of the original trained `steps` steps on one fixed batch from
+    the same weights (torch's AdamW, fused on CUDA): the loss is the model's output where it is one
+    (`TrainingLoss`), else the cross-entropy of the main output's last dim against fixed random targets (logits of a
+    classifier or a language model). Returns {"steps", "lr", "original", "dropin", "float64": their losses,
+    "rel_diff": per step |dropin - original| / |original|, "max_rel_diff", "torch_max_rel_diff": the original's own
+    largest difference from the float64 curve (Adam's normalised steps carry rounding noise on gradients near 0 into
+    the weights), "limit": CURVE_LIMITS of the dtype, "within"}. Trains the models given: run it last."""
     out = main_output(original(*inputs)).detach()
     targets = None if out.dim() == 0 else training_labels(original, inputs)
     reference = copy.deepcopy(original).double()
@@ -322,18 +322,18 @@ def _memory_mark() -> int | None:
 def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tuple, *, grad: torch.Tensor | None,
                reference: tuple, dtype: str, batch: int, cover: dict, warmup_ms: float = 25,
                rep_ms: float = 100, no_graph: str | None = None, providers=None, peers=None) -> list[dict]:
-    """One row per entry of `providers` (PROVIDERS' names and order, see the module docstring; by default all but
-    the peers not given; speed-ups where `original` is one): a training step with upstream gradient `grad` and an AdamW step (`timing_optimizer`), or
-    inference for None; errors against `reference` (float64_step's for the same grad). peers: {PEERS name: a
-    function that builds that library's version of the original (it may raise harness.Skipped)}. A provider that
-    cannot run here gets a `note` (skipped) or an `error` (it raised) and the others still run. no_graph: why the
-    model's forward cannot be captured in one plain CUDA graph (its `_graph` rows say so instead of running).
-    peak_memory_mib: the most device memory allocated during the provider's calls (torch.cuda.max_memory_allocated)
-    beyond what was allocated before its first, plus what its model holds (`_resident_bytes`): a process running
-    only this model in this mode would peak there (in training: weights, gradients, AdamW's state, activations).
-    saved_mib: the activation memory of a training step (`saved_bytes`), eager providers only.
-    Not counted: copies of frozen weights that dropin keeps in other layouts from calls before the row's
-    (conv2d.weights.derived, inference only)."""
+    """One row per entry of `providers` (PROVIDERS' names and order, see the module docstring; by default all but the
+    peers not given; speed-ups where `original` is one): a training step with upstream gradient `grad` and an AdamW
+    step (`timing_optimizer`), or inference for None; errors against `reference` (float64_step's for the same grad).
+    peers: {PEERS name: a function that builds that library's version of the original (it may raise
+    harness.Skipped)}. A provider that cannot run here gets a `note` (skipped) or an `error` (it raised) and the
+    others still run. no_graph: why the model's forward cannot be captured in one plain CUDA graph (its `_graph`
+    rows say so instead of running). peak_memory_mib: the most device memory allocated during the provider's calls
+    (torch.cuda.max_memory_allocated) beyond what was allocated before its first, plus what its model holds
+    (`_resident`): a process running only this model in this mode would peak there (in training: weights, gradients,
+    AdamW's state, activations). saved_mib: the activation memory of a training step (`saved_bytes`), eager
+    providers only. Not counted: copies of frozen weights that dropin keeps in other layouts from calls before the
+    row's (conv2d.weights.derived, inference only)."""
     models, peers = {"original": original, "dropin": injected}, peers or {}
     providers = providers or tuple(p for p in PROVIDERS if p not in PEERS or p in peers)
     rows = []
@@ -362,7 +362,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
             times = harness.time_fn(step, warmup_ms, rep_ms)
             if mark is not None:
                 torch.cuda.synchronize()
-                resident = sum(b for b in _resident(model).values())
+                resident = sum(_resident(model).values())
                 row["peak_memory_mib"] = (torch.cuda.max_memory_allocated() - mark + resident) / 2**20
             if grad is not None and provider.partition("_")[2] == "":
                 row["saved_mib"] = saved_bytes(step, model) / 2**20

@@ -194,12 +194,12 @@ def _product_like_run(x, y, like):
 
 
 class ProductShortcut(Differentiable):
-    """A product's later eager calls of this signature where autograd records them (`Differentiable`): given
-    tensors (a, b[, bias]) that start where the product's operands do (`to_given` turns the i-th operand's gradient
-    into the given tensor's, `from_out` the output's gradient into the product's [B, M, N]; neither may hold a
-    tensor: the shortcut lives in the op's cache). Forward: the plan on
-    a new output laid out as the first call's (and the pre-activation, kept where an activation's gradient reads it:
-    `stores_preactivation`; relu's and the like read the output). Backward, for each layout of the output's gradient: the activation's and bias's gradient, then one
+    """A product's later eager calls of this signature where autograd records them (`Differentiable`): given tensors (a,
+    b[, bias]) that start where the product's operands do (`to_given` turns the i-th operand's gradient into the
+    given tensor's, `from_out` the output's gradient into the product's [B, M, N]; neither may hold a tensor: the
+    shortcut lives in the op's cache). Forward: the plan on a new output laid out as the first call's (and the
+    pre-activation, kept where an activation's gradient reads it: `stores_preactivation`; relu's and the like read
+    the output). Backward, for each layout of the output's gradient: the activation's and bias's gradient, then one
     planned product per gradient wanted, into new tensors laid out as the op's own path lays them out."""
 
     def __init__(self, operands, needs, c, out, activation: str, to_given, from_out, mm):
