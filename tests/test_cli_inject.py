@@ -306,6 +306,33 @@ def test_bench_rows_merged_over_processes():
     assert merged[2]["process_median_ms"] == [1.0, 1.4] and merged[2]["median_ms"] == 1.2
 
 
+def test_bench_processes_rerun_the_timing_alone(monkeypatch):
+    """--processes N: the later processes run the same command for the host-bound providers of the first's rows,
+    without the files, the loss curves or their plot (the first process writes and trains those)."""
+    import subprocess
+    import sys
+
+    from dropin import cli
+
+    argv = ["inject", "llama", "--train", "--bench", "--processes", "2", "--json", "r.json", "--curve", "50",
+            "--plot", "c.png", "--quiet"]
+    args = cli.build_parser().parse_args(argv)
+    args.argv = argv
+    calls = []
+
+    def run(command, check, stdout):
+        calls.append(command)
+        path = command[command.index("--json") + 1]
+        with open(path, "w") as f:
+            json.dump({"rows": [{"provider": "original"}]}, f)
+    monkeypatch.setattr(subprocess, "run", run)
+    assert cli._bench_processes(args, ["original", "original_compile", "dropin"]) == [[{"provider": "original"}]]
+    (command,) = calls
+    assert command[:3] == [sys.executable, "-m", "dropin.cli"]
+    assert command[3:-4] == ["inject", "llama", "--train", "--bench", "--quiet"]
+    assert command[-4] == "--json" and command[-2:] == ["--providers", "original,dropin"]
+
+
 def test_providers_argument():
     """--providers: names of PROVIDERS in its order, whatever order given; an unknown name is refused."""
     from dropin.cli import build_parser

@@ -287,8 +287,8 @@ def _bench_processes(args, providers) -> list[list[dict]]:
     from dropin.bench.models import HOST_BOUND
 
     runs = []
-    argv = [a for i, a in enumerate(args.argv) if a not in ("--json", "--csv", "--processes")
-            and args.argv[i - 1] not in ("--json", "--csv", "--processes")]
+    own = ("--json", "--csv", "--processes", "--curve", "--plot")  # (the first process writes, trains the curves)
+    argv = [a for i, a in enumerate(args.argv) if a not in own and (i == 0 or args.argv[i - 1] not in own)]
     for i in range(args.processes - 1):
         with tempfile.TemporaryDirectory() as tmp:
             path = f"{tmp}/rows.json"
