@@ -361,14 +361,16 @@ def test_inject_train_curve_writes_the_losses(capsys, tmp_path):
 
 
 def test_loss_curve_finds_a_model_that_trains_apart():
-    """A model whose weights differ a little from the original's: its losses leave the limit."""
+    """A model that computes something else (one class's logit raised by 8: its loss is near 0 or far above the
+    original's, whatever the random inputs and labels; a change of a weight by 1% left the loss within 1e-4 of the
+    original's in about 7% of draws): its losses leave the limit. The same model stays within it."""
     from dropin.bench import models
 
     original = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 5))
     other = copy.deepcopy(original)
     with torch.no_grad():
-        other[0].weight.mul_(1.01)
+        other[2].bias[0] += 8.0
     curve = models.loss_curve(original, other, (torch.randn(4, 8),), steps=2)
-    assert not curve["within"] and curve["max_rel_diff"] > curve["limit"]
+    assert not curve["within"] and curve["max_rel_diff"] > 0.5
     same = models.loss_curve(copy.deepcopy(original), copy.deepcopy(original), (torch.randn(4, 8),), steps=2)
     assert same["within"] and same["max_rel_diff"] == 0.0
