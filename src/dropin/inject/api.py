@@ -144,8 +144,9 @@ def _walk(module: torch.nn.Module, prefix: str, config: InjectConfig, report: In
         if child is None or name in fused or isinstance(child, Folded):  # (a Folded's work: its drop-in's)
             continue
         site = registry.Site(module, name, path, config)
-        new = child if isinstance(child, DropinModule) else registry.handle(child, site)  # (a DropinModule:
-        if isinstance(new, str) and child._modules:                                       # injected before)
+        # (a DropinModule: injected before, kept as it is)
+        new = child if isinstance(child, DropinModule) else registry.handle(child, site)
+        if isinstance(new, str) and child._modules:  # (no handler: a residual block whose forward traces?)
             new = traced.residual_block(child, site) or new
         if isinstance(new, str):
             if child._modules:
