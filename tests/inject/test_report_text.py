@@ -5,6 +5,7 @@ from torch import nn
 
 import dropin
 from dropin.inject import report_text
+from _tol import DEVICE
 
 
 def test_collapse_merges_rows_that_differ_in_their_last_index():
@@ -47,7 +48,7 @@ class _Deep(nn.Module):
 def test_report_lines_fit_the_terminal(monkeypatch):
     """Each line within $COLUMNS (two lines a row where three columns do not fit, a long name broken after a dot);
     the six blocks on one row each; every module named."""
-    report = dropin.inject_(_Deep().to(torch.get_default_dtype()), verify=False)
+    report = dropin.inject_(_Deep().to(DEVICE, torch.get_default_dtype()), verify=False)
     for columns in (60, 100):
         monkeypatch.setenv("COLUMNS", str(columns))
         text = str(report)
