@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .. import _runtime
 from . import _autotune, _gemm
-from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
+from ._dispatch import Launch, aligned, opaque_op, plan, switch
 from ._gemm import dot_acc, tile_coords
 from .matmul import mm_impl
 
@@ -148,33 +148,31 @@ def chunk_rows(tokens: int, vocab: int, element_size: int) -> int:
     return min(tokens, rows)
 
 
-def _cross_entropy(logits, target, scale, losses, ignore_index: int, smoothing: float, write_grad: bool,
-                   traced: bool):
+def _cross_entropy(logits, target, scale, losses, ignore_index: int, smoothing: float, write_grad: bool):
     """The loss kernel over the rows of logits [rows, V] (unit column stride); scale [1] or [rows] fp32."""
     rows, V = logits.shape
     block = min(VOCAB_TILE, triton.next_power_of_2(V))
-    scale_ptr = scale if write_grad else absent(losses, traced)
+    scale_ptr = scale if write_grad else losses
     scale_stride = 1 if write_grad and scale.numel() > 1 else 0
     Launch(_cross_entropy_kernel, (rows,), dict(WRITE_GRAD=write_grad, BLOCK_V=block,
-                                                num_warps=8 if block >= 2048 else 4), traced=traced)(
+                                                num_warps=8 if block >= 2048 else 4))(
         logits, target, scale_ptr, losses, V, logits.stride(0), scale_stride, ignore_index, smoothing)
 
 
 _plans: dict = {}
 
 
-def _weight_grad(grad, hidden, weight_grad, accumulate: bool, traced: bool):
+def _weight_grad(grad, hidden, weight_grad, accumulate: bool):
     """weight_grad (+)= grad.T @ hidden: grad [C, V], hidden [C, H] (any strides), weight_grad [V, H] contiguous."""
     (C, V), H = grad.shape, hidden.shape[1]
     precision = _gemm.precision(grad.dtype, k=C)
-    key = (C, V, H, grad.stride(), hidden.stride(), grad.dtype, grad.device, aligned(grad, traced),
-           aligned(hidden, traced), accumulate, precision)
-    run = plan(_plans, key, lambda: _weight_grad_plan(grad, hidden, weight_grad, accumulate, precision, traced),
-               traced=traced)
+    key = (C, V, H, grad.stride(), hidden.stride(), grad.dtype, grad.device, aligned(grad),
+           aligned(hidden), accumulate, precision)
+    run = plan(_plans, key, lambda: _weight_grad_plan(grad, hidden, weight_grad, accumulate, precision))
     run(grad, hidden, weight_grad)
 
 
-def _weight_grad_plan(grad, hidden, weight_grad, accumulate: bool, precision: str, traced: bool):
+def _weight_grad_plan(grad, hidden, weight_grad, accumulate: bool, precision: str):
     """The launcher run(grad, hidden, weight_grad) of this signature, its config tuned once per size bucket."""
     (C, V), H = grad.shape, hidden.shape[1]
     size = grad.element_size()
@@ -183,8 +181,7 @@ def _weight_grad_plan(grad, hidden, weight_grad, accumulate: bool, precision: st
 
     def launcher(cfg, accumulate=accumulate):
         grid = (_runtime.cdiv(V, cfg["BLOCK_M"]) * _runtime.cdiv(H, cfg["BLOCK_N"]),)
-        launch = Launch(_weight_grad_kernel, grid, dict(cfg, ACCUMULATE=accumulate, PRECISION=precision, GROUP_M=8),
-                        traced=traced)
+        launch = Launch(_weight_grad_kernel, grid, dict(cfg, ACCUMULATE=accumulate, PRECISION=precision, GROUP_M=8))
         return lambda g, h, dw: launch(g, h, dw, *scalars)
 
     def prepare(cfg):  # timed into a scratch buffer, never accumulating into the real gradient
@@ -197,7 +194,7 @@ def _weight_grad_plan(grad, hidden, weight_grad, accumulate: bool, precision: st
 
 
 def _lce_impl(hidden, weight, target, bias, scale, ignore_index: int, label_smoothing: float,
-              need_hidden: bool, need_weight: bool, need_bias: bool, traced: bool = False):
+              need_hidden: bool, need_weight: bool, need_bias: bool):
     """hidden [N, H] (any strides), weight [V, H], target [N] int64 (contiguous), bias [V] or None; scale: None
     (losses only) or fp32 [1] or [N], the gradient's factor per token. Returns (losses fp32 [N], hidden's gradient
     [N, H], weight's [V, H], bias's [V]), a gradient not asked for an empty tensor."""
@@ -215,28 +212,36 @@ def _lce_impl(hidden, weight, target, bias, scale, ignore_index: int, label_smoo
     for start in range(0, N, rows):
         stop = min(N, start + rows)
         chunk = hidden[start:stop]
-        logits = mm_impl(chunk.unsqueeze(0), weight_t, bias, "none", False, traced=traced)[0][0]
+        logits = mm_impl(chunk.unsqueeze(0), weight_t, bias, "none", False)[0][0]
         chunk_scale = scale[start:stop] if write_grad and scale.numel() > 1 else scale
         _cross_entropy(logits, target[start:stop], chunk_scale, losses[start:stop], ignore_index, label_smoothing,
-                       write_grad, traced)
+                       write_grad)
         if need_hidden:
-            grad_hidden[start:stop].copy_(mm_impl(logits.unsqueeze(0), weight.unsqueeze(0), None, "none", False,
-                                                  traced=traced)[0][0])
+            grad_hidden[start:stop].copy_(mm_impl(logits.unsqueeze(0), weight.unsqueeze(0), None, "none",
+                                                  False)[0][0])
         if need_weight:
-            _weight_grad(logits, chunk, grad_weight, start > 0, traced)
+            _weight_grad(logits, chunk, grad_weight, start > 0)
         if need_bias:
             grad_bias += logits.sum(0, dtype=torch.float32)
     return losses, grad_hidden, grad_weight, grad_bias.to(weight.dtype)
 
 
-# --- 4. Registration as a torch op (what torch.compile traces: `_dispatch`) ----------------------------
+# --- 4. Registration as a torch op (opaque to torch.compile: `_dispatch.opaque_op`) -----------------
 
-@torch_op("dropin::linear_cross_entropy", mutates_args=())
+@opaque_op("dropin::linear_cross_entropy")
 def _lce_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
             scale: Optional[torch.Tensor], ignore_index: int, label_smoothing: float, need_hidden: bool,
             need_weight: bool, need_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _lce_impl(hidden, weight, target, bias, scale, ignore_index, label_smoothing, need_hidden, need_weight,
-                     need_bias, traced=True)
+                     need_bias)
+
+
+@_lce_op.register_fake
+def _lce_fake(hidden, weight, target, bias, scale, ignore_index, label_smoothing, need_hidden, need_weight,
+              need_bias):
+    (N, H), V = hidden.shape, weight.shape[0]
+    return (hidden.new_empty(N, dtype=torch.float32), hidden.new_empty((N, H) if need_hidden else 0),
+            weight.new_empty((V, H) if need_weight else 0), weight.new_empty(V if need_bias else 0))
 
 
 _lce = switch(_lce_op, _lce_impl)
@@ -259,7 +264,8 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         scale = denominator.reciprocal() if grads else None
         losses, *gradients = _lce(hidden, weight, target, bias, scale, ignore_index, label_smoothing,
                                   need_hidden, need_weight, need_bias)
-        ctx.gradients = gradients if grads else None  # kept on ctx: the backward scales them in place
+        if grads:  # saved (not kept on ctx: torch.compile sees saved tensors alone), scaled by the backward
+            ctx.save_for_backward(*gradients)
         return (losses.sum() / denominator).to(loss_dtype)
 
     @staticmethod
@@ -270,13 +276,10 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             scale = grad_loss.float().contiguous()
             gradients = _lce(hidden, weight, target, bias, scale, ignore_index, label_smoothing,
                              need_hidden, need_weight, need_bias)[1:]
-        else:
-            if ctx.gradients is None:
-                raise RuntimeError("linear_cross_entropy: the forward's gradients are scaled in place by the "
-                                   "backward, which runs once per forward (retain_graph is not supported)")
-            gradients, ctx.gradients = ctx.gradients, None
-            for g in gradients:
-                g.mul_(grad_loss)
+        elif torch.compiler.is_compiling():  # the graph's own buffers: inductor reuses them where it can
+            gradients = [g * grad_loss for g in ctx.saved_tensors]
+        else:  # in place: a second backward (retain_graph) meets autograd's error for a saved tensor modified
+            gradients = [g.mul_(grad_loss) for g in ctx.saved_tensors]
         grad_hidden, grad_weight, grad_bias = (g if need else None for g, need in
                                                zip(gradients, (need_hidden, need_weight, need_bias)))
         return grad_hidden, grad_weight, None, grad_bias, None, None, None, None, None
