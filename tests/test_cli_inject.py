@@ -360,6 +360,24 @@ def test_inject_train_curve_writes_the_losses(capsys, tmp_path):
     assert "--plot draws the --curve" in capsys.readouterr().err
 
 
+def test_failed_curve_still_writes_the_rows(capsys, tmp_path, monkeypatch):
+    """A loss curve that fails (after a fatal CUDA error of one row, every later call does) leaves the rows and
+    the error in the JSON, and the command fails."""
+    from dropin.bench import models
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(models, "loss_curve", fail)
+    path = tmp_path / "r.json"
+    assert main(["inject", "llama", "--train", "--bench", "--providers", "original,dropin", "--curve", "2",
+                 "--json", str(path), "--plot", str(tmp_path / "c.png")]) == 1
+    assert "the loss curves failed: RuntimeError: CUDA error" in capsys.readouterr().err
+    result = json.loads(path.read_text())
+    assert [r["provider"] for r in result["rows"]] == ["original", "dropin"] and "curve" not in result
+    assert result["curve_error"].startswith("RuntimeError: CUDA error") and not (tmp_path / "c.png").exists()
+
+
 def test_loss_curve_finds_a_model_that_trains_apart():
     """A model that computes something else (one class's logit raised by 8: its loss is near 0 or far above the
     original's, whatever the random inputs and labels; a change of a weight by 1% left the loss within 1e-4 of the

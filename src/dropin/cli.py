@@ -382,21 +382,29 @@ def _inject(args) -> int:
         print(models.format_rows(rows))
         original_err = rows[0]["rel_err_vs_fp64"] or 0.0
         print(models.recommendation(rows, limit(getattr(torch, args.dtype), original_err, backward=args.train)))
+    env = harness.environment("models", " ".join(["dropin", *args.argv]), {})
+    curve_error = None
     if args.curve:  # last: it trains both models
-        curve = models.loss_curve(original, model, inputs, args.curve)
+        try:
+            curve = models.loss_curve(original, model, inputs, args.curve)
+        except Exception as e:  # noqa: BLE001  (the rows are written all the same: a fatal CUDA error of one row
+            # poisons the process for what follows)
+            curve_error = f"{type(e).__name__}: {e}"
+            print(f"dropin inject: the loss curves failed: {curve_error}", file=sys.stderr)
+    if curve:
         print(f"loss curves, {args.curve} AdamW steps on one batch (cross-entropy against fixed targets): original "
               f"{curve['original'][0]:.4f} -> {curve['original'][-1]:.4f}, dropin {curve['dropin'][0]:.4f} -> "
               f"{curve['dropin'][-1]:.4f}; largest relative difference {curve['max_rel_diff']:.2e} (limit "
               f"{curve['limit']:.0e}; the original's own from its float64 curve {curve['torch_max_rel_diff']:.2e}): "
               f"{'within' if curve['within'] else 'BEYOND'} the limit")
-    result = {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows,
-              **({"curve": curve} if curve else {})}
+    result = {"env": env, "rows": rows, **({"curve": curve} if curve else {}),
+              **({"curve_error": curve_error} if curve_error else {})}
     title = f"{args.model}, {args.dtype}: {args.curve} AdamW steps on one batch"
     for path in filter(None, (args.json and harness.write_json(args.json, result),
                               args.csv and harness.write_csv(args.csv, rows),
-                              args.plot and models.plot_curve(args.plot, curve, title))):
+                              args.plot and curve and models.plot_curve(args.plot, curve, title))):
         print(f"dropin inject: wrote {path}", file=sys.stderr)
-    return 0 if curve is None or curve["within"] else 1
+    return 1 if curve_error or (curve and not curve["within"]) else 0
 
 
 def _zoo(args) -> int:
