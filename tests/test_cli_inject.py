@@ -378,6 +378,30 @@ def test_failed_curve_still_writes_the_rows(capsys, tmp_path, monkeypatch):
     assert result["curve_error"].startswith("RuntimeError: CUDA error") and not (tmp_path / "c.png").exists()
 
 
+def test_rows_after_a_device_error_run_in_a_fresh_process(capsys, tmp_path, monkeypatch):
+    """A row whose device error leaves the process's CUDA context unusable (every later call would fail there):
+    the later rows and the loss curves run again in a fresh process, and the result has them."""
+    from dropin.bench import models
+
+    provider_step = models._provider_step
+
+    def faulty(name, provider, *args):
+        if provider == "original":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return provider_step(name, provider, *args)
+
+    monkeypatch.setattr(models, "_provider_step", faulty)
+    path = tmp_path / "r.json"
+    assert main(["inject", "llama", "--train", "--bench", "--providers", "original,dropin", "--curve", "2",
+                 "--json", str(path)]) == 0
+    assert "unusable; dropin, the loss curves run again in a fresh process" in capsys.readouterr().err
+    result = json.loads(path.read_text())
+    original, dropin_row = result["rows"]
+    assert original["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert dropin_row["provider"] == "dropin" and dropin_row["median_ms"] > 0 and "note" not in dropin_row
+    assert len(result["curve"]["dropin"]) == 2 and result["curve"]["within"]
+
+
 def test_loss_curve_finds_a_model_that_trains_apart():
     """A model that computes something else (one class's logit raised by 8: its loss is near 0 or far above the
     original's, whatever the random inputs and labels; a change of a weight by 1% left the loss within 1e-4 of the

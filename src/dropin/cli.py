@@ -276,28 +276,63 @@ def _train(original, model, inputs, grad, reference) -> bool:
     return within
 
 
-def _bench_processes(args, providers) -> list[list[dict]]:
-    """The bench rows of the host-bound ones among `providers` (`models.HOST_BOUND`: eager) of args.processes - 1
-    more runs of this command, each in a process of its own (the host's speed varies from process to process:
-    eager figures are medians over processes)."""
+def _run_again(args, extra: list, check: bool = True, bench: bool = True) -> dict | None:
+    """The result JSON of this command run again in a process of its own, without the flags that only the first
+    process acts on (--json, --csv, --processes, --curve, --plot; --bench too where not `bench`) and with `extra`;
+    None where it wrote none (check: a failing exit status raises)."""
     import json
     import subprocess
     import tempfile
 
+    own = ("--json", "--csv", "--processes", "--curve", "--plot")
+    argv = [a for i, a in enumerate(args.argv) if a not in own and (i == 0 or args.argv[i - 1] not in own)
+            and (bench or a != "--bench")]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/rows.json"
+        subprocess.run([sys.executable, "-m", "dropin.cli", *argv, *extra, "--json", path], check=check,
+                       stdout=subprocess.DEVNULL)
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+
+def _bench_processes(args, providers) -> list[list[dict]]:
+    """The bench rows of the host-bound ones among `providers` (`models.HOST_BOUND`: eager) of args.processes - 1
+    more runs of this command, each in a process of its own (the host's speed varies from process to process:
+    eager figures are medians over processes)."""
     from dropin.bench.models import HOST_BOUND
 
     runs = []
-    own = ("--json", "--csv", "--processes", "--curve", "--plot")  # (the first process writes, trains the curves)
-    argv = [a for i, a in enumerate(args.argv) if a not in own and (i == 0 or args.argv[i - 1] not in own)]
     for i in range(args.processes - 1):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = f"{tmp}/rows.json"
-            print(f"dropin inject: bench process {i + 2} of {args.processes}", file=sys.stderr)
-            subprocess.run([sys.executable, "-m", "dropin.cli", *argv, "--json", path, "--providers",
-                            ",".join(p for p in HOST_BOUND if p in providers)], check=True, stdout=subprocess.DEVNULL)
-            with open(path) as f:
-                runs.append(json.load(f)["rows"])
+        print(f"dropin inject: bench process {i + 2} of {args.processes}", file=sys.stderr)
+        host_bound = ",".join(p for p in HOST_BOUND if p in providers)
+        runs.append(_run_again(args, ["--providers", host_bound])["rows"])
     return runs
+
+
+def _rerun_after_fault(args, rows: list[dict]) -> tuple[list[dict], dict]:
+    """After a row's device error (`models.device_fault`), which leaves this process's CUDA context unusable: the
+    rows it could not run (note `models.NOT_RUN`) and, with --curve, the loss curves run again in a fresh process.
+    Returns (rows, that process's result: its curve or curve_error; {} where nothing was left to run)."""
+    from dropin.bench import models
+
+    pending = [r["provider"] for r in rows if r.get("note") == models.NOT_RUN]
+    if not pending and not args.curve:
+        return rows, {}
+    left = pending + ["the loss curves"] * bool(args.curve)
+    print(f"dropin inject: a device error left this process unusable; {', '.join(left)} run again in a fresh "
+          f"process", file=sys.stderr)
+    extra = ["--providers", ",".join(pending)] if pending else []
+    result = _run_again(args, extra + (["--curve", str(args.curve)] if args.curve else []), check=False,
+                        bench=bool(pending)) or {}
+    fresh = {r["provider"]: r for r in result.get("rows", [])}
+    lost = "its fresh process (after an earlier row's device error) wrote no row"
+    rows = [r if r.get("note") != models.NOT_RUN else
+            fresh.get(r["provider"]) or dict({k: v for k, v in r.items() if k != "note"}, error=lost)
+            for r in rows]
+    return models.with_speedups(rows), result
 
 
 def _show_progress(quiet: bool) -> None:
@@ -354,7 +389,7 @@ def _inject(args) -> int:
     from dropin.bench import harness, models
     from dropin.bench.peers import liger_llama
 
-    rows, curve = [], None
+    rows, curve, rerun = [], None, None
     if args.generate:
         from dropin.bench import decode
 
@@ -376,6 +411,8 @@ def _inject(args) -> int:
                                  dtype=args.dtype, batch=args.batch, cover=cover, warmup_ms=args.warmup,
                                  rep_ms=args.rep, providers=args.providers, peers=peers)
         print(measured)
+        rows, rerun = _rerun_after_fault(args, rows) if any(models.device_fault(r.get("error")) for r in rows) \
+            else (rows, None)
         if args.processes > 1:
             rows = models.merge_processes([rows, *_bench_processes(args, [r["provider"] for r in rows])])
             print(f"medians of {args.processes} processes (each row: process_median_ms, spread_ms)")
@@ -384,7 +421,13 @@ def _inject(args) -> int:
         print(models.recommendation(rows, limit(getattr(torch, args.dtype), original_err, backward=args.train)))
     env = harness.environment("models", " ".join(["dropin", *args.argv]), {})
     curve_error = None
-    if args.curve:  # last: it trains both models
+    if args.curve and rerun is not None:  # (trained in the fresh process)
+        curve = rerun.get("curve")
+        curve_error = rerun.get("curve_error") or (None if curve else "its fresh process (after an earlier row's "
+                                                                       "device error) wrote no loss curve")
+        if curve_error:
+            print(f"dropin inject: the loss curves failed: {curve_error}", file=sys.stderr)
+    elif args.curve:  # last: it trains both models
         try:
             curve = models.loss_curve(original, model, inputs, args.curve)
         except Exception as e:  # noqa: BLE001  (the rows are written all the same: a fatal CUDA error of one row

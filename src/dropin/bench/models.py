@@ -319,6 +319,16 @@ def _memory_mark() -> int | None:
     return torch.cuda.memory_allocated()
 
 
+# A row left to a fresh process: an earlier row's device error (an illegal address, a device-side assert) leaves
+# the CUDA context unusable, so every later call of this process fails.
+NOT_RUN = "not run in this process: an earlier row's device error left its CUDA context unusable"
+
+
+def device_fault(error: str | None) -> bool:
+    """Whether a row's error is one that leaves the process's CUDA context unusable."""
+    return bool(error) and ("CUDA error" in error or error.startswith("AcceleratorError"))
+
+
 def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tuple, *, grad: torch.Tensor | None,
                reference: tuple, dtype: str, batch: int, cover: dict, warmup_ms: float = 25,
                rep_ms: float = 100, no_graph: str | None = None, providers=None, peers=None) -> list[dict]:
@@ -327,7 +337,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
     step (`timing_optimizer`), or inference for None; errors against `reference` (float64_step's for the same grad).
     peers: {PEERS name: a function that builds that library's version of the original (it may raise
     harness.Skipped)}. A provider that cannot run here gets a `note` (skipped) or an `error` (it raised) and the
-    others still run. no_graph: why the model's forward cannot be captured in one plain CUDA graph (its `_graph`
+    others still run; after a device error (`device_fault`) the later rows only get the note NOT_RUN. no_graph: why the model's forward cannot be captured in one plain CUDA graph (its `_graph`
     rows say so instead of running). peak_memory_mib: the most device memory allocated during the provider's calls
     (torch.cuda.max_memory_allocated) beyond what was allocated before its first, plus what its model holds
     (`_resident`): a process running only this model in this mode would peak there (in training: weights, gradients,
@@ -336,7 +346,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
     row's (conv2d.weights.derived, inference only)."""
     models, peers = {"original": original, "dropin": injected}, peers or {}
     providers = providers or tuple(p for p in PROVIDERS if p not in PEERS or p in peers)
-    rows = []
+    rows, fault = [], False
     for provider in providers:
         row = {"model": name, "provider": provider, "mode": "inference" if grad is None else "train", "dtype": dtype,
                "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
@@ -346,6 +356,9 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
         if provider.startswith("dropin"):
             row.update(cover)
         rows.append(row)
+        if fault:
+            row["note"] = NOT_RUN
+            continue
 
         def check_and_time():
             if provider in PEERS and provider not in peers:
@@ -371,6 +384,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
 
         measured = harness.attempt(row, check_and_time)
         if measured is None:
+            fault = device_fault(row.get("error"))
             continue
         step, times = measured
         row.update(harness.summarize(times))
@@ -379,10 +393,10 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
             if note:
                 row["note"] = note
         del step, measured  # (a training step's optimizer and its state)
-    return _speedups(rows)
+    return with_speedups(rows)
 
 
-def _speedups(rows: list[dict]) -> list[dict]:
+def with_speedups(rows: list[dict]) -> list[dict]:
     """rows with speedup_vs_original set from the `original` row's median, where there is one."""
     base = next((r["median_ms"] for r in rows if r["provider"] == "original"), None)
     for row in rows:
@@ -432,7 +446,7 @@ def merge_processes(runs: list[list[dict]]) -> list[dict]:
                    graph_ms=statistics.median(graphs) if graphs else None,
                    rel_err_vs_fp64=max(r["rel_err_vs_fp64"] for r in timed))
         merged.append(row)
-    return _speedups(merged)
+    return with_speedups(merged)
 
 
 INTERPRETER_TIMES = ("the times are CPU times of kernels run by the Triton interpreter, which say nothing of their "
