@@ -278,8 +278,11 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
                              need_hidden, need_weight, need_bias)[1:]
         elif torch.compiler.is_compiling():  # the graph's own buffers: inductor reuses them where it can
             gradients = [g * grad_loss for g in ctx.saved_tensors]
-        else:  # in place: a second backward (retain_graph) meets autograd's error for a saved tensor modified
-            gradients = [g.mul_(grad_loss) for g in ctx.saved_tensors]
+        else:  # in place, one multi-tensor launch reading grad_loss on the device (torch's mul_ of a bf16 tensor by
+            # a float32 one takes its casting path, 4x the memory time); a second backward (retain_graph) meets
+            # autograd's error for a saved tensor modified
+            gradients = ctx.saved_tensors
+            torch._foreach_mul_([g for g in gradients if g.numel()], grad_loss.reshape(()))
         grad_hidden, grad_weight, grad_bias = (g if need else None for g, need in
                                                zip(gradients, (need_hidden, need_weight, need_bias)))
         return grad_hidden, grad_weight, None, grad_bias, None, None, None, None, None
