@@ -120,6 +120,35 @@ def test_llama_training_backward_matches_torch():
         layer + "mlp.down_proj.weight", layer + "input_layernorm.weight", "model.norm.weight", "lm_head.weight"])
 
 
+def test_llama_attention_backward_copies_no_gradient(monkeypatch):
+    """The q / k / v gradients reach the projections' [B, L, H * E] outputs without a copy: attention and rope
+    give each gradient its input's layout (the transposed view of a projection), so the views' backwards are
+    views. (Launches stubbed: the interpreter's own copies aside; the values are not looked at.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dropin.ops import _dispatch
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.clone, torch.ops.aten.copy_, torch.ops.aten._reshape_copy):
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_llama()
+    dropin.inject_(model, verify=False)
+    attention, x = model.model.layers[0].self_attn, torch.randn(2, 8, 64, device=DEVICE, requires_grad=True)
+    cos_sin = model.model.rotary_emb(x, torch.arange(8, device=DEVICE)[None])
+    out = attention(x, position_embeddings=cos_sin, attention_mask=None)[0]
+    monkeypatch.setattr(_dispatch.Launch, "__call__", lambda self, *args: None)
+    with Copies() as copies:
+        out.backward(torch.randn_like(out))
+    assert copies.ops == [] and x.grad is not None
+
+
 def test_llama_unsupported_configs_stay_torch_with_reasons(monkeypatch):
     report = dropin.inject_(tiny_llama(attn_implementation="eager", mlp_bias=True), verify=False)
     notes = {e.name: e.reason for e in report.notes}

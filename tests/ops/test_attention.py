@@ -60,7 +60,7 @@ def check(leaves: dict, build=None, peer=F.scaled_dot_product_attention, attn_ma
     mask = {} if attn_mask is None else {"attn_mask": attn_mask}
     _check.check(bind(dropin.ops.attention), bind(attn.attention_ref), {**leaves, **mask}, peer=bind(peer),
                  build=lambda attn_mask=None, **qkv: (*build(**qkv), attn_mask), constant=("attn_mask",),
-                 grad_layout=None, zero_grad_degree=2, backward=backward, autocast=autocast)
+                 grad_layout="input", zero_grad_degree=2, backward=backward, autocast=autocast)
 
 
 # ------------------------------------------------------------------------------------- lengths, causal

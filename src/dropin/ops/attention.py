@@ -231,17 +231,16 @@ def _fwd_shortcut(q, k, v, out, stats, is_causal: bool, scale: float):
     return shortcut
 
 
-def _bwd_buffers(q, k) -> tuple:
-    """(dq, dk, dv, delta): the gradients, contiguous, shaped like q and k / v, and the fp32 rowsum(dO * O)."""
-    B, H, Lq, E = q.shape
-    dq = torch.empty((B, H, Lq, E), device=q.device, dtype=q.dtype)
-    dk = torch.empty((B, k.shape[1], k.shape[2], E), device=q.device, dtype=q.dtype)
-    return dq, dk, torch.empty_like(dk), torch.empty((B, H, Lq), device=q.device, dtype=torch.float32)
+def _bwd_buffers(q, k, v) -> tuple:
+    """(dq, dk, dv, delta): the gradients laid out as their inputs (a dense input's strides: the gradient of a
+    [B, L, H, E] projection's transposed view needs no copy to reach it), and the fp32 rowsum(dO * O)."""
+    delta = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), delta
 
 
 def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: bool = False):
-    """(dq, dk, dv), each shaped like its input; dq and dk / dv contiguous."""
-    dq, dk, dv, delta = _bwd_buffers(q, k)
+    """(dq, dk, dv), each laid out as its input (`_bwd_buffers`)."""
+    dq, dk, dv, delta = _bwd_buffers(q, k, v)
     if dq.numel() == 0 or k.shape[2] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     run, mask_t, qk_scale = _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal, scale, traced)
@@ -275,8 +274,8 @@ def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal:
                               dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M), traced=traced)
         dkdv_configs = _candidates(_DKDV_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_M")
         dq_configs = _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
-        dkdv_strides = (*strides, *by_key.strides, *_strides(grad_out))
-        dq_strides = (*strides, *by_query.strides, *_strides(grad_out))
+        dkdv_strides = (*strides, *by_key.strides, *_strides(grad_out), *dk.stride(), *dv.stride())
+        dq_strides = (*strides, *by_query.strides, *_strides(grad_out), *dq.stride())
         launch_dkdv = _tuned(dkdv_kernel, "attention_dkdv", key, dkdv_configs,
                              lambda c: (_runtime.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
                              () if traced else (q, k, v, mask_t, by_key(mask_t), grad_out, stats, delta, dk, dv,
@@ -361,7 +360,7 @@ class _AttentionShortcut(Differentiable):
 
     def backward(self, ctx, grad_out):
         q, k, v, mask, out, stats = ctx.saved_tensors
-        dq, dk, dv, delta = _bwd_buffers(q, k)
+        dq, dk, dv, delta = _bwd_buffers(q, k, v)
         run = self.backward_plan((grad_out,), lambda: _bwd_plan(grad_out, q, k, v, None, out, stats, delta, dq, dk,
                                                                 dv, self.is_causal, self.scale, False)[0])
         run(grad_out, q, k, v, q, out, stats, delta, dq, dk, dv, self.qk_scale, self.scale)

@@ -320,10 +320,11 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, de
                  stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                  stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
                  stride_rb, stride_rh, stride_db, stride_dh, stride_dm, stride_dd,
+                 stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                  MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CHUNK: tl.constexpr, RANGE_ROWS: tl.constexpr):
-    """Grid (key tiles, B * HK); dk and dv are contiguous [B, HK, Lk, E]. BLOCK_N is a multiple of BLOCK_M.
+    """Grid (key tiles, B * HK); dk and dv [B, HK, Lk, E], any strides. BLOCK_N is a multiple of BLOCK_M.
     Causal: query tiles before the key tile see none of it; those on the diagonal are EDGE tiles. With a mask,
     ranges: the summary of the transposed mask (per key rows, the query tiles to skip, read or take wholly)."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
@@ -379,10 +380,14 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, de
                              stride_mq, stride_mk, MASK, CAUSAL, True, False, PRECISION, TMA, HEAD_DIM, BLOCK_D,
                              BLOCK_M, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
-    offs = bhk.to(tl.int64) * Lk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     store_mask = (offs_n[:, None] < Lk) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=store_mask)
-    tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=store_mask)
+    n = offs_n[:, None].to(tl.int64)
+    dk_offs = (b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh + n * stride_dkn
+               + offs_d[None, :] * stride_dkd)
+    dv_offs = (b.to(tl.int64) * stride_dvb + hk.to(tl.int64) * stride_dvh + n * stride_dvn
+               + offs_d[None, :] * stride_dvd)
+    tl.store(dk_ptr + dk_offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=store_mask)
+    tl.store(dv_ptr + dv_offs, dv.to(dv_ptr.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit
@@ -426,10 +431,11 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, delt
                stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mq, stride_mk,
                stride_rb, stride_rh, stride_db, stride_dh, stride_dm, stride_dd,
+               stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CHUNK: tl.constexpr, RANGE_ROWS: tl.constexpr):
-    """Grid (query tiles, B * H); dq is contiguous [B, H, Lq, E]. Key tiles as the forward walks them."""
+    """Grid (query tiles, B * H); dq [B, H, Lq, E], any strides. Key tiles as the forward walks them."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
     sm_scale = tl.cast(sm_scale, tl.float32)
     start_m = tl.program_id(0) * BLOCK_M
@@ -473,6 +479,7 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, delt
                    stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_mq, stride_mk, MASK, CAUSAL, True, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
-    offs = row * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    offs = (b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + offs_m[:, None].to(tl.int64) * stride_dqm
+            + offs_d[None, :] * stride_dqd)
     tl.store(dq_ptr + offs, (dq * sm_scale).to(dq_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < HEAD_DIM))
