@@ -334,7 +334,7 @@ def test_bench_processes_rerun_the_timing_alone(monkeypatch):
     (command,) = calls
     assert command[:3] == [sys.executable, "-m", "dropin.cli"]
     assert command[3:-4] == ["inject", "llama", "--train", "--bench", "--quiet"]
-    assert command[-4] == "--json" and command[-2:] == ["--providers", "original,dropin"]
+    assert command[-4:-2] == ["--providers", "original,dropin"] and command[-2] == "--json"
 
 
 def test_providers_argument():
