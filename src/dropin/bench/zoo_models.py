@@ -46,8 +46,8 @@ HF_SDPA = {"llama", "mistral", "qwen2", "gemma", "gpt2", "bert", "vit"}
 
 # Inputs: images [batch, 3, size, size], token ids [batch, seq]; --tiny's in the second entry.
 IMAGE_BATCH, IMAGE_SIZE, TEXT_BATCH, TEXT_SEQ = (8, 2), (224, 32), (2, 2), (512, 16)
-# torchvision models whose expected image size is not 224 (full, tiny).
-TORCHVISION_SIZE = {"inception_v3": (299, 75)}
+# torchvision models whose expected image size is not 224, or whose smallest is above the tiny 32 (full, tiny).
+TORCHVISION_SIZE = {"inception_v3": (299, 75), "alexnet": (224, 64)}
 
 
 class Unavailable(Exception):
