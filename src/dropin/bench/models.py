@@ -337,8 +337,9 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
     step (`timing_optimizer`), or inference for None; errors against `reference` (float64_step's for the same grad).
     peers: {PEERS name: a function that builds that library's version of the original (it may raise
     harness.Skipped)}. A provider that cannot run here gets a `note` (skipped) or an `error` (it raised) and the
-    others still run; after a device error (`device_fault`) the later rows only get the note NOT_RUN. no_graph: why the model's forward cannot be captured in one plain CUDA graph (its `_graph`
-    rows say so instead of running). peak_memory_mib: the most device memory allocated during the provider's calls
+    others still run; after a device error (`device_fault`) the later rows only get the note NOT_RUN. no_graph:
+    why the model's forward cannot be captured in one plain CUDA graph (its `_graph` rows say so instead of
+    running). peak_memory_mib: the most device memory allocated during the provider's calls
     (torch.cuda.max_memory_allocated) beyond what was allocated before its first, plus what its model holds
     (`_resident`): a process running only this model in this mode would peak there (in training: weights, gradients,
     AdamW's state, activations). saved_mib: the activation memory of a training step (`saved_bytes`), eager
