@@ -425,15 +425,14 @@ def _inject(args) -> int:
         curve = rerun.get("curve")
         curve_error = rerun.get("curve_error") or (None if curve else "its fresh process (after an earlier row's "
                                                                        "device error) wrote no loss curve")
-        if curve_error:
-            print(f"dropin inject: the loss curves failed: {curve_error}", file=sys.stderr)
     elif args.curve:  # last: it trains both models
         try:
             curve = models.loss_curve(original, model, inputs, args.curve)
         except Exception as e:  # noqa: BLE001  (the rows are written all the same: a fatal CUDA error of one row
             # poisons the process for what follows)
             curve_error = f"{type(e).__name__}: {e}"
-            print(f"dropin inject: the loss curves failed: {curve_error}", file=sys.stderr)
+    if curve_error:
+        print(f"dropin inject: the loss curves failed: {curve_error}", file=sys.stderr)
     if curve:
         print(f"loss curves, {args.curve} AdamW steps on one batch (cross-entropy against fixed targets): original "
               f"{curve['original'][0]:.4f} -> {curve['original'][-1]:.4f}, dropin {curve['dropin'][0]:.4f} -> "
