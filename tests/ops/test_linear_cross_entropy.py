@@ -169,6 +169,27 @@ def test_large_bf16(tokens, vocab):
         assert_close(a, c, torch.bfloat16, "bwd", torch_out=b)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compiled_gradients_every_reduction(small_chunks, reduction):
+    """torch.compile gives eager's gradients for each reduction with an fp32 loss (the cast to loss_dtype a no-op:
+    torch 2.11 gives zero gradients to an autograd.Function returning such a cast). On the CPU through aot_eager:
+    Inductor does not run interpreted kernels."""
+    leaves, target = _inputs(torch.float32, tokens=20)
+
+    def loss_fn(hidden, weight, bias):
+        loss = lce.linear_cross_entropy(hidden * 2, weight, target, bias, reduction=reduction,
+                                        loss_dtype=torch.float32)
+        return loss.sum() if reduction == "none" else loss
+
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    results = []
+    for fn in (loss_fn, torch.compile(loss_fn, backend=backend, fullgraph=True)):
+        ins = [t.clone().requires_grad_() for t in leaves.values()]
+        results.append(torch.autograd.grad(fn(*ins), ins))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
 @gpu
 def test_compiled_gradients_match_eager():
     """Under torch.compile (inductor) the loss and the gradients match eager's at a language-model head's size

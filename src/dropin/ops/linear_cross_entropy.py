@@ -251,22 +251,20 @@ _lce = switch(_lce_op, _lce_impl)
 
 class _LinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, reduction, ignore_index, label_smoothing, denominator,
-                loss_dtype):
+    def forward(ctx, hidden, weight, target, bias, reduction, ignore_index, label_smoothing, denominator):
         need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
         ctx.args = (ignore_index, label_smoothing, need_hidden, need_weight, need_bias)
         ctx.reduction = reduction
         if reduction == "none":
             ctx.save_for_backward(hidden, weight, target, bias)
-            losses = _lce(hidden, weight, target, bias, None, ignore_index, label_smoothing, False, False, False)[0]
-            return losses.to(loss_dtype)
+            return _lce(hidden, weight, target, bias, None, ignore_index, label_smoothing, False, False, False)[0]
         grads = need_hidden or need_weight or need_bias
         scale = denominator.reciprocal() if grads else None
         losses, *gradients = _lce(hidden, weight, target, bias, scale, ignore_index, label_smoothing,
                                   need_hidden, need_weight, need_bias)
         if grads:  # saved (not kept on ctx: torch.compile sees saved tensors alone), scaled by the backward
             ctx.save_for_backward(*gradients)
-        return (losses.sum() / denominator).to(loss_dtype)
+        return losses.sum() / denominator
 
     @staticmethod
     def backward(ctx, grad_loss):
@@ -285,7 +283,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             torch._foreach_mul_([g for g in gradients if g.numel()], grad_loss.reshape(()))
         grad_hidden, grad_weight, grad_bias = (g if need else None for g, need in
                                                zip(gradients, (need_hidden, need_weight, need_bias)))
-        return grad_hidden, grad_weight, None, grad_bias, None, None, None, None, None
+        return grad_hidden, grad_weight, None, grad_bias, None, None, None, None
 
 
 # --- 6. Public function -------------------------------------------------------------------------------
@@ -349,5 +347,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     else:
         denominator = torch.ones(1, device=hidden.device)
     loss = _LinearCrossEntropyFunction.apply(hidden2, weight, target1, bias1, reduction, int(ignore_index),
-                                             float(label_smoothing), denominator, loss_dtype or hidden.dtype)
+                                             float(label_smoothing), denominator)
+    # the cast outside the Function: one returning `.to()`'s no-op alias (fp32 to fp32) gets zero gradients under
+    # torch.compile on torch 2.11 (benchmarks/probes/function_alias_output.py)
+    loss = loss.to(loss_dtype or hidden.dtype)
     return loss.view(target.shape) if reduction == "none" else loss.reshape(())
