@@ -153,7 +153,7 @@ def _curve(model: nn.Module, inputs: tuple, targets: torch.Tensor | None, steps:
     return losses
 
 
-def loss_curve(original: nn.Module, injected: nn.Module, inputs: tuple, steps: int, lr: float = 1e-4) -> dict:
+def loss_curve(original: nn.Module, injected: nn.Module, inputs: tuple, steps: int, lr: float = 1e-5) -> dict:
     """The original, the injected model and a float64 copy of the original trained `steps` steps on one fixed batch from
     the same weights (torch's AdamW, fused on CUDA): the loss is the model's output where it is one
     (`TrainingLoss`), else the cross-entropy of the main output's last dim against fixed random targets (logits of a
