@@ -330,11 +330,54 @@ def test_bench_processes_rerun_the_timing_alone(monkeypatch):
         with open(path, "w") as f:
             json.dump({"rows": [{"provider": "original"}]}, f)
     monkeypatch.setattr(subprocess, "run", run)
-    assert cli._bench_processes(args, ["original", "original_compile", "dropin"]) == [[{"provider": "original"}]]
+    assert cli._bench_process(args, ["original", "original_compile", "dropin"], 2) == [{"provider": "original"}]
     (command,) = calls
     assert command[:3] == [sys.executable, "-m", "dropin.cli"]
     assert command[3:-4] == ["inject", "llama", "--train", "--bench", "--quiet"]
     assert command[-4:-2] == ["--providers", "original,dropin"] and command[-2] == "--json"
+
+
+def test_bench_processes_write_what_they_measured(monkeypatch, tmp_path, capsys):
+    """--processes N --json: before each later process the file holds the rows of those run so far, marked
+    partial (a run cut short keeps them), and the first process's table is printed; the final file has no mark."""
+    import subprocess
+
+    path = tmp_path / "rows.json"
+    seen = []
+
+    def run(command, check, stdout):
+        seen.append(json.loads(path.read_text()))
+        rows = [dict(r, median_ms=r["median_ms"] * 2) for r in seen[-1]["rows"] if r["provider"] == "dropin"]
+        with open(command[command.index("--json") + 1], "w") as f:
+            json.dump({"rows": rows}, f)
+    monkeypatch.setattr(subprocess, "run", run)
+    assert main(["inject", "llama", "--train", "--bench", "--processes", "3", "--providers", "original,dropin",
+                 "--json", str(path), "--quiet"]) == 0
+    assert [s["partial"] for s in seen] == ["not run (the command did not finish): 2 of 3 bench processes",
+                                            "not run (the command did not finish): 1 of 3 bench processes"]
+    assert [len(s["rows"][1]["process_median_ms"]) for s in seen] == [1, 2]
+    final = json.loads(path.read_text())
+    assert "partial" not in final and len(final["rows"][1]["process_median_ms"]) == 3
+    assert capsys.readouterr().out.count("provider ") == 2  # process 1's table, then the medians'
+
+
+def test_progress_lines_without_a_terminal(capsys):
+    """--progress: the bench rows' progress lines reach stderr where it is no terminal (a log file); --quiet wins."""
+    import logging
+
+    from dropin import cli
+    from dropin.bench import models
+
+    logger = logging.getLogger("dropin.progress")
+    before, logger.handlers = logger.handlers, []
+    try:
+        cli._show_progress(quiet=True, always=True)
+        assert logger.handlers == []
+        cli._show_progress(quiet=False, always=True)
+        models.progress.info("bench %s: %.1f s", "dropin", 1.25)
+        assert "dropin: bench dropin: 1.2 s" in capsys.readouterr().err
+    finally:
+        logger.handlers = before
 
 
 def test_providers_argument():

@@ -298,18 +298,14 @@ def _run_again(args, extra: list, check: bool = True, bench: bool = True) -> dic
             return None
 
 
-def _bench_processes(args, providers) -> list[list[dict]]:
-    """The bench rows of the host-bound ones among `providers` (`models.HOST_BOUND`: eager) of args.processes - 1
-    more runs of this command, each in a process of its own (the host's speed varies from process to process:
-    eager figures are medians over processes)."""
+def _bench_process(args, providers, number: int) -> list[dict]:
+    """The bench rows of the host-bound ones among `providers` (`models.HOST_BOUND`: eager) of this command run
+    again in a process of its own, the number-th of args.processes (the host's speed varies from process to
+    process: eager figures are medians over processes)."""
     from dropin.bench.models import HOST_BOUND
 
-    runs = []
-    for i in range(args.processes - 1):
-        print(f"dropin inject: bench process {i + 2} of {args.processes}", file=sys.stderr)
-        host_bound = ",".join(p for p in HOST_BOUND if p in providers)
-        runs.append(_run_again(args, ["--providers", host_bound])["rows"])
-    return runs
+    print(f"dropin inject: bench process {number} of {args.processes}", file=sys.stderr)
+    return _run_again(args, ["--providers", ",".join(p for p in HOST_BOUND if p in providers)])["rows"]
 
 
 def _rerun_after_fault(args, rows: list[dict]) -> tuple[list[dict], dict]:
@@ -335,17 +331,33 @@ def _rerun_after_fault(args, rows: list[dict]) -> tuple[list[dict], dict]:
     return models.with_speedups(rows), result
 
 
-def _show_progress(quiet: bool) -> None:
-    """inject_'s progress lines ('dropin.progress', INFO) on stderr where it is a terminal, unless quiet."""
+def _show_progress(quiet: bool, always: bool) -> None:
+    """The progress lines of inject_'s stages and the bench's rows ('dropin.progress', INFO) on stderr where it is
+    a terminal, or always, unless quiet."""
     import logging
 
     logger = logging.getLogger("dropin.progress")
-    if quiet or not sys.stderr.isatty() or logger.handlers:
+    if quiet or not (always or sys.stderr.isatty()) or logger.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("dropin: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+
+
+def _write_partial(args, rows: list, processes: int) -> None:
+    """With --json: `rows`, merged over the first `processes` bench processes, written marked `partial` (the final
+    write replaces them), so that a run cut short keeps what it measured."""
+    if not args.json:
+        return
+    from dropin.bench import harness
+
+    left = [f"{args.processes - processes} of {args.processes} bench processes"] * (processes < args.processes) + \
+        ["the loss curves"] * bool(args.curve)
+    harness.write_json(args.json, {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}),
+                                   "rows": rows, "partial": f"not run (the command did not finish): "
+                                                            f"{' and '.join(left)}"})
+    print(f"dropin inject: wrote {args.json} (partial)", file=sys.stderr)
 
 
 def _inject(args) -> int:
@@ -361,7 +373,7 @@ def _inject(args) -> int:
     if problem:
         print(f"dropin inject: {problem}", file=sys.stderr)
         return 2
-    _show_progress(args.quiet)
+    _show_progress(args.quiet, args.progress)
     if _runtime.INTERPRET:
         print("dropin inject: no GPU, kernels run under the Triton interpreter on the CPU (small sizes; "
               "torch.compile rows skipped)")
@@ -414,7 +426,12 @@ def _inject(args) -> int:
         rows, rerun = _rerun_after_fault(args, rows) if any(models.device_fault(r.get("error")) for r in rows) \
             else (rows, None)
         if args.processes > 1:
-            rows = models.merge_processes([rows, *_bench_processes(args, [r["provider"] for r in rows])])
+            print(models.format_rows(rows))  # (process 1's: a run cut short keeps them)
+            runs = [rows]
+            for number in range(2, args.processes + 1):
+                _write_partial(args, models.merge_processes(runs), len(runs))
+                runs.append(_bench_process(args, [r["provider"] for r in rows], number))
+            rows = models.merge_processes(runs)
             print(f"medians of {args.processes} processes (each row: process_median_ms, spread_ms)")
         print(models.format_rows(rows))
         original_err = rows[0]["rel_err_vs_fp64"] or 0.0
@@ -426,6 +443,8 @@ def _inject(args) -> int:
         curve_error = rerun.get("curve_error") or (None if curve else "its fresh process (after an earlier row's "
                                                                        "device error) wrote no loss curve")
     elif args.curve:  # last: it trains both models
+        if rows:
+            _write_partial(args, rows, args.processes)
         try:
             curve = models.loss_curve(original, model, inputs, args.curve, args.lr)
         except Exception as e:  # noqa: BLE001  (the rows are written all the same: a fatal CUDA error of one row
@@ -546,7 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "greedy, prompts of --seq random tokens, NEW_TOKENS new tokens, each --batch size): "
                              "tokens/s of original and injected, eager and reduce-overhead")
     inject.add_argument("--quiet", action="store_true", help="no progress lines on stderr (shown only where "
-                        "stderr is a terminal)")
+                        "stderr is a terminal, unless --progress)")
+    inject.add_argument("--progress", action="store_true", help="progress lines on stderr (inject_'s stages, each "
+                        "bench row's wall time) even where it is no terminal, e.g. a log file")
     inject.add_argument("--providers", type=_providers, metavar="LIST",
                         help="with --bench: time only these providers, comma-separated, e.g. original,dropin "
                              "(default: all eight, and liger for llama)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import pathlib
 import time
 
@@ -30,6 +31,8 @@ from .. import _runtime
 from .._tolerance import rel_err, to_float64
 from ..inject.coverage import measure
 from . import harness
+
+progress = logging.getLogger("dropin.progress")  # each row's wall time (`dropin inject --progress`)
 
 PROVIDERS = ("original", "original_graph", "original_compile", "original_compile_ro",
              "dropin", "dropin_graph", "dropin_compile", "dropin_compile_ro", "liger")
@@ -383,7 +386,10 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
             model.zero_grad(set_to_none=True)  # (the next row starts from the same memory)
             return step, times
 
+        start = time.perf_counter()
         measured = harness.attempt(row, check_and_time)
+        progress.info("bench %s: %.1f s%s", provider, time.perf_counter() - start,
+                      "" if measured else f" ({row.get('note') or row.get('error')})")
         if measured is None:
             fault = device_fault(row.get("error"))
             continue
