@@ -43,9 +43,8 @@ def torch_op(name: str, mutates_args=()):
 def opaque_op(name: str, mutates_args=()):
     """Registers fn, an impl's eager form, as the opaque torch op `name` (torch.library.custom_op; its fake is
     registered apart, `op.register_fake`): torch.compile calls it as one extern call that runs the eager plans.
-    For an op whose kernels write its outputs piece by piece over several passes (linear_cross_entropy's chunks),
-    which Inductor's functionalization of `wrap_triton` launches does not reproduce (its gradients came out wrong,
-    H200, torch 2.11), and whose kernels outweigh a Python launcher per call."""
+    For an op called once per step whose kernels outweigh a Python launcher per call and write their outputs piece
+    by piece over several passes (linear_cross_entropy's chunks): compiled graphs run exactly the eager code."""
     return lambda fn: torch.library.custom_op(name, fn, mutates_args=mutates_args)
 
 
