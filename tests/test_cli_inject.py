@@ -361,6 +361,26 @@ def test_bench_processes_write_what_they_measured(monkeypatch, tmp_path, capsys)
     assert capsys.readouterr().out.count("provider ") == 2  # process 1's table, then the medians'
 
 
+def test_update_merges_a_bench_measured_in_parts(tmp_path, capsys):
+    """--update: a run's providers and loss curve replace the --json file's, the other rows stay (PROVIDERS' order),
+    env.parts lists each run; a file of another model config and a missing --json are refused before any work."""
+    path = tmp_path / "r.json"
+    base = ["inject", "llama", "--train", "--json", str(path), "--quiet"]
+    assert main(base + ["--bench", "--providers", "original,dropin"]) == 0
+    first = json.loads(path.read_text())
+    assert main(base + ["--bench", "--providers", "dropin", "--update"]) == 0
+    assert main(base + ["--curve", "2", "--update"]) == 0
+    saved = json.loads(path.read_text())
+    assert [r["provider"] for r in saved["rows"]] == ["original", "dropin"]
+    assert saved["rows"][0] == first["rows"][0] and saved["rows"][1]["median_ms"] != first["rows"][1]["median_ms"]
+    assert len(saved["env"]["parts"]) == 3 and len(saved["curve"]["dropin"]) == 2
+    capsys.readouterr()
+    assert main(["inject", "llama", "--bench", "--json", str(path), "--update"]) == 2
+    assert f"--update: {path} holds rows of llama/train/" in capsys.readouterr().err
+    assert main(["inject", "llama", "--bench", "--update"]) == 2
+    assert "add --json FILE" in capsys.readouterr().err
+
+
 def test_progress_lines_without_a_terminal(capsys):
     """--progress: the bench rows' progress lines reach stderr where it is no terminal (a log file); --quiet wins."""
     import logging

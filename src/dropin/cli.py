@@ -165,6 +165,8 @@ def _check_inject_args(args):
         return f"--batch {','.join(map(str, args.batches))}: several batch sizes only with --generate"
     if args.providers and not args.bench:
         return "--providers chooses the --bench rows: add --bench"
+    if args.update:
+        return _update_problem(args)
     if args.processes < 1 or args.processes > 1 and not args.bench:
         return f"--processes {args.processes}: must be at least 1, and more than 1 only with --bench"
     for flag in ("prune", "sparse"):
@@ -278,15 +280,15 @@ def _train(original, model, inputs, grad, reference) -> bool:
 
 def _run_again(args, extra: list, check: bool = True, bench: bool = True) -> dict | None:
     """The result JSON of this command run again in a process of its own, without the flags that only the first
-    process acts on (--json, --csv, --processes, --curve, --plot; --bench too where not `bench`) and with `extra`;
-    None where it wrote none (check: a failing exit status raises)."""
+    process acts on (--json, --csv, --processes, --curve, --plot, --update; --bench too where not `bench`) and with
+    `extra`; None where it wrote none (check: a failing exit status raises)."""
     import json
     import subprocess
     import tempfile
 
-    own = ("--json", "--csv", "--processes", "--curve", "--plot")
+    own = ("--json", "--csv", "--processes", "--curve", "--plot")  # (flags with a value)
     argv = [a for i, a in enumerate(args.argv) if a not in own and (i == 0 or args.argv[i - 1] not in own)
-            and (bench or a != "--bench")]
+            and a != "--update" and (bench or a != "--bench")]
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/rows.json"
         subprocess.run([sys.executable, "-m", "dropin.cli", *argv, *extra, "--json", path], check=check,
@@ -345,6 +347,45 @@ def _show_progress(quiet: bool, always: bool) -> None:
     logger.setLevel(logging.INFO)
 
 
+def _update_problem(args) -> str | None:
+    """Why --update cannot merge this run into its --json file (None: it can, or the file is new)."""
+    if not args.json:
+        return "--update merges into the --json file: add --json FILE"
+    if not os.path.exists(args.json):
+        return None
+    import json
+
+    with open(args.json) as f:
+        rows = json.load(f).get("rows", [])
+    ours = (args.model, "train" if args.train else "inference", args.dtype, args.batch)
+    theirs = {(r["model"], r["mode"], r["dtype"], r["batch"]) for r in rows}
+    if theirs - {ours}:
+        found = ", ".join("/".join(map(str, t)) for t in sorted(theirs, key=str))
+        return f"--update: {args.json} holds rows of {found}, not of {'/'.join(map(str, ours))}"
+    return None
+
+
+def _to_write(args, result: dict) -> dict:
+    """result, or with --update merged into the --json file's: this run's providers replace theirs, the others
+    stay (in PROVIDERS' order, speed-ups from the merged rows), its loss curve replaces theirs (theirs stays where
+    it has none), env's "parts" lists each run's command and date: a bench measured in parts, one call each."""
+    if not (args.update and os.path.exists(args.json)):
+        return result
+    import json
+
+    from dropin.bench import harness, models
+
+    with open(args.json) as f:
+        old = json.load(f)
+    both = harness.merged(old, result, key="provider")
+    order = {p: i for i, p in enumerate(models.PROVIDERS)}
+    both["rows"] = models.with_speedups(sorted(both["rows"], key=lambda r: order[r["provider"]]))
+    curves = result if "curve" in result or "curve_error" in result else old
+    both.update({k: curves[k] for k in ("curve", "curve_error") if k in curves},
+                **({"partial": result["partial"]} if "partial" in result else {}))
+    return both
+
+
 def _write_partial(args, rows: list, processes: int) -> None:
     """With --json: `rows`, merged over the first `processes` bench processes, written marked `partial` (the final
     write replaces them), so that a run cut short keeps what it measured."""
@@ -354,9 +395,9 @@ def _write_partial(args, rows: list, processes: int) -> None:
 
     left = [f"{args.processes - processes} of {args.processes} bench processes"] * (processes < args.processes) + \
         ["the loss curves"] * bool(args.curve)
-    harness.write_json(args.json, {"env": harness.environment("models", " ".join(["dropin", *args.argv]), {}),
-                                   "rows": rows, "partial": f"not run (the command did not finish): "
-                                                            f"{' and '.join(left)}"})
+    harness.write_json(args.json, _to_write(args, {
+        "env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows,
+        "partial": f"not run (the command did not finish): {' and '.join(left)}"}))
     print(f"dropin inject: wrote {args.json} (partial)", file=sys.stderr)
 
 
@@ -461,7 +502,7 @@ def _inject(args) -> int:
     result = {"env": env, "rows": rows, **({"curve": curve} if curve else {}),
               **({"curve_error": curve_error} if curve_error else {})}
     title = f"{args.model}, {args.dtype}: {args.curve} AdamW steps on one batch"
-    for path in filter(None, (args.json and harness.write_json(args.json, result),
+    for path in filter(None, (args.json and harness.write_json(args.json, _to_write(args, result)),
                               args.csv and harness.write_csv(args.csv, rows),
                               args.plot and curve and models.plot_curve(args.plot, curve, title))):
         print(f"dropin inject: wrote {path}", file=sys.stderr)
@@ -571,6 +612,9 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--providers", type=_providers, metavar="LIST",
                         help="with --bench: time only these providers, comma-separated, e.g. original,dropin "
                              "(default: all eight, and liger for llama)")
+    inject.add_argument("--update", action="store_true", help="with --json: merge into that file (same model, "
+                        "mode, dtype and batch): this run's providers and loss curve replace the file's, the others "
+                        "stay; a bench measured in parts, one call each (env.parts lists them)")
     inject.add_argument("--processes", type=int, default=1, help="with --bench: run it in this many processes "
                         "and give the median of their medians, with the spread (default: %(default)s)")
     llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "

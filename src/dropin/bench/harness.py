@@ -364,16 +364,16 @@ def case_passed(rows: list[dict]) -> bool:
     return all(r["correct"] for r in rows if "note" not in r)
 
 
-def _by_case(rows: list[dict]) -> dict[str, list[dict]]:
-    cases = {}
+def _grouped(rows: list[dict], key: str = "case") -> dict[str, list[dict]]:
+    groups = {}
     for r in rows:
-        cases.setdefault(r["case"], []).append(r)
-    return cases
+        groups.setdefault(r[key], []).append(r)
+    return groups
 
 
 def failed_cases(rows: list[dict]) -> list[str]:
     """Names of the cases in which some provider was incorrect or raised."""
-    return [name for name, case_rows in _by_case(rows).items() if not case_passed(case_rows)]
+    return [name for name, case_rows in _grouped(rows).items() if not case_passed(case_rows)]
 
 
 def run_cases(cases: list[Case], ceilings: dict | None = None, warmup_ms: float = 25,
@@ -413,7 +413,7 @@ def _ms(v: float) -> str:
 def format_table(rows: list[dict], env: dict) -> str:
     """The seed-style terminal table: one line per case, a column group per provider, dropin's median
     speed-up against each other provider, then pass/fail counts, failures, notes."""
-    cases = _by_case(rows)
+    cases = _grouped(rows)
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     others = [p for p in providers if p != "dropin"]
     width = max([len(n) for n in cases] + [4]) + 9
@@ -512,7 +512,7 @@ def write_plot(path: str | Path, rows: list[dict], title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = _by_case(rows)
+    cases = _grouped(rows)
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     roofline = any(r["pct_of_ceiling"] is not None for r in rows)
     height = 0.8 / len(providers)
@@ -536,23 +536,23 @@ def write_plot(path: str | Path, rows: list[dict], title: str) -> Path:
     return path
 
 
-def merged(old: dict, new: dict) -> dict:
-    """`new`'s rows in place of `old`'s rows of the same cases, `old`'s other rows kept (in old's order, new
-    cases last): a suite measured in parts, one call each. env is new's, with "parts" listing each part's command
-    and date. Only results of one GPU, torch and Triton merge (ValueError otherwise)."""
+def merged(old: dict, new: dict, key: str = "case") -> dict:
+    """`new`'s rows in place of `old`'s rows of the same `key` (cases; `dropin inject`: providers), `old`'s other
+    rows kept (in old's order, new ones last): a suite measured in parts, one call each. env is new's, with "parts"
+    listing each part's command and date. Only results of one GPU, torch and Triton merge (ValueError otherwise)."""
     keys = ("gpu", "torch", "triton", "suite")
     if any(old["env"].get(k) != new["env"].get(k) for k in keys):
         raise ValueError("cannot merge results of different runs' " + "/".join(keys) + ": "
                          + ", ".join(f"{old['env'].get(k)} vs {new['env'].get(k)}" for k in keys))
-    fresh = _by_case(new["rows"])
+    fresh = _grouped(new["rows"], key)
     rows, placed = [], set()
     for r in old["rows"]:
-        if r["case"] not in fresh:
+        if r[key] not in fresh:
             rows.append(r)
-        elif r["case"] not in placed:
-            placed.add(r["case"])
-            rows.extend(fresh[r["case"]])
-    rows.extend(r for r in new["rows"] if r["case"] not in placed)
+        elif r[key] not in placed:
+            placed.add(r[key])
+            rows.extend(fresh[r[key]])
+    rows.extend(r for r in new["rows"] if r[key] not in placed)
     part = lambda env: {"command": env["command"], "date": env["date"]}
     env = dict(new["env"], parts=old["env"].get("parts", [part(old["env"])]) + [part(new["env"])])
     return {"env": env, "rows": rows}
