@@ -1,9 +1,10 @@
 """Probe: where an injected model's time goes under torch.compile against eager. For one model (arguments as for
 `dropin inject`), each of original compiled, injected eager and injected compiled (default mode) runs a few
 forwards under the torch profiler; per variant it prints the wall ms a forward and the GPU kernels by total time
-(count, ms a forward), so a kernel that compile makes slower, or one it adds, shows.
+(count, ms a forward), so a kernel that compile makes slower, or one it adds, shows. With --train: training steps
+as `dropin inject --train --bench` times them (loss, backward, fused AdamW), the original in eager too.
 Usage: PYTHONPATH=src python3 <this file> llama --layers 4 --hidden 4096 --heads 32 --intermediate 11008 --seq 1024
---batch 4 --dtype bfloat16 (or resnet50 --channels-last --batch 64 --dtype bfloat16, cvt-13 ...). With llama's
+--batch 4 --dtype bfloat16 [--train] (or resnet50 --channels-last --batch 64 --dtype bfloat16, cvt-13 ...). With llama's
 --generate N --bench: HF generate() of N tokens with a static cache under reduce-overhead (HF compiles the decoding step),
 original against injected, per generate() call."""
 import copy
@@ -15,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import dropin
 from dropin import cli
-from dropin.bench import decode
+from dropin.bench import decode, models
 
 
 def _forward(model, inputs):
@@ -23,6 +24,11 @@ def _forward(model, inputs):
         with torch.no_grad():
             return model(*inputs)
     return run
+
+
+def _train_step(forward, model, inputs, grad):
+    optimizer = models.timing_optimizer(model)
+    return lambda: models.train_step(forward, model, inputs, grad, optimizer)
 
 
 def _profile(label: str, run, iters: int = 5) -> None:
@@ -44,8 +50,8 @@ def _profile(label: str, run, iters: int = 5) -> None:
             count, total = kernels.get(e.name, (0, 0.0))
             kernels[e.name] = (count + 1, total + e.device_time / 1e3)
     gpu = sum(total for _, total in kernels.values()) / iters
-    print(f"\n{label}: wall {wall:.2f} ms a forward, GPU kernels {gpu:.2f} ms")
-    for name, (count, total) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:18]:
+    print(f"\n{label}: wall {wall:.2f} ms a call, GPU kernels {gpu:.2f} ms")
+    for name, (count, total) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]:
         print(f"  {total / iters:8.3f} ms  x{count // iters:<4d} {name[:110]}")
 
 
@@ -54,10 +60,21 @@ def main():
     args.argv = sys.argv[1:]
     assert cli._check_inject_args(args) is None
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-    original = cli.MODELS[args.model](args).eval().to("cuda", getattr(torch, args.dtype), memory_format=fmt)
+    original = cli.MODELS[args.model](args).train(args.train).to("cuda", getattr(torch, args.dtype),
+                                                                   memory_format=fmt)
     inputs = cli._inputs(args, original)
     injected = copy.deepcopy(original)
     dropin.inject_(injected, example_inputs=inputs)
+    if args.train:
+        labels = models.training_labels(original, inputs)
+        original, injected = models.TrainingLoss(original, labels), models.TrainingLoss(injected, labels)
+        grad = models.upstream_gradient(original, inputs)
+        _profile("original eager", _train_step(original, original, inputs, grad))
+        _profile("original compiled", _train_step(torch.compile(original, dynamic=False), original, inputs, grad))
+        _profile("injected eager", _train_step(injected, injected, inputs, grad))
+        torch._dynamo.reset()
+        _profile("injected compiled", _train_step(torch.compile(injected, dynamic=False), injected, inputs, grad))
+        return
     if args.generate:
         ids = inputs[0]
         with torch.no_grad():
