@@ -379,6 +379,8 @@ def test_update_merges_a_bench_measured_in_parts(tmp_path, capsys):
     assert f"--update: {path} holds rows of llama/train/" in capsys.readouterr().err
     assert main(["inject", "llama", "--bench", "--update"]) == 2
     assert "add --json FILE" in capsys.readouterr().err
+    assert main(base + ["--bench", "--update", "--processes", "0"]) == 2  # (the other checks still run)
+    assert "--processes 0: must be at least 1" in capsys.readouterr().err
 
 
 def test_progress_lines_without_a_terminal(capsys):

@@ -165,8 +165,9 @@ def _check_inject_args(args):
         return f"--batch {','.join(map(str, args.batches))}: several batch sizes only with --generate"
     if args.providers and not args.bench:
         return "--providers chooses the --bench rows: add --bench"
-    if args.update:
-        return _update_problem(args)
+    problem = _update_problem(args) if args.update else None
+    if problem:
+        return problem
     if args.processes < 1 or args.processes > 1 and not args.bench:
         return f"--processes {args.processes}: must be at least 1, and more than 1 only with --bench"
     for flag in ("prune", "sparse"):
