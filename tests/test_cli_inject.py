@@ -361,14 +361,24 @@ def test_bench_processes_write_what_they_measured(monkeypatch, tmp_path, capsys)
     assert capsys.readouterr().out.count("provider ") == 2  # process 1's table, then the medians'
 
 
-def test_update_merges_a_bench_measured_in_parts(tmp_path, capsys):
+def test_update_merges_a_bench_measured_in_parts(tmp_path, capsys, monkeypatch):
     """--update: a run's providers and loss curve replace the --json file's, the other rows stay (PROVIDERS' order),
-    env.parts lists each run; a file of another model config and a missing --json are refused before any work."""
+    env.parts lists each run once (its partial writes, one per bench process, merge into the file as the run found
+    it); a file of another model config and a missing --json are refused before any work."""
+    import subprocess
+
     path = tmp_path / "r.json"
     base = ["inject", "llama", "--train", "--json", str(path), "--quiet"]
     assert main(base + ["--bench", "--providers", "original,dropin"]) == 0
     first = json.loads(path.read_text())
-    assert main(base + ["--bench", "--providers", "dropin", "--update"]) == 0
+
+    def run(command, check, stdout):  # the second bench process: process 1's dropin row, twice as slow
+        rows = [dict(r, median_ms=r["median_ms"] * 2) for r in json.loads(path.read_text())["rows"]
+                if r["provider"] == "dropin"]
+        with open(command[command.index("--json") + 1], "w") as f:
+            json.dump({"rows": rows}, f)
+    monkeypatch.setattr(subprocess, "run", run)
+    assert main(base + ["--bench", "--providers", "dropin", "--update", "--processes", "2"]) == 0
     assert main(base + ["--curve", "2", "--update"]) == 0
     saved = json.loads(path.read_text())
     assert [r["provider"] for r in saved["rows"]] == ["original", "dropin"]

@@ -348,16 +348,21 @@ def _show_progress(quiet: bool, always: bool) -> None:
     logger.setLevel(logging.INFO)
 
 
-def _update_problem(args) -> str | None:
-    """Why --update cannot merge this run into its --json file (None: it can, or the file is new)."""
-    if not args.json:
-        return "--update merges into the --json file: add --json FILE"
-    if not os.path.exists(args.json):
+def _earlier_result(args) -> dict | None:
+    """With --update: the --json file's result as this run found it (None: no --update, or no file yet)."""
+    if not (args.update and args.json and os.path.exists(args.json)):
         return None
     import json
 
     with open(args.json) as f:
-        rows = json.load(f).get("rows", [])
+        return json.load(f)
+
+
+def _update_problem(args) -> str | None:
+    """Why --update cannot merge this run into its --json file (None: it can, or the file is new)."""
+    if not args.json:
+        return "--update merges into the --json file: add --json FILE"
+    rows = (_earlier_result(args) or {}).get("rows", [])
     ours = (args.model, "train" if args.train else "inference", args.dtype, args.batch)
     theirs = {(r["model"], r["mode"], r["dtype"], r["batch"]) for r in rows}
     if theirs - {ours}:
@@ -366,28 +371,25 @@ def _update_problem(args) -> str | None:
     return None
 
 
-def _to_write(args, result: dict) -> dict:
-    """result, or with --update merged into the --json file's: this run's providers replace theirs, the others
-    stay (in PROVIDERS' order, speed-ups from the merged rows), its loss curve replaces theirs (theirs stays where
-    it has none), env's "parts" lists each run's command and date: a bench measured in parts, one call each."""
-    if not (args.update and os.path.exists(args.json)):
+def _merged_into(earlier: dict | None, result: dict) -> dict:
+    """result, or (--update) merged into `earlier`, the --json file as this run found it: this run's providers
+    replace its rows, the others stay (in PROVIDERS' order, speed-ups from the merged rows), this run's loss curve
+    replaces its curve (which stays where this run has none), env's "parts" lists each run's command and date: a
+    bench measured in parts, one call each."""
+    if earlier is None:
         return result
-    import json
-
     from dropin.bench import harness, models
 
-    with open(args.json) as f:
-        old = json.load(f)
-    both = harness.merged(old, result, key="provider")
+    both = harness.merged(earlier, result, key="provider")
     order = {p: i for i, p in enumerate(models.PROVIDERS)}
     both["rows"] = models.with_speedups(sorted(both["rows"], key=lambda r: order[r["provider"]]))
-    curves = result if "curve" in result or "curve_error" in result else old
+    curves = result if "curve" in result or "curve_error" in result else earlier
     both.update({k: curves[k] for k in ("curve", "curve_error") if k in curves},
                 **({"partial": result["partial"]} if "partial" in result else {}))
     return both
 
 
-def _write_partial(args, rows: list, processes: int) -> None:
+def _write_partial(args, env: dict, earlier: dict | None, rows: list, processes: int) -> None:
     """With --json: `rows`, merged over the first `processes` bench processes, written marked `partial` (the final
     write replaces them), so that a run cut short keeps what it measured."""
     if not args.json:
@@ -396,9 +398,8 @@ def _write_partial(args, rows: list, processes: int) -> None:
 
     left = [f"{args.processes - processes} of {args.processes} bench processes"] * (processes < args.processes) + \
         ["the loss curves"] * bool(args.curve)
-    harness.write_json(args.json, _to_write(args, {
-        "env": harness.environment("models", " ".join(["dropin", *args.argv]), {}), "rows": rows,
-        "partial": f"not run (the command did not finish): {' and '.join(left)}"}))
+    harness.write_json(args.json, _merged_into(earlier, {
+        "env": env, "rows": rows, "partial": f"not run (the command did not finish): {' and '.join(left)}"}))
     print(f"dropin inject: wrote {args.json} (partial)", file=sys.stderr)
 
 
@@ -443,6 +444,8 @@ def _inject(args) -> int:
     from dropin.bench import harness, models
     from dropin.bench.peers import liger_llama
 
+    env = harness.environment("models", " ".join(["dropin", *args.argv]), {})
+    earlier = _earlier_result(args)  # (read once: this run's partial writes merge into it too)
     rows, curve, rerun = [], None, None
     if args.generate:
         from dropin.bench import decode
@@ -471,14 +474,13 @@ def _inject(args) -> int:
             print(models.format_rows(rows))  # (process 1's: a run cut short keeps them)
             runs = [rows]
             for number in range(2, args.processes + 1):
-                _write_partial(args, models.merge_processes(runs), len(runs))
+                _write_partial(args, env, earlier, models.merge_processes(runs), len(runs))
                 runs.append(_bench_process(args, [r["provider"] for r in rows], number))
             rows = models.merge_processes(runs)
             print(f"medians of {args.processes} processes (each row: process_median_ms, spread_ms)")
         print(models.format_rows(rows))
         original_err = rows[0]["rel_err_vs_fp64"] or 0.0
         print(models.recommendation(rows, limit(getattr(torch, args.dtype), original_err, backward=args.train)))
-    env = harness.environment("models", " ".join(["dropin", *args.argv]), {})
     curve_error = None
     if args.curve and rerun is not None:  # (trained in the fresh process)
         curve = rerun.get("curve")
@@ -486,7 +488,7 @@ def _inject(args) -> int:
                                                                        "device error) wrote no loss curve")
     elif args.curve:  # last: it trains both models
         if rows:
-            _write_partial(args, rows, args.processes)
+            _write_partial(args, env, earlier, rows, args.processes)
         try:
             curve = models.loss_curve(original, model, inputs, args.curve, args.lr)
         except Exception as e:  # noqa: BLE001  (the rows are written all the same: a fatal CUDA error of one row
@@ -503,7 +505,7 @@ def _inject(args) -> int:
     result = {"env": env, "rows": rows, **({"curve": curve} if curve else {}),
               **({"curve_error": curve_error} if curve_error else {})}
     title = f"{args.model}, {args.dtype}: {args.curve} AdamW steps on one batch"
-    for path in filter(None, (args.json and harness.write_json(args.json, _to_write(args, result)),
+    for path in filter(None, (args.json and harness.write_json(args.json, _merged_into(earlier, result)),
                               args.csv and harness.write_csv(args.csv, rows),
                               args.plot and curve and models.plot_curve(args.plot, curve, title))):
         print(f"dropin inject: wrote {path}", file=sys.stderr)
