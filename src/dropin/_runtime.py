@@ -42,6 +42,31 @@ TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 # ops/_dispatch.Launch calls directly (as read in 3.6 on the GPU and 3.8 in source); others take the ordinary
 # `kernel[grid](...)` path every call.
 DIRECT_LAUNCH = (3, 6) <= TRITON_VERSION <= (3, 8)
+
+
+def raw_launcher(compiled, grid: tuple):
+    """A call (stream, launch_metadata, enter_hook, exit_hook, *args) of compiled's C launcher on `grid`, skipping
+    the Python wrapper of CompiledKernel.run (its closures and scratch look-ups: ~3 us a launch): global scratch
+    (kernels that build tensor descriptors on the device) allocated here, from torch's caching allocator, freed after
+    the launch in stream order. Triton 3.6 only (its launcher's argument order, read on the GPU); None elsewhere,
+    and for kernels that take profiling scratch (instrumented builds)."""
+    launcher = compiled.run
+    launch = getattr(launcher, "launch", None)
+    if TRITON_VERSION != (3, 6) or INTERPRET or launch is None or launcher.profile_scratch_size > 0:
+        return None
+    gx, gy, gz = grid
+    scratch = gx * gy * gz * launcher.num_ctas * launcher.global_scratch_size
+    coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+    function, packed, device = compiled.function, compiled.packed_metadata, torch.cuda.current_device()
+    if scratch == 0:
+        def run(stream, metadata, enter, leave, *args):
+            launch(gx, gy, gz, stream, function, coop, pdl, None, None, packed, metadata, enter, leave, *args)
+        return run
+
+    def run_with_scratch(stream, metadata, enter, leave, *args):
+        buffer = torch.empty(scratch, dtype=torch.int8, device=device)
+        launch(gx, gy, gz, stream, function, coop, pdl, buffer, None, packed, metadata, enter, leave, *args)
+    return run_with_scratch
 # Triton's AsyncCompileMode (3.6 to 3.8): within it a kernel's compile goes to an executor and a warm-up returns at
 # once; ops/_autotune compiles a tuning's candidates side by side through it. None elsewhere (compiled one by one).
 try:

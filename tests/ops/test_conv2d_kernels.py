@@ -127,11 +127,16 @@ def test_every_config(which, cfg, monkeypatch):
         # 40 input and 36 output channels over 2 groups: 20 / 18 per group, neither a multiple of 16;
         # wgrad reduces over 2*9*7 = 126 pixels, split up to 64 ways by the split configs; NCHW and
         # channels_last (whose wgrad columns run over channels first), there also 64 channels a group (a
-        # column tile of 64 within one tap)
+        # column tile of 64 within one tap); the input gradient's phases: strides 3 x 2 with dilations 2 x 3
+        # (taps a stride apart), and a 2x2 kernel at stride 3 (pixels that no tap reaches: zeros)
         kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
-        for x_shape, w_shape, channels_last in (((2, 40, 17, 9), (36, 20, 3, 2), False),
-                                                 ((2, 40, 17, 9), (36, 20, 3, 2), True),
-                                                 ((2, 128, 17, 9), (36, 64, 3, 2), True)):
+        for x_shape, w_shape, channels_last, kw in (
+                ((2, 40, 17, 9), (36, 20, 3, 2), False, kw),
+                ((2, 40, 17, 9), (36, 20, 3, 2), True, kw),
+                ((2, 128, 17, 9), (36, 64, 3, 2), True, kw),
+                ((2, 40, 16, 11), (36, 20, 3, 2), False, dict(stride=(3, 2), padding=(2, 0), dilation=(2, 3),
+                                                              groups=2)),
+                ((1, 20, 11, 10), (18, 20, 2, 2), True, dict(stride=3))):
             check(dropin_conv("silu", **kw), torch_conv("silu", **kw),
                   leaves(x_shape, w_shape, channels_last=channels_last))
     finally:

@@ -3,13 +3,15 @@ accumulated in fp32 with tl.dot, with masks for padding and edges; grid over (ti
 - forward `_conv_fwd_kernel`: output pixels (N*OH*OW) x output channels of a group, reduced over
   (KH, KW, Cin/groups); epilogue bias, activation, and the pre-activation kept for the backward.
 - input gradient `_conv_dgrad_kernel` (a transposed convolution): input pixels (N*H*W) x input channels
-  of a group, reduced over (KH, KW, Cout/groups), gathering from the output gradient; the stride and
-  dilation are handled by masks (a tap contributes where ih + pad - kh*dil is a multiple of the stride).
+  of a group, reduced over (KH, KW, Cout/groups), gathering from the output gradient; a program's pixels share
+  their position modulo the stride (a phase), and it visits only the taps that reach them.
 - weight gradient `_conv_wgrad_kernel`: output channels x (Cin/groups*KH*KW), reduced over N*OH*OW, with
   an optional split of that reduction (fp32 partials summed afterwards) for small weights on large images.
 Fewer than 16 channels per group (stems) go forward through `_conv_fwd_rows_kernel` instead, over a copy of x
 padded once per call (`_pad_kernel`), whole kernel rows a step, where that copy fits planning.WORKSPACE
 (`rows_fit`)."""
+import math
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -128,42 +130,64 @@ def _conv_fwd_rows_kernel(xp_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
              co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
 
 @triton.jit
+def _phase_taps(p, PAD: tl.constexpr, DIL: tl.constexpr, STRIDE: tl.constexpr, K, TAP_STEP: tl.constexpr):
+    """The taps of one spatial axis that reach input positions p + STRIDE * i from output positions: those k with
+    (p + PAD - k * DIL) a multiple of STRIDE, k = k0 + TAP_STEP * t for t < count (TAP_STEP = STRIDE / gcd(DIL,
+    STRIDE)), reaching from output position i + q - t * (DIL / gcd). Returns (k0, count, q); count 0 where none."""
+    r = (p + PAD) % STRIDE
+    k0 = K  # (none found: count 0)
+    for t in tl.static_range(TAP_STEP - 1, -1, -1):  # the smallest match wins
+        k0 = tl.where((t * DIL - r) % STRIDE == 0, t, k0)
+    count = tl.where(k0 < K, tl.cdiv(K - k0, TAP_STEP), 0)
+    return k0, count, (p + PAD - k0 * DIL) // STRIDE  # (an exact division where count > 0)
+
+
+@triton.jit
 def _conv_dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
                        C_G, H, W, COUT_G, OH, OW, P, KH, KW,
                        sdn, sdc, sdh, sdw, swo, swc, swh, sww, sxn, sxc, sxh, sxw,
                        STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
                        DIL_H: tl.constexpr, DIL_W: tl.constexpr, PRECISION: tl.constexpr,
+                       TAP_STEP_H: tl.constexpr, TAP_STEP_W: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """dx[n, g*C_G + c, ih, iw] = sum_{kh, kw, co} dy[n, g*COUT_G + co, oh, ow] * w[g*COUT_G + co, c, kh, kw]
-    where oh*STRIDE_H == ih + PAD_H - kh*DIL_H (same for w); grid (input pixel tiles, channel tiles,
-    groups), P = N*H*W."""
+    where oh*STRIDE_H == ih + PAD_H - kh*DIL_H (same for w). The input pixels split into STRIDE_H x STRIDE_W
+    phases (ih % STRIDE_H, iw % STRIDE_W), a program's pixels in one phase, so that it visits only the taps that
+    reach them (a quarter of a 3x3 kernel's at stride 2). Grid (pixel tiles of a phase, phases x channel tiles,
+    groups), P = N * cdiv(H, STRIDE_H) * cdiv(W, STRIDE_W)."""
     g = tl.program_id(2).to(tl.int64)
+    tiles_n = tl.cdiv(C_G, BLOCK_N)
+    phase = tl.program_id(1) // tiles_n
+    ph = phase // STRIDE_W
+    pw = phase % STRIDE_W
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = (tl.program_id(1) % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < P
+    n, i, j = pixel(offs_m, tl.cdiv(H, STRIDE_H), tl.cdiv(W, STRIDE_W))
+    ih = ph + i * STRIDE_H
+    iw = pw + j * STRIDE_W
+    m_ok = (offs_m < P) & (ih < H) & (iw < W)
     n_ok = offs_n < C_G
-    n, ih, iw = pixel(offs_m, H, W)
+    kh0, taps_h, qh = _phase_taps(ph, PAD_H, DIL_H, STRIDE_H, KH, TAP_STEP_H)
+    kw0, taps_w, qw = _phase_taps(pw, PAD_W, DIL_W, STRIDE_W, KW, TAP_STEP_W)
     dy_base = dy_ptr + n * sdn + g * COUT_G * sdc
     c = g * C_G + offs_n
     w_base = w_ptr + g * COUT_G * swo + offs_n.to(tl.int64)[None, :] * swc
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # One flat loop over (kh, kw, output-channel block), so that num_stages pipelines across taps too.
+    # One flat loop over (tap row, tap column, output-channel block), so that num_stages pipelines across taps too.
     k_blocks = tl.cdiv(COUT_G, BLOCK_K)
-    for step in range(0, KH * KW * k_blocks):
+    for step in range(0, taps_h * taps_w * k_blocks):
         tap = step // k_blocks
         k0 = (step - tap * k_blocks) * BLOCK_K
-        kh = tap // KW
-        kw = tap - kh * KW
-        th = ih + PAD_H - kh * DIL_H
-        tw = iw + PAD_W - kw * DIL_W
-        oh = tl.maximum(th, 0) // STRIDE_H
-        ow = tl.maximum(tw, 0) // STRIDE_W
-        row_ok = (m_ok & (th >= 0) & (th % STRIDE_H == 0) & (oh < OH)
-                  & (tw >= 0) & (tw % STRIDE_W == 0) & (ow < OW))
+        th = tap // taps_w
+        tw = tap - th * taps_w
+        oh = i + qh - th * (DIL_H * TAP_STEP_H // STRIDE_H)
+        ow = j + qw - tw * (DIL_W * TAP_STEP_W // STRIDE_W)
+        row_ok = m_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
         k_ok = offs_k < COUT_G - k0
         a_ptrs = (dy_base + oh * sdh + ow * sdw)[:, None] + (k0 + offs_k).to(tl.int64)[None, :] * sdc
-        b_ptrs = w_base + kh * swh + kw * sww + (k0 + offs_k)[:, None] * swo
+        b_ptrs = (w_base + (kh0 + th * TAP_STEP_H) * swh + (kw0 + tw * TAP_STEP_W) * sww
+                  + (k0 + offs_k)[:, None] * swo)
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = dot_acc(acc, a, b, PRECISION)
@@ -391,11 +415,13 @@ def dgrad_launcher(cfg: dict, dims: tuple, dz, w, dx, stride, padding, dilation,
                    traced: bool):
     """_conv_dgrad_kernel's launch for cfg (KERNEL taken out): run(dz, w, dx)."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
-    P = N * H * W
+    P = N * _runtime.cdiv(H, stride[0]) * _runtime.cdiv(W, stride[1])  # (pixels of one phase, padded)
     scalars = (C_G, H, W, COUT_G, OH, OW, P, KH, KW, *dz.stride(), *w.stride(), *dx.stride())
-    grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), _runtime.cdiv(C_G, cfg["BLOCK_N"]), groups)
-    launch = Launch(_conv_dgrad_kernel, grid, dict(conv_meta(stride, padding, dilation, precision), **cfg),
-                    traced=traced)
+    grid = (_runtime.cdiv(P, cfg["BLOCK_M"]), stride[0] * stride[1] * _runtime.cdiv(C_G, cfg["BLOCK_N"]), groups)
+    tap_steps = dict(TAP_STEP_H=stride[0] // math.gcd(dilation[0], stride[0]),
+                     TAP_STEP_W=stride[1] // math.gcd(dilation[1], stride[1]))
+    launch = Launch(_conv_dgrad_kernel, grid, dict(conv_meta(stride, padding, dilation, precision), **tap_steps,
+                                                   **cfg), traced=traced)
     return lambda dz, w, dx: launch(dz, w, dx, *scalars)
 
 
