@@ -337,20 +337,31 @@ def test_bench_processes_rerun_the_timing_alone(monkeypatch):
     assert command[-4:-2] == ["--providers", "original,dropin"] and command[-2] == "--json"
 
 
-def test_bench_processes_write_what_they_measured(monkeypatch, tmp_path, capsys):
-    """--processes N --json: before each later process the file holds the rows of those run so far, marked
-    partial (a run cut short keeps them), and the first process's table is printed; the final file has no mark."""
+def _later_bench_processes(monkeypatch, source, seen=None):
+    """subprocess.run with dropin's later bench processes replaced: each writes the dropin rows of the file at
+    `source`, twice as slow (the file as read appended to `seen`); other commands (Triton's ptxas, when a kernel
+    compiles on a GPU) run."""
     import subprocess
+    real = subprocess.run
 
-    path = tmp_path / "rows.json"
-    seen = []
-
-    def run(command, check, stdout):
-        seen.append(json.loads(path.read_text()))
-        rows = [dict(r, median_ms=r["median_ms"] * 2) for r in seen[-1]["rows"] if r["provider"] == "dropin"]
+    def run(command, *args, **kwargs):
+        if "dropin.cli" not in command:
+            return real(command, *args, **kwargs)
+        read = json.loads(source.read_text())
+        if seen is not None:
+            seen.append(read)
+        rows = [dict(r, median_ms=r["median_ms"] * 2) for r in read["rows"] if r["provider"] == "dropin"]
         with open(command[command.index("--json") + 1], "w") as f:
             json.dump({"rows": rows}, f)
     monkeypatch.setattr(subprocess, "run", run)
+
+
+def test_bench_processes_write_what_they_measured(monkeypatch, tmp_path, capsys):
+    """--processes N --json: before each later process the file holds the rows of those run so far, marked
+    partial (a run cut short keeps them), and the first process's table is printed; the final file has no mark."""
+    path = tmp_path / "rows.json"
+    seen = []
+    _later_bench_processes(monkeypatch, path, seen)
     assert main(["inject", "llama", "--train", "--bench", "--processes", "3", "--providers", "original,dropin",
                  "--json", str(path), "--quiet"]) == 0
     assert [s["partial"] for s in seen] == ["not run (the command did not finish): 2 of 3 bench processes",
@@ -365,19 +376,11 @@ def test_update_merges_a_bench_measured_in_parts(tmp_path, capsys, monkeypatch):
     """--update: a run's providers and loss curve replace the --json file's, the other rows stay (PROVIDERS' order),
     env.parts lists each run once (its partial writes, one per bench process, merge into the file as the run found
     it); a file of another model config and a missing --json are refused before any work."""
-    import subprocess
-
     path = tmp_path / "r.json"
     base = ["inject", "llama", "--train", "--json", str(path), "--quiet"]
     assert main(base + ["--bench", "--providers", "original,dropin"]) == 0
     first = json.loads(path.read_text())
-
-    def run(command, check, stdout):  # the second bench process: process 1's dropin row, twice as slow
-        rows = [dict(r, median_ms=r["median_ms"] * 2) for r in json.loads(path.read_text())["rows"]
-                if r["provider"] == "dropin"]
-        with open(command[command.index("--json") + 1], "w") as f:
-            json.dump({"rows": rows}, f)
-    monkeypatch.setattr(subprocess, "run", run)
+    _later_bench_processes(monkeypatch, path)  # the second bench process: process 1's dropin row, twice as slow
     assert main(base + ["--bench", "--providers", "dropin", "--update", "--processes", "2"]) == 0
     assert main(base + ["--curve", "2", "--update"]) == 0
     saved = json.loads(path.read_text())
