@@ -2,12 +2,15 @@
 and bias vs float64 and the 2x rule (tests/_check.py), the in-place running-statistics update, 2-D / 3-D /
 4-D / 5-D inputs, NCHW / channels_last / strided views, repeat calls through the eager shortcut, every error
 path."""
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import _check
 import dropin.ops as ops
+from dropin import _runtime
 from _check import check
 from _tol import DEVICE, assert_close, gpu
 
@@ -109,6 +112,29 @@ def test_large_mean_and_many_splits():
                                                                        log=log), inputs)
     for (got, want_t, want) in zip(log[0], log[1], log[2]):
         assert_close(got, want.to(got.device), torch.float32, "fwd", torch_out=want_t, what="running statistics")
+
+
+def test_finalize_merges_many_splits_in_steps(monkeypatch):
+    """More splits than the finalize step reads at once (BLOCK_S), the last step ragged: 300 channels_last
+    channels (two finalize programs of 256), the device's SM count raised so that the reduction splits 49 ways;
+    forward and backward."""
+    module = importlib.import_module("dropin.ops.batch_norm")  # (the package's name is the public function)
+    monkeypatch.setattr(_runtime, "num_sms", lambda index=0: 64)
+    made = []
+    real = module.Launch
+
+    def spy(kernel, grid, constexprs, **kwargs):
+        made.append((kernel, grid, constexprs))
+        return real(kernel, grid, constexprs, **kwargs)
+    monkeypatch.setattr(module, "Launch", spy)
+    log = []
+    stats = _stats(300)
+    inputs = {"x": _x((4, 300, 14, 14), layout="channels_last"), **_params(300)}
+    check(_bn(ops.batch_norm, stats, True, log=log), _bn(F.batch_norm, stats, True, log=log), inputs,
+          grad_layout="format")
+    splits = {grid[1] for kernel, grid, _ in made if kernel is module._bn_reduce_kernel}
+    steps = {c["BLOCK_S"] for kernel, _, c in made if kernel is module._bn_finalize_kernel}
+    assert splits == {49} and steps == {16}, (splits, steps)
 
 
 def test_half_running_stats_and_mixed_params():

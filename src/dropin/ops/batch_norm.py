@@ -103,13 +103,14 @@ def _bn_reduce_kernel(x_ptr, dy_ptr, center_ptr, part_ptr,
 def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invstd_ptr, coef_ptr, dwb_ptr,
                         C, P, S, eps, momentum,
                         GRAD: tl.constexpr, TRAINING: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                        UPDATE: tl.constexpr, BLOCK_C: tl.constexpr):
+                        UPDATE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
     """Per channel, grid (channel tiles,), in fp64, each result rounded once to fp32. Forward (GRAD False):
     the mean as center[0] + center[1] and invstd from the S partials (TRAINING, updating running_mean /
     running_var when UPDATE) or from the running statistics; coefficients of y = ((x - hi) - lo) * w * invstd
     + b. Backward (GRAD True): dwb[0] = sum(dy * xhat), dwb[1] = sum(dy), and the coefficients of
     dx = (dy - mean(dy)) * w * invstd - (x - mean) * w * invstd^2 * mean(dy * xhat) (training), or
-    dx = dy * w * invstd (inference). coef[k, c], k: Uh, Ul, A, Vh, Vl, B, Cc (see _bn_apply_kernel)."""
+    dx = dy * w * invstd (inference). coef[k, c], k: Uh, Ul, A, Vh, Vl, B, Cc (see _bn_apply_kernel). The partials
+    are read BLOCK_S splits a step (one split a step, a chain of dependent loads, took ~20 us for 33 splits)."""
     eps = tl.cast(eps, tl.float32)  # (Inductor passes Python floats as fp64)
     momentum = tl.cast(momentum, tl.float32)
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -117,9 +118,11 @@ def _bn_finalize_kernel(part_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, center_ptr, invs
     zero = tl.zeros((BLOCK_C,), tl.float64)
     a = zero
     b = zero
-    for s in range(0, S):
-        a += tl.load(part_ptr + s * C + offs_c, mask=c_ok, other=0.0)
-        b += tl.load(part_ptr + (S + s) * C + offs_c, mask=c_ok, other=0.0)
+    for s in range(0, S, BLOCK_S):
+        rows = s + tl.arange(0, BLOCK_S)
+        mask = (rows < S)[:, None] & c_ok[None, :]
+        a += tl.sum(tl.load(part_ptr + rows[:, None] * C + offs_c[None, :], mask=mask, other=0.0), axis=0)
+        b += tl.sum(tl.load(part_ptr + (S + rows)[:, None] * C + offs_c[None, :], mask=mask, other=0.0), axis=0)
     w = _load_row(w_ptr, 0, offs_c, C, c_ok).to(tl.float64) if HAS_W else zero + 1.0
     uh = zero
     ul = zero
@@ -268,9 +271,11 @@ def _finalize_plan(C: int, P: int, splits: int, w, b, rm, eps: float, momentum: 
     """coef = run(part, w, b, rm, rv, center, invstd, dwb), the coefficients [7, C] for _bn_apply_kernel; part
     None: no partials to merge (inference); None for any other tensor that the flags leave unread."""
     block_c = min(_runtime.next_power_of_2(C), 256)
+    block_s = max(1, min(_runtime.next_power_of_2(splits), 4096 // block_c))
     launch = Launch(_bn_finalize_kernel, (_runtime.cdiv(C, block_c),),
                     dict(GRAD=grad, TRAINING=training, HAS_W=w is not None, HAS_B=b is not None,
-                         UPDATE=training and rm is not None, BLOCK_C=block_c, num_warps=4), traced=traced)
+                         UPDATE=training and rm is not None, BLOCK_S=block_s, BLOCK_C=block_c, num_warps=4),
+                    traced=traced)
     scalars = (C, P, splits, eps, momentum)
 
     def run(part, w, b, rm, rv, center, invstd, dwb):

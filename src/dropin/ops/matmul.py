@@ -437,9 +437,18 @@ def _act_grad_run(grad_y, z, activation: str, bias_grad: bool):
 
 
 def _act_grad_plan(grad_y, activation: str, bias_grad: bool, traced: bool):
-    """`_act_grad_impl`'s launches for grad_y of this signature (not empty): run(grad_y, z) -> (grad_z, grad_bias)."""
+    """`_act_grad_impl`'s launches for grad_y of this signature (not empty): run(grad_y, z) -> (grad_z, grad_bias).
+    A bias gradient alone (activation "none") is torch's sum over the leading dims (strided, no copy): one launch
+    where the kernel's partial sums take two (a CvT-13 training step has 79 such sums; host time counts there)."""
     N = grad_y.shape[-1]
     R = grad_y.numel() // N
+    if activation == "none":
+        rows = tuple(range(grad_y.dim() - 1))  # (a 1-D grad_y is one row: its own sum, copied)
+
+        def column_sum(grad_y, z):
+            grad_bias = (grad_y.sum(rows) if rows else grad_y.clone()) if bias_grad else grad_y.new_empty(0)
+            return grad_y.new_empty(0), grad_bias
+        return column_sum
     g2 = grad_y.reshape(R, N)
     block_r, block_n = 32, min(128, _runtime.next_power_of_2(N))
     n_blocks = _runtime.cdiv(N, block_n)
