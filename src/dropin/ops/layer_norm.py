@@ -260,17 +260,20 @@ def _fwd_impl(x, n_last: int, w, b, eps: float, stats: bool = True, traced: bool
     return y, *_fwd_planned(x, n_last, w, b, eps, stats, traced)[0](x, w, b, y)
 
 
-def _bwd_config(n: int) -> dict:
+def _bwd_config(n: int, dy_strided: bool) -> dict:
     """`_ln_bwd_kernel`'s launch settings for rows of n elements: up to 32 whole rows a program, 8192 elements (4096
-    for rows of 512-1024), on 4 warps; rows of 2048-4096 one a program (8 warps at 4096); longer rows as
-    `row_config`. A CUDA-graph sweep on an H200 (probes/ln_backward_configs.py, bf16) found these 1.6-4.5x faster
-    than row_config's 2048 elements on 8 warps at CvT-13's [200704, 64] and [50176, 192] (a warp holding whole rows
-    keeps the row sums within it), 4.2x at [12608, 384] with dy contiguous but 0.78x with dy a permuted NCHW map
-    (row_config's pick is that layout's best), 1.55x at [4096, 4096]."""
+    for rows of 512-1024), on 4 warps; rows of 2048-4096 one a program (8 warps at 4096); where dy's rows are not
+    contiguous (dy_strided: a permuted NCHW map) and hold 512+ elements, 4 rows on 8 warps; longer rows as
+    `row_config`. A CUDA-graph sweep on an H200 (probes/ln_backward_configs.py, bf16, each setting against
+    row_config's 2048 elements on 8 warps): 1.6-4.5x at CvT-13's [200704, 64] and [50176, 192] (a warp holding
+    whole rows keeps the row sums within it), 4.2x at [12608, 384] with dy contiguous (with dy permuted
+    row_config's pick is that layout's best), 1.55x (contiguous) and 1.75x (permuted) at [4096, 4096]."""
     cfg = row_config(n)
     block_n = cfg["BLOCK_N"]
     if block_n > 4096:
         return cfg
+    if dy_strided and block_n >= 512:
+        return dict(BLOCK_M=4, BLOCK_N=block_n, num_warps=8)
     if block_n <= 1024:
         return dict(BLOCK_M=min(32, (8192 if block_n <= 256 else 4096) // block_n), BLOCK_N=block_n, num_warps=4)
     return dict(BLOCK_M=1, BLOCK_N=block_n, num_warps=4 if block_n <= 2048 else 8)
@@ -286,7 +289,7 @@ def _bwd_plan(dy, x, n_last: int, w, wb_dtype: Optional[torch.dtype], traced: bo
     M = x.numel() // max(N, 1)
     if long_row(N):
         return _bwd_long_plan(w, M, N, copies_x, copies_dy, (M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn), need_wb, traced)
-    cfg = _bwd_config(N)
+    cfg = _bwd_config(N, sdn != 1)
     G = min(_runtime.cdiv(M, cfg["BLOCK_M"]), 4 * _runtime.num_sms(x.device.index or 0))
     launch = Launch(_ln_bwd_kernel, (G,), dict(HAS_W=w is not None, PARTIALS=need_wb, **cfg), traced=traced)
     scalars = (M, N, M1x, sx0, sx1, sxn, M1d, sd0, sd1, sdn)
