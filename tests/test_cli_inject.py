@@ -362,8 +362,8 @@ def test_bench_processes_write_what_they_measured(monkeypatch, tmp_path, capsys)
     path = tmp_path / "rows.json"
     seen = []
     _later_bench_processes(monkeypatch, path, seen)
-    assert main(["inject", "llama", "--train", "--bench", "--processes", "3", "--providers", "original,dropin",
-                 "--json", str(path), "--quiet"]) == 0
+    assert main(["inject", "llama", *TINY_LLAMA, "--train", "--bench", "--processes", "3", "--providers",
+                 "original,dropin", "--json", str(path), "--quiet"]) == 0
     assert [s["partial"] for s in seen] == ["not run (the command did not finish): 2 of 3 bench processes",
                                             "not run (the command did not finish): 1 of 3 bench processes"]
     assert [len(s["rows"][1]["process_median_ms"]) for s in seen] == [1, 2]
@@ -377,7 +377,7 @@ def test_update_merges_a_bench_measured_in_parts(tmp_path, capsys, monkeypatch):
     env.parts lists each run once (its partial writes, one per bench process, merge into the file as the run found
     it); a file of another model config and a missing --json are refused before any work."""
     path = tmp_path / "r.json"
-    base = ["inject", "llama", "--train", "--json", str(path), "--quiet"]
+    base = ["inject", "llama", *TINY_LLAMA, "--train", "--json", str(path), "--quiet"]
     assert main(base + ["--bench", "--providers", "original,dropin"]) == 0
     first = json.loads(path.read_text())
     _later_bench_processes(monkeypatch, path)  # the second bench process: process 1's dropin row, twice as slow
