@@ -557,6 +557,7 @@ MM_OPS = [  # (id, batch, m, k, n, dtype, layout, bias, activation, save_preact,
     ("empty", 2, 0, 24, 16, torch.float32, "nn", True, "silu", True, None),
     ("tf32", 2, 24, 40, 16, torch.float32, "tt", True, "none", True, "tf32"),
     ("tma-fp16", 2, 64, 64, 64, torch.float16, "nt", True, "silu", True, "tma"),
+    ("tma-odd-fp16", 2, 40, 37, 27, torch.float16, "nt", True, "silu", True, "tma-odd"),
     ("splitk-fp16", 1, 24, 300, 40, torch.float16, "nn", True, "silu", True, "splitk"),
 ]
 
@@ -568,12 +569,14 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
     """Schema, fake and dynamic-shape tracing of dropin::mm (what torch.compile sees) in each kernel family:
     pointer (strided and broadcast operands), CUDA-core (one row), tf32 rounded in the kernel and through operand
     copies (forced: small products round in the kernel), TMA (offered as on Hopper: under the interpreter its
-    descriptors are emulated), split K (forced)."""
+    descriptors are emulated; with odd sizes on aligned copies, forced), split K (forced)."""
     allow_tf32(str(path).startswith("tf32"))
     if path == "tf32-copies":
         monkeypatch.setattr(_mm_module, "_tf32_copies_pay", lambda M, N: True)
-    if path == "tma":
+    if path in ("tma", "tma-odd"):
         monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
+    if path == "tma-odd":
+        monkeypatch.setattr(_mm_module, "_aligned_copies_pay", lambda batch, M, N, K, size: True)
     if path == "splitk":
         real_pick = _mm_module._autotune.pick
         split = dict(_mm_module._PTR_CONFIGS[2][-1], KERNEL="ptr")
@@ -583,6 +586,33 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
     a, b = _mm_operands(batch, m, k, n, dtype, layout)
     _check.opcheck(torch.ops.dropin.mm.default, a, b, randn(n, dtype=dtype) if bias else None, activation,
                    save_preact)
+
+
+def test_tma_kernel_on_odd_shapes(monkeypatch):
+    """Offered as on Hopper, a 16-bit product whose rows are not 16-byte aligned (K = 37, N = 27: no descriptor
+    takes them) runs the TMA kernel on aligned copies of its operands (`_aligned_copies_pay` forced: products this
+    small keep the pointer kernel) and stores C, Z and the gradients through pointers (C_PTR): linear + bias +
+    silu, forward and backward, against float64. The copies pay only for large products, and fit COPY_WORKSPACE."""
+    pay = _mm_module._aligned_copies_pay
+    assert not pay(1, 66, 27, 37, 2) and pay(1, 4093, 4099, 4091, 2)
+    assert not pay(1, 4093, 4099, 4091, 4)  # (fp32: tf32 copies or the pointer kernel)
+    assert not pay(1, 32768, 32768, 2047, 2) and not pay(4, 4093, 4099, 4091, 2)  # (256 MiB of copies)
+    monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
+    monkeypatch.setattr(_mm_module, "_aligned_copies_pay", lambda batch, M, N, K, size: True)
+    made = []
+    real = _mm_module.Launch
+
+    def spy(kernel, grid, constexprs, **kwargs):
+        made.append((kernel, constexprs))
+        return real(kernel, grid, constexprs, **kwargs)
+    monkeypatch.setattr(_mm_module, "Launch", spy)
+    _mm_module._plans.clear()
+    try:
+        check(dropin_linear("silu"), torch_linear("silu"), linear_leaves((2, 33, 37), 27, torch.float16))
+    finally:
+        _mm_module._plans.clear()
+    tma = [c for kernel, c in made if kernel is _mm_module.mm_tma_kernel]
+    assert len(tma) == 3 and all(c["C_PTR"] for c in tma), tma  # (forward, input and weight gradients)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])

@@ -96,7 +96,7 @@ def _tf32_split(x):
 @triton.jit
 def dot(a, b, PRECISION: tl.constexpr):
     """a @ b in fp32. PRECISION "tf32" rounds the operands first (see round_tf32); "tf32_rounded": they already
-    are (matmul's `_tf32_operand` copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo
+    are (matmul's `_operand_copy` copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo
     + a_hi @ b_hi of the operands' _tf32_split (small terms first, non-finite ones dropped; a_lo @ b_lo, under
     2^-22 of a product, dropped); "ieee": fp32 FMAs."""
     if PRECISION == "tf32":

@@ -3,8 +3,9 @@
 Every product is brought to one canonical form, C[b] = act(A[b] @ B[b] + bias), A: [B, M, K] and
 B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp32 by one of two kernels:
 - `mm_tma_kernel` (Hopper): persistent grid, TMA tensor descriptors, wgmma. Needs each operand to have
-  one unit stride among its two matrix dims and 16-byte aligned other strides, and K <= `_gemm.ACC_K` (one
-  MMA accumulator's reduction); A and B may each be row- or column-major.
+  one unit stride among its two matrix dims and 16-byte aligned other strides (16-bit operands of odd sizes are
+  copied so, where the copies pay: `_aligned_copies_pay`), and K <= `_gemm.ACC_K` (one MMA accumulator's
+  reduction); A and B may each be row- or column-major; C rows not 16-byte aligned are stored through pointers.
 - `mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
 float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise true fp32:
 tf32x3 on the tensor cores for long reductions (`_gemm.precision`), fp32 FMAs for short ones and under the interpreter.
@@ -133,7 +134,12 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
     if precision == "tf32" and K > 0 and _tf32_copies_pay(a.shape[1], b.shape[2]):
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)
-        a, b, precision = _tf32_operand(a, 2, traced), _tf32_operand(b, 1, traced), "tf32_rounded"
+        a, b, precision = _operand_copy(a, 2, True, traced), _operand_copy(b, 1, True, traced), "tf32_rounded"
+    elif (tma is None and _runtime.is_hopper(a.device.index or 0) and 0 < _runtime.size_hint(K) <= _gemm.ACC_K.value
+          and (_tma_layout(a, traced) is None or _tma_layout(b, traced) is None)
+          and _aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size())):
+        a = a if _tma_layout(a, traced) is not None else _operand_copy(a, 2, False, traced)
+        b = b if _tma_layout(b, traced) is not None else _operand_copy(b, 1, False, traced)
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, aligned(a, traced), aligned(b, traced),
            None if bias is None else aligned(bias, traced), activation, save_preact, precision, tma)
     run = plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced),
@@ -296,7 +302,7 @@ class ProductShortcut(Differentiable):
 
 
 def _tf32_copies_pay(M, N) -> bool:
-    """Whether a tf32 product of M x N outputs copies its operands rounded (`_tf32_operand`) rather than rounding
+    """Whether a tf32 product of M x N outputs copies its operands rounded (`_operand_copy`) rather than rounding
     every tile in the kernel. The copies move 8 (MK + KN) bytes (~3.5 TB/s), and save about 1.5 of the product's
     2MNK FLOPs at tf32's ~370 TFLOP/s (tiles rounded in registers run at 0.38x cuBLAS, copied ones at 0.82x): they
     pay where 1/M + 1/N < 1/300. Below that (few rows, small batched products) the product is bound by memory or
@@ -305,12 +311,34 @@ def _tf32_copies_pay(M, N) -> bool:
     return M > 0 and N > 0 and 300 * (M + N) < M * N
 
 
-def _tf32_operand(t: torch.Tensor, k_dim: int, traced: bool = False) -> torch.Tensor:
-    """A copy of t [batch, R, C] rounded to tf32, with dimension k_dim (1 or 2) contiguous."""
+# The most memory that the aligned copies of a 16-bit product's operands may take (`_aligned_copies`).
+COPY_WORKSPACE = 128 << 20
+
+
+def _aligned_copies_pay(batch, M, N, K, size: int) -> bool:
+    """Whether a 16-bit product whose operands a TMA descriptor cannot read (a row of K elements not 16-byte
+    aligned: odd sizes) copies them aligned for the TMA kernel rather than running the pointer kernel, which took
+    0.64-0.68x cuBLAS on such products (H200, results/h200/matmul.json). The copies move 4 (MK + KN) bytes (~3.5
+    TB/s) to save about a third of the product's 2MNK FLOPs at ~700 TFLOP/s: they pay where 1/M + 1/N < 1/1100,
+    and are taken where they fit COPY_WORKSPACE."""
+    batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
+    return (size == 2 and M > 0 and N > 0 and 1100 * (M + N) < M * N
+            and batch * (M + N) * (K + 8) * size <= COPY_WORKSPACE)
+
+
+def _operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = False) -> torch.Tensor:
+    """A copy of t [batch, R, C] (rounded to tf32 with round_tf32) with dimension k_dim (1 or 2) contiguous and the
+    other's stride padded to 16 bytes, as a TMA descriptor reads it (the padding is never read)."""
     batch, R, C = t.shape
-    y = t.new_empty((batch, R, C)) if k_dim == 2 else torch.empty_strided((batch, R, C), (R * C, 1, R),
-                                                                         device=t.device, dtype=t.dtype)
-    grid, meta = _gemm.operand_copy_launch(R, C, batch, True)
+    unit = 16 // t.element_size()
+    if k_dim == 2:
+        outer = _runtime.cdiv(C, unit) * unit
+        strides = (R * outer, outer, 1)
+    else:
+        outer = _runtime.cdiv(R, unit) * unit
+        strides = (C * outer, 1, outer)
+    y = torch.empty_strided((batch, R, C), strides, device=t.device, dtype=t.dtype)
+    grid, meta = _gemm.operand_copy_launch(R, C, batch, round_tf32)
     launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), traced=traced, **meta)
     return y
 
@@ -348,8 +376,8 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     tuned = tma is None
     if tuned:
         tma = (_runtime.is_hopper(a.device.index or 0) and 0 < _runtime.size_hint(K) <= _gemm.ACC_K.value
-               and a_layout is not None and b_layout is not None and (N * size) % 16 == 0)  # (longer K: the
-        # pointer kernels, whose loops add each ACC_K-long share to an fp32 total)
+               and a_layout is not None and b_layout is not None)  # (longer K: the pointer kernels, whose loops
+        # add each ACC_K-long share to an fp32 total)
         ptr = not tma or min(_runtime.size_hint(M), _runtime.size_hint(N)) <= 64 or size == 4  # (tunes only)
     else:
         ptr = not tma
@@ -382,7 +410,8 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
             programs = cfg.pop("OCC", 1) * _runtime.num_sms(a.device.index or 0)
             grid = (min(programs, batch * tiles),)
             scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
-            meta = dict(epilogue, GROUP_M=8, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs)
+            meta = dict(epilogue, GROUP_M=8, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs,
+                        C_PTR=(N * size) % 16 != 0)
             meta.update(cfg)
             launch = Launch(mm_tma_kernel, grid, meta, scratch=True, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)

@@ -168,10 +168,12 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                    A_T: tl.constexpr, B_T: tl.constexpr,
                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                   NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, C_PTR: tl.constexpr = False):
     """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles.
     A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
-    likewise B [BATCH, K, N] (B_T: [BATCH, N, K])."""
+    likewise B [BATCH, K, N] (B_T: [BATCH, N, K]). C (and Z) contiguous [BATCH, M, N], stored through
+    descriptors, or with C_PTR (rows of N elements not 16-byte aligned, which a descriptor cannot take) through
+    masked pointer stores."""
     if A_T:
         a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, K, M], [stride_ab, stride_a, 1], [1, BLOCK_K, BLOCK_M])
     else:
@@ -180,9 +182,10 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, N, K], [stride_bb, stride_b, 1], [1, BLOCK_N, BLOCK_K])
     else:
         b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, K, N], [stride_bb, stride_b, 1], [1, BLOCK_K, BLOCK_N])
-    c_desc = tl.make_tensor_descriptor(c_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
-    if STORE_Z:
-        z_desc = tl.make_tensor_descriptor(z_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
+    if not C_PTR:
+        c_desc = tl.make_tensor_descriptor(c_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
+        if STORE_Z:
+            z_desc = tl.make_tensor_descriptor(z_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     tiles = num_pid_m * num_pid_n
@@ -211,11 +214,20 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         batch_c = tile_c // tiles
         pid_m, pid_n = tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)
         acc = _add_bias(acc, bias_ptr, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N, HAS_BIAS)
-        if STORE_Z:
-            z_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N],
-                         acc.to(z_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
         c = apply_activation(acc, ACT).to(c_ptr.dtype.element_ty)
-        c_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N], c.reshape(1, BLOCK_M, BLOCK_N))
+        if C_PTR:
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            offs = batch_c.to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+            if STORE_Z:
+                tl.store(z_ptr + offs, acc.to(z_ptr.dtype.element_ty), mask=mask)
+            tl.store(c_ptr + offs, c, mask=mask)
+        else:
+            if STORE_Z:
+                z_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N],
+                             acc.to(z_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
+            c_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N], c.reshape(1, BLOCK_M, BLOCK_N))
 
 
 @triton.jit
