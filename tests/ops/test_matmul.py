@@ -576,7 +576,7 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
     if path in ("tma", "tma-odd"):
         monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
     if path == "tma-odd":
-        monkeypatch.setattr(_mm_module, "_aligned_copies_pay", lambda batch, M, N, K, size: True)
+        monkeypatch.setattr(_mm_module, "_aligned_copies_pay", lambda batch, M, N, K, size, precision: True)
     if path == "splitk":
         real_pick = _mm_module._autotune.pick
         split = dict(_mm_module._PTR_CONFIGS[2][-1], KERNEL="ptr")
@@ -588,17 +588,20 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
                    save_preact)
 
 
-def test_tma_kernel_on_odd_shapes(monkeypatch):
-    """Offered as on Hopper, a 16-bit product whose rows are not 16-byte aligned (K = 37, N = 27: no descriptor
-    takes them) runs the TMA kernel on aligned copies of its operands (`_aligned_copies_pay` forced: products this
-    small keep the pointer kernel) and stores C, Z and the gradients through pointers (C_PTR): linear + bias +
-    silu, forward and backward, against float64. The copies pay only for large products, and fit COPY_WORKSPACE."""
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_tma_kernel_on_odd_shapes(dtype, monkeypatch):
+    """Offered as on Hopper, a product whose rows are not 16-byte aligned (K = 37, N = 27: no descriptor takes
+    them) runs the TMA kernel on aligned copies of its operands (`_aligned_copies_pay` forced: products this small
+    keep the pointer kernel) and stores C, Z and the gradients through pointers (C_PTR): linear + bias + silu,
+    forward and backward, against float64. The copies pay only for large products (16-bit, or fp32 as tf32x3), and
+    fit COPY_WORKSPACE."""
     pay = _mm_module._aligned_copies_pay
-    assert not pay(1, 66, 27, 37, 2) and pay(1, 4093, 4099, 4091, 2)
-    assert not pay(1, 4093, 4099, 4091, 4)  # (fp32: tf32 copies or the pointer kernel)
-    assert not pay(1, 32768, 32768, 2047, 2) and not pay(4, 4093, 4099, 4091, 2)  # (256 MiB of copies)
+    assert not pay(1, 66, 27, 37, 2, "ieee") and pay(1, 4093, 4099, 4091, 2, "ieee")
+    assert pay(1, 1000, 1000, 999, 4, "tf32x3") and not pay(1, 1000, 1000, 999, 2, "ieee")
+    assert not pay(1, 4093, 4099, 4091, 4, "tf32") and not pay(1, 4093, 4099, 4091, 4, "ieee")
+    assert not pay(1, 32768, 32768, 2047, 2, "ieee") and not pay(4, 4093, 4099, 4091, 2, "ieee")  # (256 MiB)
     monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
-    monkeypatch.setattr(_mm_module, "_aligned_copies_pay", lambda batch, M, N, K, size: True)
+    monkeypatch.setattr(_mm_module, "_aligned_copies_pay", lambda batch, M, N, K, size, precision: True)
     made = []
     real = _mm_module.Launch
 
@@ -608,7 +611,7 @@ def test_tma_kernel_on_odd_shapes(monkeypatch):
     monkeypatch.setattr(_mm_module, "Launch", spy)
     _mm_module._plans.clear()
     try:
-        check(dropin_linear("silu"), torch_linear("silu"), linear_leaves((2, 33, 37), 27, torch.float16))
+        check(dropin_linear("silu"), torch_linear("silu"), linear_leaves((2, 33, 37), 27, dtype))
     finally:
         _mm_module._plans.clear()
     tma = [c for kernel, c in made if kernel is _mm_module.mm_tma_kernel]

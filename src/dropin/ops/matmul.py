@@ -137,7 +137,7 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
         a, b, precision = _operand_copy(a, 2, True, traced), _operand_copy(b, 1, True, traced), "tf32_rounded"
     elif (tma is None and _runtime.is_hopper(a.device.index or 0) and 0 < _runtime.size_hint(K) <= _gemm.ACC_K.value
           and (_tma_layout(a, traced) is None or _tma_layout(b, traced) is None)
-          and _aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size())):
+          and _aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)):
         a = a if _tma_layout(a, traced) is not None else _operand_copy(a, 2, False, traced)
         b = b if _tma_layout(b, traced) is not None else _operand_copy(b, 1, False, traced)
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, aligned(a, traced), aligned(b, traced),
@@ -315,15 +315,17 @@ def _tf32_copies_pay(M, N) -> bool:
 COPY_WORKSPACE = 128 << 20
 
 
-def _aligned_copies_pay(batch, M, N, K, size: int) -> bool:
-    """Whether a 16-bit product whose operands a TMA descriptor cannot read (a row of K elements not 16-byte
-    aligned: odd sizes) copies them aligned for the TMA kernel rather than running the pointer kernel, which took
-    0.64-0.68x cuBLAS on such products (H200, results/h200/matmul.json). The copies move 4 (MK + KN) bytes (~3.5
-    TB/s) to save about a third of the product's 2MNK FLOPs at ~700 TFLOP/s: they pay where 1/M + 1/N < 1/1100,
-    and are taken where they fit COPY_WORKSPACE."""
+def _aligned_copies_pay(batch, M, N, K, size: int, precision: str) -> bool:
+    """Whether a product whose operands a TMA descriptor cannot read (a row of K elements not 16-byte aligned: odd
+    sizes) copies them aligned for the TMA kernel rather than running the pointer kernel, which took 0.64-0.68x
+    cuBLAS on 16-bit products of such sizes and 0.50x on fp32's tf32x3 (H200, results/h200/matmul.json; aligned,
+    the TMA kernel took 0.91-1.09x). 16-bit: the copies move 4 (MK + KN) bytes (~3.5 TB/s) to save about a third
+    of the product's 2MNK FLOPs at ~700 TFLOP/s: they pay where 1/M + 1/N < 1/1100. tf32x3 runs at ~46 TFLOP/s
+    and moves 8 bytes an element: 1/M + 1/N < 1/150. Taken where they fit COPY_WORKSPACE."""
     batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
-    return (size == 2 and M > 0 and N > 0 and 1100 * (M + N) < M * N
-            and batch * (M + N) * (K + 8) * size <= COPY_WORKSPACE)
+    ratio = {2: 1100, 4: 150 if precision == "tf32x3" else 0}.get(size, 0)
+    return (ratio > 0 and M > 0 and N > 0 and ratio * (M + N) < M * N
+            and batch * (M + N) * (K + 16 // size) * size <= COPY_WORKSPACE)
 
 
 def _operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = False) -> torch.Tensor:
