@@ -67,6 +67,8 @@ def raw_launcher(compiled, grid: tuple):
         buffer = torch.empty(scratch, dtype=torch.int8, device=device)
         launch(gx, gy, gz, stream, function, coop, pdl, buffer, None, packed, metadata, enter, leave, *args)
     return run_with_scratch
+
+
 # Triton's AsyncCompileMode (3.6 to 3.8): within it a kernel's compile goes to an executor and a warm-up returns at
 # once; ops/_autotune compiles a tuning's candidates side by side through it. None elsewhere (compiled one by one).
 try:

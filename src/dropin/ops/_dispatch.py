@@ -316,15 +316,25 @@ class Launch:
         self.compiled = self.raw = None
 
     def __call__(self, *args):
-        raw = self.raw
-        if raw is not None:  # (the compiled kernel's C launcher, `_runtime.raw_launcher`)
-            hooks = triton.knobs.runtime
-            enter, leave = _active(hooks.launch_enter_hook), _active(hooks.launch_exit_hook)
-            stream = torch._C._cuda_getCurrentRawStream(self.device)
-            metadata = None if enter is None and leave is None else \
-                self.compiled.launch_metadata(self.grid, stream, *args)
-            raw(stream, metadata, enter, leave, *args, *self.tail)
+        compiled = self.compiled
+        if compiled is None:
+            self._first(*args)
             return
+        stream = torch._C._cuda_getCurrentRawStream(self.device)
+        hooks = triton.knobs.runtime
+        enter, leave = _active(hooks.launch_enter_hook), _active(hooks.launch_exit_hook)
+        metadata = None if enter is None and leave is None else compiled.launch_metadata(self.grid, stream, *args)
+        if self.raw is not None:  # (the compiled kernel's C launcher, `_runtime.raw_launcher`)
+            self.raw(stream, metadata, enter, leave, *args, *self.tail)
+            return
+        if self.scratch:
+            triton.set_allocator(_fresh_scratch)
+        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
+                     *args, *self.tail)
+
+    def _first(self, *args):
+        """A traced launch, a tuning's warm-up, or the first eager launch (which keeps the compiled kernel where a
+        direct launch applies)."""
         if self.scratch:
             triton.set_allocator(_fresh_scratch)
         if self.traced:
@@ -335,24 +345,15 @@ class Launch:
                         if p.name not in self.constexprs and p.default is not inspect.Parameter.empty}
             wrap_triton(self.kernel)[self.grid](*args, **defaults, **self.constexprs)
             return
-        compiled = self.compiled
-        if compiled is None:
-            if _autotune.warming_up():  # (a tuning's candidates compiled side by side: `_autotune._precompile`)
-                self.kernel.warmup(*args, grid=self.grid, **self.constexprs)
-                return
-            compiled = self.kernel[self.grid](*args, **self.constexprs)
-            if _runtime.DIRECT_LAUNCH and not _runtime.INTERPRET:
-                self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
-                self.device = torch.cuda.current_device()
-                self.compiled = compiled
-                self.raw = _runtime.raw_launcher(compiled, self.grid)
+        if _autotune.warming_up():  # (a tuning's candidates compiled side by side: `_autotune._precompile`)
+            self.kernel.warmup(*args, grid=self.grid, **self.constexprs)
             return
-        stream = torch._C._cuda_getCurrentRawStream(self.device)
-        hooks = triton.knobs.runtime
-        enter, leave = _active(hooks.launch_enter_hook), _active(hooks.launch_exit_hook)
-        metadata = None if enter is None and leave is None else compiled.launch_metadata(self.grid, stream, *args)
-        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
-                     *args, *self.tail)
+        compiled = self.kernel[self.grid](*args, **self.constexprs)
+        if _runtime.DIRECT_LAUNCH and not _runtime.INTERPRET:
+            self.tail = tuple(self.constexprs.get(p.name, p.default) for p in self.kernel.params[len(args):])
+            self.device = torch.cuda.current_device()
+            self.compiled = compiled
+            self.raw = _runtime.raw_launcher(compiled, self.grid)
 
 
 _launches: dict = {}
