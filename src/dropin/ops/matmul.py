@@ -311,7 +311,7 @@ def _tf32_copies_pay(M, N) -> bool:
     return M > 0 and N > 0 and 300 * (M + N) < M * N
 
 
-# The most memory that the aligned copies of a 16-bit product's operands may take (`_aligned_copies`).
+# The most memory that the aligned copies of a product's operands may take (`_aligned_copies_pay`).
 COPY_WORKSPACE = 128 << 20
 
 

@@ -129,6 +129,7 @@ def _conv_fwd_rows_kernel(xp_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
              co, m_ok, n_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
 
+
 @triton.jit
 def _phase_taps(p, PAD: tl.constexpr, DIL: tl.constexpr, STRIDE: tl.constexpr, K, TAP_STEP: tl.constexpr):
     """The taps of one spatial axis that reach input positions p + STRIDE * i from output positions: those k with
