@@ -106,6 +106,12 @@ def _tma_layout(t: torch.Tensor, traced: bool = False):
     return transposed, outer, sb
 
 
+def _tma_takes(a, K) -> bool:
+    """Whether the TMA kernel runs on a's device (Hopper) and takes a reduction of K: one MMA accumulator's (longer
+    K runs the pointer kernels, whose loops add each ACC_K-long share to an fp32 total)."""
+    return _runtime.is_hopper(a.device.index or 0) and 0 < _runtime.size_hint(K) <= _gemm.ACC_K.value
+
+
 _plans: dict = {}
 
 
@@ -135,9 +141,8 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)
         a, b, precision = _operand_copy(a, 2, True, traced), _operand_copy(b, 1, True, traced), "tf32_rounded"
-    elif (tma is None and _runtime.is_hopper(a.device.index or 0) and 0 < _runtime.size_hint(K) <= _gemm.ACC_K.value
-          and (_tma_layout(a, traced) is None or _tma_layout(b, traced) is None)
-          and _aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)):
+    elif (tma is None and _aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)
+          and _tma_takes(a, K)):
         a = a if _tma_layout(a, traced) is not None else _operand_copy(a, 2, False, traced)
         b = b if _tma_layout(b, traced) is not None else _operand_copy(b, 1, False, traced)
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, aligned(a, traced), aligned(b, traced),
@@ -377,9 +382,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     a_layout, b_layout = _tma_layout(a, traced), _tma_layout(b, traced)
     tuned = tma is None
     if tuned:
-        tma = (_runtime.is_hopper(a.device.index or 0) and 0 < _runtime.size_hint(K) <= _gemm.ACC_K.value
-               and a_layout is not None and b_layout is not None)  # (longer K: the pointer kernels, whose loops
-        # add each ACC_K-long share to an fp32 total)
+        tma = _tma_takes(a, K) and a_layout is not None and b_layout is not None
         ptr = not tma or min(_runtime.size_hint(M), _runtime.size_hint(N)) <= 64 or size == 4  # (tunes only)
     else:
         ptr = not tma
