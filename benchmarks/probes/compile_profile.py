@@ -40,6 +40,16 @@ def _profile(label: str, run, iters: int = 5) -> None:
         run()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / iters * 1e3
+    kernels = kernel_times(run, iters)
+    gpu = sum(ms for _, ms in kernels.values())
+    print(f"\n{label}: wall {wall:.2f} ms a call, GPU kernels {gpu:.2f} ms")
+    for name, (count, ms) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]:
+        print(f"  {ms:8.3f} ms  x{count:<4d} {name[:110]}")
+
+
+def kernel_times(run, iters: int) -> dict:
+    """{GPU kernel name: (launches, ms) a call} over `iters` calls of run (warmed up by the caller) under the torch
+    profiler."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             run()
@@ -49,10 +59,7 @@ def _profile(label: str, run, iters: int = 5) -> None:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             count, total = kernels.get(e.name, (0, 0.0))
             kernels[e.name] = (count + 1, total + e.device_time / 1e3)
-    gpu = sum(total for _, total in kernels.values()) / iters
-    print(f"\n{label}: wall {wall:.2f} ms a call, GPU kernels {gpu:.2f} ms")
-    for name, (count, total) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]:
-        print(f"  {total / iters:8.3f} ms  x{count // iters:<4d} {name[:110]}")
+    return {name: (count // iters, total / iters) for name, (count, total) in kernels.items()}
 
 
 def main():
