@@ -4,6 +4,7 @@ Every check is a relative error ||out - ref|| / ||ref|| against a float64 refere
 own output in the same dtype is given) at most 2x PyTorch's own error against that same reference.
 conftest.py has already switched the Triton interpreter on when there is no CUDA device.
 """
+import itertools
 import math
 import os
 
@@ -20,6 +21,19 @@ gpu = pytest.mark.gpu
 # A sweep that `make test-gpu` leaves to `make test-gpu-slow`: a faster test covers the same code path (on the CPU
 # every test runs).
 slow = pytest.mark.slow
+
+
+def sweep(*axes, default):
+    """The full product of `axes` (each a list of pytest.param: one value and an id), as stacked parametrize
+    decorators would make it (ids joined with '-', the first axis first; each value's own marks kept), with the
+    combinations for which `default(*indices)` is false marked `slow`: a pairwise cover runs in `make test-gpu`,
+    every combination in `make test-gpu` plus `make test-gpu-slow` (and on the CPU)."""
+    params = []
+    for idx in itertools.product(*(range(len(axis)) for axis in axes)):
+        ps = [axis[i] for axis, i in zip(axes, idx)]
+        marks = [m for p in ps for m in p.marks] + ([] if default(*idx) else [slow])
+        params.append(pytest.param(*(v for p in ps for v in p.values), id="-".join(p.id for p in ps), marks=marks))
+    return params
 
 # The activations the products' and convolutions' epilogue tests run (None: none), against
 # dropin.ops.activations.activation_ref (torch's functions).

@@ -474,8 +474,8 @@ def test_rows_after_a_device_error_run_in_a_fresh_process(capsys, tmp_path, monk
 
     monkeypatch.setattr(models, "_provider_step", faulty)
     path = tmp_path / "r.json"
-    assert main(["inject", "llama", "--train", "--bench", "--providers", "original,dropin", "--curve", "2",
-                 "--json", str(path)]) == 0
+    assert main(["inject", "llama", *TINY_LLAMA, "--train", "--bench", "--providers", "original,dropin", "--curve",
+                 "2", "--json", str(path)]) == 0  # (the fresh process gets the same model flags)
     assert "unusable; dropin, the loss curves run again in a fresh process" in capsys.readouterr().err
     result = json.loads(path.read_text())
     original, dropin_row = result["rows"]

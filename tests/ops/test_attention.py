@@ -15,11 +15,17 @@ import torch.nn.functional as F
 
 import _check
 import dropin
-from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, slow
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, slow, sweep
 
 # fp16 on the CPU where its path differs (lengths, masks, padding and empty rows, TMA, default configs);
 # elsewhere fp32 only there, to keep the interpreter's run short: every dtype on the GPU.
 DTYPES_LIGHT = [DTYPES[0], pytest.param(torch.float16, id="fp16", marks=gpu), DTYPES[2]]
+CAUSAL = [pytest.param(False, id="full"), pytest.param(True, id="causal")]
+KINDS = [pytest.param("bool", id="bool"), pytest.param("float", id="float")]
+
+
+def ids(values):
+    return [pytest.param(v, id=str(v)) for v in values]
 
 attn = importlib.import_module("dropin.ops.attention")  # dropin.ops.attention is also the function
 
@@ -80,9 +86,10 @@ LONG_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", SHAPES)
+# Pairwise in `make test-gpu`: each shape full and causal, each in its own dtype (two dtypes a shape), every dtype
+# full and causal; the tile walk over the lengths is the same in every dtype. The other combinations are slow.
+@pytest.mark.parametrize("shape,causal,dtype", sweep(SHAPES, CAUSAL, DTYPES,
+                                                     default=lambda s, c, d: d == (s + 2 * c) % 3))
 def test_lengths(shape, causal, dtype):
     B, H, Lq, Lk, E = shape
     check(qkv(B, H, H, Lq, Lk, E, dtype), is_causal=causal)
@@ -99,8 +106,14 @@ def test_long_lengths(shape, causal, dtype):
     check(qkv(B, H, H, Lq, Lk, E, dtype), is_causal=causal)
 
 
-@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
-@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 256, 8, 40])
+HEAD_DIMS = [32, 64, 80, 96, 128, 256, 8, 40]
+
+
+# fp32 at head dims other than 40 is slow: the padded head dims take the same padded-head-dim tile walk as the
+# 16-bit ones (fp32's own padded walk runs at d40), and on the GPU (untuned: the first candidate) fp32 at
+# d64 / d128 / d256 runs causal in test_default_configs, with the same configs on longer lengths.
+@pytest.mark.parametrize("head_dim,dtype", sweep(ids(HEAD_DIMS), DTYPES_LIGHT,
+                                                 default=lambda e, d: d != 0 or HEAD_DIMS[e] == 40))
 def test_head_dims(head_dim, dtype):
     check(qkv(1, 2, 2, 40, 36, head_dim, dtype), is_causal=True)
 
@@ -138,9 +151,10 @@ def random_mask(shape, kind, dtype):
     return randn(*shape, dtype=dtype if kind == "q-dtype" else torch.float32)
 
 
-@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
-@pytest.mark.parametrize("kind", ["bool", "float"])
-@pytest.mark.parametrize("mask_shape", MASK_SHAPES)
+# Pairwise in `make test-gpu`: each broadcast shape as a bool and as a float mask, each in its own dtype (two
+# dtypes a shape), every (kind, dtype); a mask's strides do not depend on q's dtype. The others are slow.
+@pytest.mark.parametrize("mask_shape,kind,dtype", sweep(ids(MASK_SHAPES), KINDS, DTYPES_LIGHT,
+                                                        default=lambda m, k, d: d == (m + 2 * k) % 3))
 def test_masks(mask_shape, kind, dtype):
     check(qkv(2, 3, 3, 20, 40, 32, dtype), attn_mask=random_mask(MASK_SHAPES[mask_shape], kind, dtype))
 
@@ -188,10 +202,14 @@ def test_fully_masked_rows(kind, dtype):
 STRUCTURED = ["causal", "window", "padding", "causal-left-padding", "two-runs", "none"]
 
 
-@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
-@pytest.mark.parametrize("kind", ["bool", "float"])
-@pytest.mark.parametrize("lengths", [(100, 100), (37, 130)], ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("pattern", STRUCTURED)
+STRUCTURED_LENGTHS = [pytest.param((100, 100), id="100x100"), pytest.param((37, 130), id="37x130")]
+
+
+# Pairwise in `make test-gpu`: each pattern at both lengths and as both kinds, in two dtypes; every (lengths,
+# kind), (lengths, dtype) and (kind, dtype) pair. The other combinations are slow.
+@pytest.mark.parametrize("pattern,lengths,kind,dtype", sweep(
+    ids(STRUCTURED), STRUCTURED_LENGTHS, KINDS, DTYPES_LIGHT,
+    default=lambda p, n, k, d: k == (p + n) % 2 and d == (2 * p + n) % 3))
 def test_structured_masks(pattern, lengths, kind, dtype):
     """Masks whose summary (`attention_ranges`) lets the forward skip key tiles, read no mask on tiles that
     attend wholly and read it on the rest: causal, sliding-window and padding patterns, rows that attend to
@@ -211,9 +229,13 @@ def test_no_keys():
 
 
 # ------------------------------------------------------------------------------------------- grouped heads
-@pytest.mark.parametrize("dtype", DTYPES_LIGHT)
-@pytest.mark.parametrize("heads", [(6, 1), (6, 2), (6, 3)], ids=["mqa-6-1", "gqa-6-2", "gqa-6-3"])
-@pytest.mark.parametrize("masking", ["causal", "mask"])
+GROUPS = [pytest.param((6, 1), id="mqa-6-1"), pytest.param((6, 2), id="gqa-6-2"), pytest.param((6, 3), id="gqa-6-3")]
+
+
+# Pairwise in `make test-gpu`: each grouping causal and masked, each in its own dtype; every (masking, dtype).
+# The others are slow.
+@pytest.mark.parametrize("masking,heads,dtype", sweep(ids(["causal", "mask"]), GROUPS, DTYPES_LIGHT,
+                                                      default=lambda m, h, d: d == (h + 2 * m + 1) % 3))
 def test_grouped_query(masking, heads, dtype):
     H, HK = heads
     kwargs = {"is_causal": True} if masking == "causal" else {"attn_mask": randn(2, 1, 19, 35)}

@@ -14,7 +14,7 @@ import torch
 import _check
 import dropin
 from _check import check, poison_allocations
-from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu
+from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, sweep
 from dropin.ops.activations import ACTIVATIONS
 
 swiglu = importlib.import_module("dropin.ops.swiglu")
@@ -42,10 +42,14 @@ SHAPES = [  # (x shape, intermediate size)
     pytest.param((2, 1024, 1024), 11008, id="seed002-2x1024x1024-i11008", marks=gpu),
     pytest.param((333, 4096), 11008, id="333x4096-i11008", marks=gpu),
 ]
+# At intermediate 11008 `make test-gpu` runs seed 002's shape in fp32 and the 333 tokens in bf16, the other dtypes
+# are slow: every dtype crosses many tiles, with the same kernels and configs, at 4x256x1024-i2816.
+SLOW_LLAMA_SIZES = {"seed002-2x1024x1024-i11008": ("fp16", "bf16"), "333x4096-i11008": ("fp32", "fp16")}
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("x_shape,intermediate", SHAPES)
+
+@pytest.mark.parametrize("x_shape,intermediate,dtype", sweep(
+    SHAPES, DTYPES, default=lambda s, d: DTYPES[d].id not in SLOW_LLAMA_SIZES.get(SHAPES[s].id, ())))
 def test_swiglu_mlp(x_shape, intermediate, dtype):
     check(dropin.ops.swiglu_mlp, swiglu_mlp_ref, leaves(x_shape, intermediate, dtype), positive=few(x_shape))
 
