@@ -108,8 +108,9 @@ def size_hint(n) -> int:
 
 def capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (where a device sync, e.g. timing, is not
-    allowed); False without CUDA."""
-    return not INTERPRET and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    allowed); False without CUDA. (HAS_CUDA, not torch.cuda.is_available(): that reads the environment on every
+    call, ~10 us, and plans ask this on every call of some ops.)"""
+    return not INTERPRET and HAS_CUDA and torch.cuda.is_current_stream_capturing()
 
 
 @functools.lru_cache(maxsize=None)

@@ -479,9 +479,9 @@ def _act_grad_plan(grad_y, activation: str, bias_grad: bool, traced: bool):
     if activation == "none":
         rows = tuple(range(grad_y.dim() - 1))  # (a 1-D grad_y is one row: its own sum, copied)
 
-        def column_sum(grad_y, z):
-            grad_bias = (grad_y.sum(rows) if rows else grad_y.clone()) if bias_grad else grad_y.new_empty(0)
-            return grad_y.new_empty(0), grad_bias
+        def column_sum(grad_y, z):  # (grad_z: a stand-in, unread without an activation)
+            grad_bias = (grad_y.sum(rows) if rows else grad_y.clone()) if bias_grad else absent(grad_y, traced)
+            return absent(grad_y, traced), grad_bias
         return column_sum
     g2 = grad_y.reshape(R, N)
     block_r, block_n = 32, min(128, _runtime.next_power_of_2(N))

@@ -131,7 +131,7 @@ def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int
                 return tma.staged_fwd_launcher(cfg, dims, x, y, r, stride, padding, dilation, precision, epilogue,
                                                traced)
             if kernel == "walk":
-                return depthwise.walk_fwd_launcher(cfg, dims, x, y, r, stride, padding, groups, epilogue, traced)
+                return depthwise.walk_fwd_launcher(cfg, dims, x, w, y, r, stride, padding, groups, epilogue, traced)
             if kernel == "direct":
                 return depthwise.direct_fwd_launcher(cfg, dims, x, w, y, r, stride, padding, dilation, groups,
                                                      epilogue, traced)

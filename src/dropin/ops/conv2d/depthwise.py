@@ -120,7 +120,7 @@ def _dw3_x(ih, x_base, H, sxh, c0, c1, c2, ok0, ok1, ok2):
 @triton.jit
 def _conv_dw3_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                          H, W, COUT, COUT_G, OH, OW,
-                         sxn, sxc, sxh, sxw, syn, syc, syh, syw, srn, src, srh, srw,
+                         sxn, sxc, sxh, sxw, swo, swh, sww, syn, syc, syh, syw, srn, src, srh, srw,
                          STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
                          TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -128,21 +128,22 @@ def _conv_dw3_fwd_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     BLOCK_N channels: each input row is read once per kernel column (3 loads, not one per tap: 9) and feeds the
     up to three output rows it reaches through partial sums carried in registers (the rows unrolled); the loads
     run two input rows ahead of the sums (in program order, as the stores between them keep them). The nine
-    weights (w_ptr: fp32 [9, COUT], _taps_f32) and the bias (the first sum of each output row) are loaded once.
-    Output channel co reads input channel co // COUT_G. Grid (N * row tiles * column tiles, channel tiles)."""
+    weights (the weight [COUT, 1, 3, 3] in any layout, read where it lies: a copy in another layout would be made
+    anew on every call of a trainable weight) and the bias (the first sum of each output row) are loaded once, as
+    fp32. Output channel co reads input channel co // COUT_G. Grid (N * row tiles * column tiles, channel tiles)."""
     n, oh0, ow, co, ow_ok, n_ok, c0, c1, c2, ok0, ok1, ok2 = _dw3_tile(OH, OW, W, COUT, sxw, STRIDE_W, PAD_W, TH, TW,
                                                                        BLOCK_N)
-    wp = w_ptr + co[None, :]
+    wp = w_ptr + (co * swo)[None, :]
     w_ok = n_ok[None, :]
-    w00 = tl.load(wp, mask=w_ok, other=0.0)
-    w01 = tl.load(wp + COUT, mask=w_ok, other=0.0)
-    w02 = tl.load(wp + 2 * COUT, mask=w_ok, other=0.0)
-    w10 = tl.load(wp + 3 * COUT, mask=w_ok, other=0.0)
-    w11 = tl.load(wp + 4 * COUT, mask=w_ok, other=0.0)
-    w12 = tl.load(wp + 5 * COUT, mask=w_ok, other=0.0)
-    w20 = tl.load(wp + 6 * COUT, mask=w_ok, other=0.0)
-    w21 = tl.load(wp + 7 * COUT, mask=w_ok, other=0.0)
-    w22 = tl.load(wp + 8 * COUT, mask=w_ok, other=0.0)
+    w00 = tl.load(wp, mask=w_ok, other=0.0).to(tl.float32)
+    w01 = tl.load(wp + sww, mask=w_ok, other=0.0).to(tl.float32)
+    w02 = tl.load(wp + 2 * sww, mask=w_ok, other=0.0).to(tl.float32)
+    w10 = tl.load(wp + swh, mask=w_ok, other=0.0).to(tl.float32)
+    w11 = tl.load(wp + swh + sww, mask=w_ok, other=0.0).to(tl.float32)
+    w12 = tl.load(wp + swh + 2 * sww, mask=w_ok, other=0.0).to(tl.float32)
+    w20 = tl.load(wp + 2 * swh, mask=w_ok, other=0.0).to(tl.float32)
+    w21 = tl.load(wp + 2 * swh + sww, mask=w_ok, other=0.0).to(tl.float32)
+    w22 = tl.load(wp + 2 * swh + 2 * sww, mask=w_ok, other=0.0).to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     x_base = x_ptr + n * sxn + (co // COUT_G * sxc)[None, :]
@@ -374,15 +375,6 @@ def _co_major(w: torch.Tensor, traced: bool) -> torch.Tensor:
     return derived(w, "co_major", lambda w: w.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2), traced)
 
 
-def _taps_f32(w: torch.Tensor, traced: bool) -> torch.Tensor:
-    """The depthwise 3x3 weight [COUT, 1, 3, 3] as the walk (_conv_dw3_fwd_kernel) reads it: fp32 [9, COUT], tap
-    major, so a tap's weights are one vector load and need no conversion. (One copy: `.float()` keeps the
-    transposed strides, so `.contiguous()` after it copies twice.)"""
-    def make(w):
-        return torch.empty((9, w.shape[0]), device=w.device, dtype=torch.float32).copy_(w.reshape(w.shape[0], 9).t())
-    return derived(w, "taps_f32", make, traced)
-
-
 def candidates(direct, gemm, depthwise: bool, oh: int, ow: int, channels: int, walk=()):
     """The configs tagged with their kernel: where depthwise (one input channel per group), the depthwise 3x3
     walk's (`walk`: given where it applies) and the direct kernel's first, their tiles clamped to the oh x ow
@@ -442,7 +434,7 @@ def dgrad_as_walk(x, w, stride, padding, dilation, groups: int) -> bool:
             and (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)))
 
 
-def walk_fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, groups: int, epilogue_meta: dict,
+def walk_fwd_launcher(cfg: dict, dims: tuple, x, w, y, r, stride, padding, groups: int, epilogue_meta: dict,
                       traced: bool):
     """_conv_dw3_fwd_kernel's launch for cfg (KERNEL taken out): run(x, w, y, bias, z, r)."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
@@ -450,8 +442,9 @@ def walk_fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, groups: 
     grid = (N * spatial_tiles(OH, OW, cfg), _runtime.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
     launch = Launch(_conv_dw3_fwd_kernel, grid, dict(_walk_meta(stride, padding), **epilogue_meta, **cfg),
                     traced=traced)
-    scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), *y.stride(), *r.stride())
-    return lambda x, w, *tensors: launch(x, _taps_f32(w, traced), *tensors, *scalars)
+    ws = w.stride()
+    scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), ws[0], *ws[2:], *y.stride(), *r.stride())
+    return lambda x, *tensors: launch(x, *tensors, *scalars)
 
 
 def direct_fwd_launcher(cfg: dict, dims: tuple, x, w, y, r, stride, padding, dilation, groups: int,
@@ -469,12 +462,12 @@ def direct_fwd_launcher(cfg: dict, dims: tuple, x, w, y, r, stride, padding, dil
 def dgrad_launcher(cfg: dict, dims: tuple, dz, w, dx, stride, padding, dilation, groups: int, traced: bool):
     """_conv_dw_dgrad_kernel's launch for cfg (KERNEL taken out): run(dz, w, dx)."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
-    ws = _co_major(w, traced).stride()
+    ws = w.stride()  # (read where it lies: a trainable weight's copy would be made anew on every call)
     scalars = (groups, H, W, COUT_G, OH, OW, *dz.stride(), ws[0], *ws[2:], *dx.stride())
     grid = (N * spatial_tiles(H, W, cfg), _runtime.cdiv(groups, cfg["BLOCK_N"]))
     meta = dict(geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **cfg)
     launch = Launch(_conv_dw_dgrad_kernel, grid, meta, traced=traced)
-    return lambda dz, w, dx: launch(dz, _co_major(w, traced), dx, *scalars)
+    return lambda dz, w, dx: launch(dz, w, dx, *scalars)
 
 
 def wgrad_launcher(kernel: str, cfg: dict, dims: tuple, dz, x, dw, stride, padding, dilation, groups: int,
