@@ -572,11 +572,11 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
     descriptors are emulated; with odd sizes on aligned copies, forced), split K (forced)."""
     allow_tf32(str(path).startswith("tf32"))
     if path == "tf32-copies":
-        monkeypatch.setattr(_mm_module, "_tf32_copies_pay", lambda M, N: True)
+        monkeypatch.setattr(_mm_module, "tf32_copies_pay", lambda M, N: True)
     if path in ("tma", "tma-odd"):
         monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
     if path == "tma-odd":
-        monkeypatch.setattr(_mm_module, "_aligned_copies_pay", lambda batch, M, N, K, size, precision: True)
+        monkeypatch.setattr(_mm_module, "aligned_copies_pay", lambda batch, M, N, K, size, precision: True)
     if path == "splitk":
         real_pick = _mm_module._autotune.pick
         split = dict(_mm_module._PTR_CONFIGS[2][-1], KERNEL="ptr")
@@ -591,17 +591,17 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 def test_tma_kernel_on_odd_shapes(dtype, monkeypatch):
     """Offered as on Hopper, a product whose rows are not 16-byte aligned (K = 37, N = 27: no descriptor takes
-    them) runs the TMA kernel on aligned copies of its operands (`_aligned_copies_pay` forced: products this small
+    them) runs the TMA kernel on aligned copies of its operands (`aligned_copies_pay` forced: products this small
     keep the pointer kernel) and stores C, Z and the gradients through pointers (C_PTR): linear + bias + silu,
     forward and backward, against float64. The copies pay only for large products (16-bit, or fp32 as tf32x3), and
     fit COPY_WORKSPACE."""
-    pay = _mm_module._aligned_copies_pay
+    pay = _mm_module.aligned_copies_pay
     assert not pay(1, 66, 27, 37, 2, "ieee") and pay(1, 4093, 4099, 4091, 2, "ieee")
     assert pay(1, 1000, 1000, 999, 4, "tf32x3") and not pay(1, 1000, 1000, 999, 2, "ieee")
     assert not pay(1, 4093, 4099, 4091, 4, "tf32") and not pay(1, 4093, 4099, 4091, 4, "ieee")
     assert not pay(1, 32768, 32768, 2047, 2, "ieee") and not pay(4, 4093, 4099, 4091, 2, "ieee")  # (256 MiB)
     monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
-    monkeypatch.setattr(_mm_module, "_aligned_copies_pay", lambda batch, M, N, K, size, precision: True)
+    monkeypatch.setattr(_mm_module, "aligned_copies_pay", lambda batch, M, N, K, size, precision: True)
     made = []
     real = _mm_module.Launch
 
@@ -616,6 +616,35 @@ def test_tma_kernel_on_odd_shapes(dtype, monkeypatch):
         _mm_module._plans.clear()
     tma = [c for kernel, c in made if kernel is _mm_module.mm_tma_kernel]
     assert len(tma) == 3 and all(c["C_PTR"] for c in tma), tma  # (forward, input and weight gradients)
+
+
+def test_true_fp32_on_split_copies(monkeypatch):
+    """True fp32 (tf32x3) on the TMA kernel from operands copied as two tf32 parts each, hi and lo a plane apart
+    (`split_copies_pay` forced: products this small split in registers; the interpreter's tf32x3 offered as on a
+    GPU): linear + bias + gelu of odd sizes, forward and both gradients, against float64; the split plans are
+    made for eager calls only. The copies pay for large products within SPLIT_WORKSPACE."""
+    pay = _mm_module.split_copies_pay
+    assert pay(1, 4096, 4096, 4096) and pay(4, 1024, 999, 1000) and not pay(1, 64, 4096, 4096)
+    assert not pay(1, 16384, 16384, 16384)  # (4 GiB of copies)
+    monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
+    monkeypatch.setattr(_mm_module, "split_copies_pay", lambda batch, M, K, N: True)
+    real_precision = _gemm.precision
+    monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None:
+                        "tf32x3" if dtype == torch.float32 else real_precision(dtype, allow_tf32, k))
+    made = []
+    real = _mm_module.Launch
+
+    def spy(kernel, grid, constexprs, **kwargs):
+        made.append((kernel, constexprs))
+        return real(kernel, grid, constexprs, **kwargs)
+    monkeypatch.setattr(_mm_module, "Launch", spy)
+    _mm_module._plans.clear()
+    try:
+        check(dropin_linear("gelu"), torch_linear("gelu"), linear_leaves((2, 33, 37), 27, torch.float32))
+    finally:
+        _mm_module._plans.clear()
+    tma = [c for kernel, c in made if kernel is _mm_module.mm_tma_kernel]
+    assert len(tma) == 3 and all(c["PRECISION"] == "tf32x3_split" for c in tma), tma  # (forward, both gradients)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])

@@ -61,25 +61,33 @@ def round_tf32(x):
 
 
 @triton.jit
-def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc,
-                        ROUND_TF32: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
+                        ROUND_TF32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """y = x, [batch, R, C] in any strides each (an operand laid out as the MMAs read it); with ROUND_TF32 (fp32)
     rounded to tf32 exactly (round_tf32, the low 13 bits cleared): operands that the tf32 MMAs' truncation leaves
-    unchanged. Grid (tiles, batch)."""
+    unchanged; with SPLIT (fp32) x's two tf32 parts (_tf32_split): hi into y, lo `plane` elements further (the
+    operands of tf32x3 products that read both parts as they lie). Grid (tiles, batch)."""
     batch = tl.program_id(1).to(tl.int64)
     num_c = tl.cdiv(C, BLOCK_C)
     offs_r = (tl.program_id(0) // num_c).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_c = (tl.program_id(0) % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
     x = tl.load(x_ptr + batch * sxb + offs_r[:, None] * sxr + offs_c[None, :] * sxc, mask=mask)
-    if ROUND_TF32:
-        x = (round_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-    tl.store(y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc, x, mask=mask)
+    y_ptrs = y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc
+    if SPLIT:
+        hi, lo = _tf32_split(x)
+        tl.store(y_ptrs, hi, mask=mask)
+        tl.store(y_ptrs + plane, lo, mask=mask)
+    else:
+        if ROUND_TF32:
+            x = (round_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        tl.store(y_ptrs, x, mask=mask)
 
 
-def operand_copy_launch(R, C, batch, round_tf32: bool) -> tuple:
+def operand_copy_launch(R, C, batch, round_tf32: bool, split: bool = False) -> tuple:
     """(grid, constexprs) of operand_copy_kernel over [batch, R, C]: 64 x 64 tiles."""
-    return (_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch), dict(ROUND_TF32=round_tf32, BLOCK_R=64, BLOCK_C=64)
+    return ((_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch),
+            dict(ROUND_TF32=round_tf32, SPLIT=split, BLOCK_R=64, BLOCK_C=64))
 
 
 @triton.jit
@@ -96,7 +104,7 @@ def _tf32_split(x):
 @triton.jit
 def dot(a, b, PRECISION: tl.constexpr):
     """a @ b in fp32. PRECISION "tf32" rounds the operands first (see round_tf32); "tf32_rounded": they already
-    are (matmul's `_operand_copy` copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo
+    are (matmul_operands.operand_copy's copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo
     + a_hi @ b_hi of the operands' _tf32_split (small terms first, non-finite ones dropped; a_lo @ b_lo, under
     2^-22 of a product, dropped); "ieee": fp32 FMAs."""
     if PRECISION == "tf32":
@@ -161,11 +169,12 @@ def precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional
 
 def max_k(precision: str, size: int, tf32x3_k: int = 32) -> int:
     """The largest BLOCK_K, which bounds the inner sum of dot_acc's two-level sum in true fp32: 64 for the FMAs;
-    for tf32x3 `tf32x3_k`, since every step of the MMA chain truncates its fp32 sum (at 64 a matmul gradient went
-    1.02x over the 2x rule; conv2d keeps 64, its fp32 tests' worst at 0.69x of the bound); 256 otherwise."""
-    if size != 4 or precision not in ("ieee", "tf32x3"):
+    for tf32x3 (its parts split in the kernel or copied: "tf32x3_split") `tf32x3_k`, since every step of the MMA
+    chain truncates its fp32 sum (at 64 a matmul gradient went 1.02x over the 2x rule; conv2d keeps 64, its fp32
+    tests' worst at 0.69x of the bound); 256 otherwise."""
+    if size != 4 or precision not in ("ieee", "tf32x3", "tf32x3_split"):
         return 256
-    return tf32x3_k if precision == "tf32x3" else 64
+    return 64 if precision == "ieee" else tf32x3_k
 
 
 def fits(configs, M, N, K, max_k=256, min_m=16):

@@ -4,11 +4,12 @@ Every product is brought to one canonical form, C[b] = act(A[b] @ B[b] + bias), 
 B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp32 by one of two kernels:
 - `mm_tma_kernel` (Hopper): persistent grid, TMA tensor descriptors, wgmma. Needs each operand to have
   one unit stride among its two matrix dims and 16-byte aligned other strides (16-bit operands of odd sizes are
-  copied so, where the copies pay: `_aligned_copies_pay`), and K <= `_gemm.ACC_K` (one MMA accumulator's
+  copied so, where the copies pay: `matmul_operands`), and K <= `_gemm.ACC_K` (one MMA accumulator's
   reduction); A and B may each be row- or column-major; C rows not 16-byte aligned are stored through pointers.
 - `mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
 float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise true fp32:
-tf32x3 on the tensor cores for long reductions (`_gemm.precision`), fp32 FMAs for short ones and under the interpreter.
+tf32x3 on the tensor cores for long reductions (`_gemm.precision`; large products on the TMA kernel read copies
+split into tf32 parts, "tf32x3_split"), fp32 FMAs for short ones and under the interpreter.
 """
 import math
 from typing import Optional
@@ -18,10 +19,11 @@ import torch.nn.functional as F
 
 from .. import _runtime
 from . import _autotune, _gemm
-from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, launch, plan, switch, torch_op,
+from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op,
                         writing)
 from .activations import FROM_OUTPUT, activation_ref, check_activation, derivative_at, stores_preactivation
 from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel
+from .matmul_operands import aligned_copies_pay, operand_copy, split_copies_pay, tf32_copies_pay
 
 
 # --- 1. References ----------------------------------------------------------------------------------
@@ -57,6 +59,12 @@ _TMA_CONFIGS = {
         _cfg(128, 128, 64, 8, 2, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),
         _cfg(64, 64, 64, 4, 3, WARP_SPECIALIZE=False), _cfg(64, 32, 64, 4, 3, WARP_SPECIALIZE=False)],
 }
+# The TMA kernel on fp32 operands copied as two tf32 parts each ("tf32x3_split"): four tiles a K step, BLOCK_K at
+# most max_k's 32. The first (the untimed choice) fits the shared memory with C's and Z's fp32 tiles beside its
+# stages (3 x 48 + 2 x 32 KiB); the others are timed (one that does not fit times as infinite).
+_TMA_SPLIT_CONFIGS = [_cfg(128, 64, 32, 4, 3, WARP_SPECIALIZE=False), _cfg(128, 128, 32, 8, 2, WARP_SPECIALIZE=False),
+                      _cfg(128, 128, 32, 8, 3, WARP_SPECIALIZE=False), _cfg(128, 128, 32, 8, 2, WARP_SPECIALIZE=True),
+                      _cfg(64, 128, 32, 4, 3, WARP_SPECIALIZE=False), _cfg(64, 64, 32, 4, 4, WARP_SPECIALIZE=False)]
 # Pointer kernel; SPLIT_K > 1 splits K over programs (skinny products that would leave SMs idle).
 _PTR_CONFIGS = {
     2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 64, 4, 4), _cfg(128, 16, 64, 4, 4),
@@ -133,18 +141,25 @@ def mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] 
 
 
 def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Optional[bool], traced: bool):
-    """(a, b, run): the operands as the kernels read them (where tf32 is used, copies rounded to it) and the
-    signature's plan, run(a, b, c, bias, z)."""
+    """(a, b, run): the operands as the kernels read them (copies where they pay: rounded to tf32, split into two
+    tf32 parts for true fp32, or aligned for the TMA kernel; `matmul_operands`) and the signature's plan, run(a, b,
+    c, bias, z)."""
     K = a.shape[2]
     precision = _gemm.precision(a.dtype, k=K)
-    if precision == "tf32" and K > 0 and _tf32_copies_pay(a.shape[1], b.shape[2]):
+    if precision == "tf32" and K > 0 and tf32_copies_pay(a.shape[1], b.shape[2]):
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)
-        a, b, precision = _operand_copy(a, 2, True, traced), _operand_copy(b, 1, True, traced), "tf32_rounded"
-    elif (tma is None and _aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)
+        a, b, precision = operand_copy(a, 2, True, traced), operand_copy(b, 1, True, traced), "tf32_rounded"
+    elif (tma is None and not traced and precision == "tf32x3" and split_copies_pay(*a.shape, b.shape[2])
           and _tma_takes(a, K)):
-        a = a if _tma_layout(a, traced) is not None else _operand_copy(a, 2, False, traced)
-        b = b if _tma_layout(b, traced) is not None else _operand_copy(b, 1, False, traced)
+        # true fp32: tf32x3 on copies split into their tf32 parts, which the MMAs read as they lie (the split of
+        # every tile in registers ran at 46 TFLOP/s, 0.90x cuBLAS's fp32 at 4096^3)
+        a, b, precision = operand_copy(a, 2, False, traced, True), operand_copy(b, 1, False, traced, True), \
+            "tf32x3_split"
+    elif (tma is None and aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)
+          and _tma_takes(a, K)):
+        a = a if _tma_layout(a, traced) is not None else operand_copy(a, 2, False, traced)
+        b = b if _tma_layout(b, traced) is not None else operand_copy(b, 1, False, traced)
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, aligned(a, traced), aligned(b, traced),
            None if bias is None else aligned(bias, traced), activation, save_preact, precision, tma)
     run = plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced),
@@ -306,50 +321,6 @@ class ProductShortcut(Differentiable):
         return run
 
 
-def _tf32_copies_pay(M, N) -> bool:
-    """Whether a tf32 product of M x N outputs copies its operands rounded (`_operand_copy`) rather than rounding
-    every tile in the kernel. The copies move 8 (MK + KN) bytes (~3.5 TB/s), and save about 1.5 of the product's
-    2MNK FLOPs at tf32's ~370 TFLOP/s (tiles rounded in registers run at 0.38x cuBLAS, copied ones at 0.82x): they
-    pay where 1/M + 1/N < 1/300. Below that (few rows, small batched products) the product is bound by memory or
-    launches, where the rounding in registers is free and a copy doubles the traffic."""
-    M, N = _runtime.size_hint(M), _runtime.size_hint(N)
-    return M > 0 and N > 0 and 300 * (M + N) < M * N
-
-
-# The most memory that the aligned copies of a product's operands may take (`_aligned_copies_pay`).
-COPY_WORKSPACE = 128 << 20
-
-
-def _aligned_copies_pay(batch, M, N, K, size: int, precision: str) -> bool:
-    """Whether a product whose operands a TMA descriptor cannot read (a row of K elements not 16-byte aligned: odd
-    sizes) copies them aligned for the TMA kernel rather than running the pointer kernel, which took 0.64-0.68x
-    cuBLAS on 16-bit products of such sizes and 0.50x on fp32's tf32x3 (H200, results/h200/matmul.json; aligned,
-    the TMA kernel took 0.91-1.09x). 16-bit: the copies move 4 (MK + KN) bytes (~3.5 TB/s) to save about a third
-    of the product's 2MNK FLOPs at ~700 TFLOP/s: they pay where 1/M + 1/N < 1/1100. tf32x3 runs at ~46 TFLOP/s
-    and moves 8 bytes an element: 1/M + 1/N < 1/150. Taken where they fit COPY_WORKSPACE."""
-    batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
-    ratio = {2: 1100, 4: 150 if precision == "tf32x3" else 0}.get(size, 0)
-    return (ratio > 0 and M > 0 and N > 0 and ratio * (M + N) < M * N
-            and batch * (M + N) * (K + 16 // size) * size <= COPY_WORKSPACE)
-
-
-def _operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = False) -> torch.Tensor:
-    """A copy of t [batch, R, C] (rounded to tf32 with round_tf32) with dimension k_dim (1 or 2) contiguous and the
-    other's stride padded to 16 bytes, as a TMA descriptor reads it (the padding is never read)."""
-    batch, R, C = t.shape
-    unit = 16 // t.element_size()
-    if k_dim == 2:
-        outer = _runtime.cdiv(C, unit) * unit
-        strides = (R * outer, outer, 1)
-    else:
-        outer = _runtime.cdiv(R, unit) * unit
-        strides = (C * outer, 1, outer)
-    y = torch.empty_strided((batch, R, C), strides, device=t.device, dtype=t.dtype)
-    grid, meta = _gemm.operand_copy_launch(R, C, batch, round_tf32)
-    launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), traced=traced, **meta)
-    return y
-
-
 def _deep_split_configs(batch, M, N, K, size: int, max_k: int, device_index: int) -> list:
     """Pointer-kernel candidates for a product with fewer tiles than SMs and a long K (16 x 2^20 @ 2^20 x 16, 1024
     x 65536 @ 65536 x 1024): K split so that about two programs run per SM, each over at least 8 K tiles (none that
@@ -381,20 +352,22 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     size = a.element_size()
     a_layout, b_layout = _tma_layout(a, traced), _tma_layout(b, traced)
     tuned = tma is None
+    split = precision == "tf32x3_split"  # (operands only the TMA kernel reads: `_mm_prepared`)
     if tuned:
         tma = _tma_takes(a, K) and a_layout is not None and b_layout is not None
-        ptr = not tma or min(_runtime.size_hint(M), _runtime.size_hint(N)) <= 64 or size == 4  # (tunes only)
+        ptr = not split and (not tma or min(_runtime.size_hint(M), _runtime.size_hint(N)) <= 64 or size == 4)
     else:
         ptr = not tma
     max_k = _gemm.max_k(precision, size)
-    configs = [dict(cfg, KERNEL="tma") for cfg in _gemm.fits(_TMA_CONFIGS[size], M, N, K, max_k, 64)] if tma else []
+    tma_configs = _TMA_SPLIT_CONFIGS if split else _TMA_CONFIGS[size]
+    configs = [dict(cfg, KERNEL="tma") for cfg in _gemm.fits(tma_configs, M, N, K, max_k, 64)] if tma else []
     if ptr:
         configs += [dict(cfg, KERNEL="ptr") for cfg in _gemm.fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]
-    deep = _deep_split_configs(batch, M, N, K, size, max_k, a.device.index or 0) if tuned else []
+    deep = _deep_split_configs(batch, M, N, K, size, max_k, a.device.index or 0) if tuned and ptr else []
     configs += deep
-    if M == 1 and tuned:
+    if M == 1 and tuned and not split:
         configs = [dict(cfg, KERNEL="fma") for cfg in _gemm.fits(_FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
-    elif N <= 16 and tuned:
+    elif N <= 16 and tuned and not split:
         configs += [dict(cfg, KERNEL="fma") for cfg in _FMA_CONFIGS["narrow"]]
     skinny = M <= 16 and size == 2 and tuned and _runtime.size_hint(K) <= _gemm.ACC_K.value  # (its one accumulator)
     if skinny:

@@ -162,6 +162,18 @@ def split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
 
 
 @triton.jit
+def _tma_tile(desc, batch, off_x, off_k, T: tl.constexpr, LEFT: tl.constexpr, BLOCK_X: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """One operand tile of mm_tma_kernel as the product reads it: A's [BLOCK_X, BLOCK_K] (LEFT) or B's [BLOCK_K,
+    BLOCK_X], from its descriptor over [batch, rows, cols] (T: A stored K-major-outer, B stored K innermost)."""
+    if LEFT == T:  # (A_T or B not transposed: the descriptor's rows are K)
+        tile = desc.load([batch, off_k, off_x]).reshape(BLOCK_K, BLOCK_X)
+        return tile.T if LEFT else tile
+    tile = desc.load([batch, off_x, off_k]).reshape(BLOCK_X, BLOCK_K)
+    return tile if LEFT else tile.T
+
+
+@triton.jit
 def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                    M, N, K, BATCH,
                    stride_ab, stride_a, stride_bb, stride_b,
@@ -173,15 +185,23 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
     likewise B [BATCH, K, N] (B_T: [BATCH, N, K]). C (and Z) contiguous [BATCH, M, N], stored through
     descriptors, or with C_PTR (rows of N elements not 16-byte aligned, which a descriptor cannot take) through
-    masked pointer stores."""
+    masked pointer stores. PRECISION "tf32x3_split": A and B hold the hi parts of fp32 operands split into two
+    tf32 numbers (`_gemm.operand_copy_kernel`'s SPLIT), their lo parts BATCH batches further; each K tile's
+    product is dot's tf32x3 (small terms first, non-finite ones dropped) on tiles loaded as they lie, with no
+    split in registers."""
+    PARTS: tl.constexpr = 2 if PRECISION == "tf32x3_split" else 1
     if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, K, M], [stride_ab, stride_a, 1], [1, BLOCK_K, BLOCK_M])
+        a_desc = tl.make_tensor_descriptor(a_ptr, [PARTS * BATCH, K, M], [stride_ab, stride_a, 1],
+                                           [1, BLOCK_K, BLOCK_M])
     else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [BATCH, M, K], [stride_ab, stride_a, 1], [1, BLOCK_M, BLOCK_K])
+        a_desc = tl.make_tensor_descriptor(a_ptr, [PARTS * BATCH, M, K], [stride_ab, stride_a, 1],
+                                           [1, BLOCK_M, BLOCK_K])
     if B_T:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, N, K], [stride_bb, stride_b, 1], [1, BLOCK_N, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_ptr, [PARTS * BATCH, N, K], [stride_bb, stride_b, 1],
+                                           [1, BLOCK_N, BLOCK_K])
     else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [BATCH, K, N], [stride_bb, stride_b, 1], [1, BLOCK_K, BLOCK_N])
+        b_desc = tl.make_tensor_descriptor(b_ptr, [PARTS * BATCH, K, N], [stride_bb, stride_b, 1],
+                                           [1, BLOCK_K, BLOCK_N])
     if not C_PTR:
         c_desc = tl.make_tensor_descriptor(c_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
         if STORE_Z:
@@ -201,15 +221,15 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K
-            if A_T:
-                a = a_desc.load([batch, off_k, off_m]).reshape(BLOCK_K, BLOCK_M).T
+            a = _tma_tile(a_desc, batch, off_m, off_k, A_T, True, BLOCK_M, BLOCK_K)
+            b = _tma_tile(b_desc, batch, off_n, off_k, B_T, False, BLOCK_N, BLOCK_K)
+            if PRECISION == "tf32x3_split":
+                a_lo = _tma_tile(a_desc, batch + BATCH, off_m, off_k, A_T, True, BLOCK_M, BLOCK_K)
+                b_lo = _tma_tile(b_desc, batch + BATCH, off_n, off_k, B_T, False, BLOCK_N, BLOCK_K)
+                c = tl.dot(a, b_lo, tl.dot(a_lo, b, input_precision="tf32"), input_precision="tf32")
+                acc += tl.dot(a, b, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
             else:
-                a = a_desc.load([batch, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
-            if B_T:
-                b = b_desc.load([batch, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
-            else:
-                b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
-            acc = dot_acc(acc, a, b, PRECISION)
+                acc = dot_acc(acc, a, b, PRECISION)
         tile_c += NUM_PROGRAMS
         batch_c = tile_c // tiles
         pid_m, pid_n = tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)

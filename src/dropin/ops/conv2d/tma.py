@@ -267,7 +267,7 @@ def staged_fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, dilati
 
     def run(x, w, y, bias, z, r):
         staged_x = torch.empty_strided((N, C, H, W), (H * W * C, 1, W * C, C), dtype=x.dtype, device=x.device)
-        copy(x, staged_x, C, H * W, *strides)
+        copy(x, staged_x, C, H * W, *strides, 0)
         forward(staged_x, staged_weight(w, rounded, traced), y, bias, z, r)
     return run
 
@@ -285,7 +285,8 @@ def staged_weight(w: torch.Tensor, rounded: bool, traced: bool) -> torch.Tensor:
         rows, cols = w.shape[0], w[0].numel()  # (channels_last rows: [COUT, KH * KW * C])
         out = torch.empty_like(w)
         grid, meta = _gemm.operand_copy_launch(rows, cols, 1, True)
-        launch(_gemm.operand_copy_kernel, grid, w, out, rows, cols, 0, cols, 1, 0, cols, 1, traced=traced, **meta)
+        launch(_gemm.operand_copy_kernel, grid, w, out, rows, cols, 0, cols, 1, 0, cols, 1, 0, traced=traced,
+               **meta)
         return out
     return derived(w, "tma-tf32" if rounded else "tma", make, traced)
 

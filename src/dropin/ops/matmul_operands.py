@@ -1,0 +1,70 @@
+"""The operand copies of matmul's products (dropin.ops.matmul): when a copy pays, and the copy itself (tf32-rounded,
+16-byte aligned for TMA descriptors, or split into two tf32 parts for true fp32)."""
+import torch
+
+from .. import _runtime
+from . import _gemm
+from ._dispatch import launch
+
+
+def tf32_copies_pay(M, N) -> bool:
+    """Whether a tf32 product of M x N outputs copies its operands rounded (`operand_copy`) rather than rounding
+    every tile in the kernel. The copies move 8 (MK + KN) bytes (~3.5 TB/s), and save about 1.5 of the product's
+    2MNK FLOPs at tf32's ~370 TFLOP/s (tiles rounded in registers run at 0.38x cuBLAS, copied ones at 0.82x): they
+    pay where 1/M + 1/N < 1/300. Below that (few rows, small batched products) the product is bound by memory or
+    launches, where the rounding in registers is free and a copy doubles the traffic."""
+    M, N = _runtime.size_hint(M), _runtime.size_hint(N)
+    return M > 0 and N > 0 and 300 * (M + N) < M * N
+
+
+# The most memory that the aligned copies of a product's operands may take (`aligned_copies_pay`).
+COPY_WORKSPACE = 128 << 20
+
+
+def aligned_copies_pay(batch, M, N, K, size: int, precision: str) -> bool:
+    """Whether a product whose operands a TMA descriptor cannot read (a row of K elements not 16-byte aligned: odd
+    sizes) copies them aligned for the TMA kernel rather than running the pointer kernel, which took 0.64-0.68x
+    cuBLAS on 16-bit products of such sizes and 0.50x on fp32's tf32x3 (H200, results/h200/matmul.json; aligned,
+    the TMA kernel took 0.91-1.09x). 16-bit: the copies move 4 (MK + KN) bytes (~3.5 TB/s) to save about a third
+    of the product's 2MNK FLOPs at ~700 TFLOP/s: they pay where 1/M + 1/N < 1/1100. tf32x3 runs at ~46 TFLOP/s
+    and moves 8 bytes an element: 1/M + 1/N < 1/150. Taken where they fit COPY_WORKSPACE."""
+    batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
+    ratio = {2: 1100, 4: 150 if precision == "tf32x3" else 0}.get(size, 0)
+    return (ratio > 0 and M > 0 and N > 0 and ratio * (M + N) < M * N
+            and batch * (M + N) * (K + 16 // size) * size <= COPY_WORKSPACE)
+
+
+def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = False,
+                  split: bool = False) -> torch.Tensor:
+    """A copy of t [batch, R, C] (rounded to tf32 with round_tf32) with dimension k_dim (1 or 2) contiguous and the
+    other's stride padded to 16 bytes, as a TMA descriptor reads it (the padding is never read). split (fp32):
+    t's two tf32 parts, the hi part returned and the lo part `batch` batch strides further, in the same storage
+    (the TMA kernel's "tf32x3_split" operands)."""
+    batch, R, C = t.shape
+    unit = 16 // t.element_size()
+    if k_dim == 2:
+        outer = _runtime.cdiv(C, unit) * unit
+        strides = (R * outer, outer, 1)
+    else:
+        outer = _runtime.cdiv(R, unit) * unit
+        strides = (C * outer, 1, outer)
+    parts = 2 if split else 1
+    y = torch.empty_strided((parts * batch, R, C), strides, device=t.device, dtype=t.dtype)[:batch]
+    grid, meta = _gemm.operand_copy_launch(R, C, batch, round_tf32, split)
+    launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), batch * strides[0], traced=traced,
+           **meta)
+    return y
+
+
+# The most memory that the split copies of a true fp32 product's operands may take (`split_copies_pay`).
+SPLIT_WORKSPACE = 512 << 20
+
+
+def split_copies_pay(batch, M, K, N) -> bool:
+    """Whether a true fp32 (tf32x3) product on the TMA kernel reads its operands from copies split into tf32 parts
+    (`operand_copy`, split) rather than splitting every tile in registers. The copies move 12 (MK + KN) bytes
+    (~3.5 TB/s; the kernel then reads twice the operands) to run the product at the tf32 MMAs' pace (3 products a
+    tile) instead of ~46 TFLOP/s: they pay where 1/M + 1/N < 1/128. Taken where they fit SPLIT_WORKSPACE."""
+    batch, M, K, N = (_runtime.size_hint(v) for v in (batch, M, K, N))
+    return (M > 0 and N > 0 and 128 * (M + N) < M * N
+            and 2 * batch * (M + N) * (K + 4) * 4 <= SPLIT_WORKSPACE)
