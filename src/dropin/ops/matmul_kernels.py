@@ -168,9 +168,13 @@ def _tma_tile(desc, batch, off_x, off_k, T: tl.constexpr, LEFT: tl.constexpr, BL
     BLOCK_X], from its descriptor over [batch, rows, cols] (T: A stored K-major-outer, B stored K innermost)."""
     if LEFT == T:  # (A_T or B not transposed: the descriptor's rows are K)
         tile = desc.load([batch, off_k, off_x]).reshape(BLOCK_K, BLOCK_X)
-        return tile.T if LEFT else tile
-    tile = desc.load([batch, off_x, off_k]).reshape(BLOCK_X, BLOCK_K)
-    return tile if LEFT else tile.T
+        if LEFT:
+            tile = tile.T
+    else:
+        tile = desc.load([batch, off_x, off_k]).reshape(BLOCK_X, BLOCK_K)
+        if not LEFT:
+            tile = tile.T
+    return tile  # (one return: Triton also compiles the statements after a constexpr branch's return)
 
 
 @triton.jit
