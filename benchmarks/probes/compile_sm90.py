@@ -1,0 +1,101 @@
+"""Probe: do dropin's kernels compile for Hopper (sm_90), and with how much shared memory, on a machine without a
+GPU? Triton compiles for a named target with the ptxas its wheel bundles; the kernels are not run.
+
+Answers, for matmul's TMA kernel in each layout and precision and every config of `_TMA_CONFIGS` /
+`_TMA_SPLIT_CONFIGS`, and for the depthwise walk and input gradient: compiles or not, the shared memory the
+compiled kernel takes (over 232,448 bytes a launch fails: the tuner times such a config as infinite), and, for
+the products, the operand traffic through registers (`ld.shared` in the PTX: tiles read back from shared memory;
+`ttg.local_store`: tiles written to it from registers), which tells a split in registers from MMAs reading their
+operands as TMA loaded them.
+
+Caveat: the CPU's Triton (3.8 here) is not the GPU's (3.6): a kernel that compiles here may still fail there,
+and the shared memory can differ; a first check before a GPU session, not a substitute.
+
+Usage: PYTHONPATH=src python benchmarks/probes/compile_sm90.py [--quick]   (~1 min; --quick: first configs only)
+"""
+import argparse
+import importlib
+import itertools
+import os
+import time
+
+os.environ["TRITON_INTERPRET"] = "0"  # (before dropin: its kernels must be compiled ones, not interpreted)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+matmul = importlib.import_module("dropin.ops.matmul")  # (dropin.ops.matmul is also the function)
+matmul_kernels = importlib.import_module("dropin.ops.matmul_kernels")
+depthwise = importlib.import_module("dropin.ops.conv2d.depthwise")
+
+TARGET = GPUTarget("cuda", 90, 32)
+SHARED_LIMIT = 232448  # bytes of shared memory a block may take on sm_90
+
+
+def compiled(kernel, pointers: dict, constexprs: dict, launch: dict):
+    """triton.compile of kernel for sm_90: pointers maps each pointer parameter to its element type ('bf16',
+    'fp32', ...), constexprs the constexpr parameters, every other parameter an i32."""
+    signature = {p.name: (f"*{pointers[p.name]}" if p.name in pointers else
+                          "constexpr" if p.name in constexprs else "i32") for p in kernel.params}
+    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=TARGET,
+                          options={k: launch[k] for k in ("num_warps", "num_stages") if k in launch})
+
+
+def report(name: str, make) -> None:
+    start = time.perf_counter()
+    try:
+        k = make()
+    except Exception as e:  # noqa: BLE001 (a probe: every failure is a finding)
+        print(f"FAIL {name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return
+    shared, ptx, ttgir = k.metadata.shared, k.asm.get("ptx", ""), k.asm.get("ttgir", "")
+    print(f"{'ok  ' if shared <= SHARED_LIMIT else 'SMEM'} {name}: shared {shared} B, wgmma {ptx.count('wgmma.mma_async')}"
+          f", ld.shared {ptx.count('ld.shared')}, local_store {ttgir.count('ttg.local_store')} "
+          f"({time.perf_counter() - start:.1f} s)")
+
+
+def matmul_cases(quick: bool):
+    def config_name(c):
+        return "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")) + \
+            f" w{c['num_warps']} s{c['num_stages']}" + (" ws" if c.get("WARP_SPECIALIZE") else "")
+    cases = [("bf16", "ieee", a_t, b_t, cfg) for a_t, b_t in itertools.product((False, True), repeat=2)
+             for cfg in matmul._TMA_CONFIGS[2][:1 if quick else None]]
+    cases += [("fp32", p, False, True, cfg) for p in ("tf32x3", "tf32_rounded")
+              for cfg in matmul._TMA_CONFIGS[4][:1 if quick else None]]
+    cases += [("fp32", "tf32x3_split", False, True, cfg) for cfg in matmul._TMA_SPLIT_CONFIGS[:1 if quick else None]]
+    for dtype, precision, a_t, b_t, cfg in cases:
+        tiles = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages", "OCC")}
+        constexprs = dict(A_T=a_t, B_T=b_t, HAS_BIAS=True, ACT="gelu", STORE_Z=True, PRECISION=precision, GROUP_M=8,
+                          NUM_PROGRAMS=132, C_PTR=False, **tiles)
+        pointers = dict.fromkeys(("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "z_ptr"), dtype)
+        report(f"mm_tma {dtype} {precision} A_T={a_t} B_T={b_t} {config_name(cfg)}",
+               lambda: compiled(matmul_kernels.mm_tma_kernel, pointers, constexprs, cfg))
+
+
+def depthwise_cases(quick: bool):
+    pointers = dict.fromkeys(("x_ptr", "w_ptr", "y_ptr", "bias_ptr", "z_ptr", "r_ptr"), "bf16")
+    for stride, cfg in itertools.product((1, 2), depthwise.WALK_FWD_CONFIGS[:1 if quick else None]):
+        tiles = {k: v for k, v in cfg.items() if k != "num_warps"}
+        constexprs = dict(STRIDE_H=stride, STRIDE_W=stride, PAD_H=1, PAD_W=1, HAS_BIAS=True, HAS_RES=False,
+                          ACT="none", STORE_Z=False, **tiles)
+        report(f"dw3 walk bf16 stride {stride} {tiles}",
+               lambda: compiled(depthwise._conv_dw3_fwd_kernel, pointers, constexprs, cfg))
+    pointers = dict.fromkeys(("dz_ptr", "w_ptr", "dx_ptr"), "bf16")
+    for cfg in depthwise.DGRAD_CONFIGS[:1 if quick else None]:
+        tiles = {k: v for k, v in cfg.items() if k != "num_warps"}
+        constexprs = dict(STRIDE_H=2, STRIDE_W=2, PAD_H=1, PAD_W=1, DIL_H=1, DIL_W=1, KH=3, KW=3, **tiles)
+        report(f"dw dgrad bf16 stride 2 {tiles}",
+               lambda: compiled(depthwise._conv_dw_dgrad_kernel, pointers, constexprs, cfg))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    matmul_cases(args.quick)
+    depthwise_cases(args.quick)
+
+
+if __name__ == "__main__":
+    main()
