@@ -3,10 +3,10 @@ GPU? Triton compiles for a named target with the ptxas its wheel bundles; the ke
 
 Answers, for matmul's TMA kernel in each layout and precision and every config of `_TMA_CONFIGS` /
 `_TMA_SPLIT_CONFIGS`, and for the depthwise walk and input gradient: compiles or not, the shared memory the
-compiled kernel takes (over 232,448 bytes a launch fails: the tuner times such a config as infinite), and, for
-the products, the operand traffic through registers (`ld.shared` in the PTX: tiles read back from shared memory;
-`ttg.local_store`: tiles written to it from registers), which tells a split in registers from MMAs reading their
-operands as TMA loaded them.
+compiled kernel takes (over 232,448 bytes a launch fails: the tuner times such a config as infinite), and reads
+back from shared memory (`ld.shared` in the PTX: operand tiles taken into registers, as tf32x3's split in
+registers does (8 at 128 x 128 x 32, none from split copies), or the epilogue's layout conversion of C (16-32 in
+the 16-bit configs with 128-256 columns)).
 
 Caveat: the CPU's Triton (3.8 here) is not the GPU's (3.6): a kernel that compiles here may still fail there,
 and the shared memory can differ; a first check before a GPU session, not a substitute.
