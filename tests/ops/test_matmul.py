@@ -621,8 +621,8 @@ def test_tma_kernel_on_odd_shapes(dtype, monkeypatch):
 def test_true_fp32_on_split_copies(monkeypatch):
     """True fp32 (tf32x3) on the TMA kernel from operands copied as two tf32 parts each, hi and lo a plane apart
     (`split_copies_pay` forced: products this small split in registers; the interpreter's tf32x3 offered as on a
-    GPU): linear + bias + gelu of odd sizes, forward and both gradients, against float64; the split plans are
-    made for eager calls only. The copies pay for large products within SPLIT_WORKSPACE."""
+    GPU): linear + bias + gelu of odd sizes and a batched product, forward and both gradients, against float64.
+    The copies pay for large products within SPLIT_WORKSPACE."""
     pay = _mm_module.split_copies_pay
     assert pay(1, 4096, 4096, 4096) and pay(4, 1024, 999, 1000) and not pay(1, 64, 4096, 4096)
     assert not pay(1, 16384, 16384, 16384)  # (4 GiB of copies)
@@ -641,10 +641,12 @@ def test_true_fp32_on_split_copies(monkeypatch):
     _mm_module._plans.clear()
     try:
         check(dropin_linear("gelu"), torch_linear("gelu"), linear_leaves((2, 33, 37), 27, torch.float32))
+        check(dropin.ops.bmm, torch.bmm, {"a": randn(3, 20, 35, dtype=torch.float32),  # (lo parts 3 batches on)
+                                          "b": randn(3, 35, 18, dtype=torch.float32)})
     finally:
         _mm_module._plans.clear()
     tma = [c for kernel, c in made if kernel is _mm_module.mm_tma_kernel]
-    assert len(tma) == 3 and all(c["PRECISION"] == "tf32x3_split" for c in tma), tma  # (forward, both gradients)
+    assert len(tma) == 6 and all(c["PRECISION"] == "tf32x3_split" for c in tma), tma  # (forward, both gradients)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
