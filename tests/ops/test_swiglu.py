@@ -47,7 +47,6 @@ SHAPES = [  # (x shape, intermediate size)
 SLOW_LLAMA_SIZES = {"seed002-2x1024x1024-i11008": ("fp16", "bf16"), "333x4096-i11008": ("fp32", "fp16")}
 
 
-
 @pytest.mark.parametrize("x_shape,intermediate,dtype", sweep(
     SHAPES, DTYPES, default=lambda s, d: DTYPES[d].id not in SLOW_LLAMA_SIZES.get(SHAPES[s].id, ())))
 def test_swiglu_mlp(x_shape, intermediate, dtype):
