@@ -5,6 +5,7 @@ gradient), against PyTorch in float64 (the reference) and against PyTorch's own 
 On the CPU the kernels run under the Triton interpreter, so shapes stay small there; `gpu` tests add
 large shapes, bfloat16, torch.compile, autocast and TF32.
 """
+import contextlib
 import importlib
 import math
 
@@ -588,6 +589,25 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
                    save_preact)
 
 
+@contextlib.contextmanager
+def tma_launches(monkeypatch):
+    """The constexprs of every mm_tma_kernel Launch that matmul makes inside the block (a list, filled as they are
+    made), matmul's plans emptied before and after (so that the block plans anew)."""
+    made = []
+    real = _mm_module.Launch
+
+    def spy(kernel, grid, constexprs, **kwargs):
+        if kernel is _mm_module.mm_tma_kernel:
+            made.append(constexprs)
+        return real(kernel, grid, constexprs, **kwargs)
+    monkeypatch.setattr(_mm_module, "Launch", spy)
+    _mm_module._plans.clear()
+    try:
+        yield made
+    finally:
+        _mm_module._plans.clear()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 def test_tma_kernel_on_odd_shapes(dtype, monkeypatch):
     """Offered as on Hopper, a product whose rows are not 16-byte aligned (K = 37, N = 27: no descriptor takes
@@ -602,19 +622,8 @@ def test_tma_kernel_on_odd_shapes(dtype, monkeypatch):
     assert not pay(1, 32768, 32768, 2047, 2, "ieee") and not pay(4, 4093, 4099, 4091, 2, "ieee")  # (256 MiB)
     monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
     monkeypatch.setattr(_mm_module, "aligned_copies_pay", lambda batch, M, N, K, size, precision: True)
-    made = []
-    real = _mm_module.Launch
-
-    def spy(kernel, grid, constexprs, **kwargs):
-        made.append((kernel, constexprs))
-        return real(kernel, grid, constexprs, **kwargs)
-    monkeypatch.setattr(_mm_module, "Launch", spy)
-    _mm_module._plans.clear()
-    try:
+    with tma_launches(monkeypatch) as tma:
         check(dropin_linear("silu"), torch_linear("silu"), linear_leaves((2, 33, 37), 27, dtype))
-    finally:
-        _mm_module._plans.clear()
-    tma = [c for kernel, c in made if kernel is _mm_module.mm_tma_kernel]
     assert len(tma) == 3 and all(c["C_PTR"] for c in tma), tma  # (forward, input and weight gradients)
 
 
@@ -631,21 +640,10 @@ def test_true_fp32_on_split_copies(monkeypatch):
     real_precision = _gemm.precision
     monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None:
                         "tf32x3" if dtype == torch.float32 else real_precision(dtype, allow_tf32, k))
-    made = []
-    real = _mm_module.Launch
-
-    def spy(kernel, grid, constexprs, **kwargs):
-        made.append((kernel, constexprs))
-        return real(kernel, grid, constexprs, **kwargs)
-    monkeypatch.setattr(_mm_module, "Launch", spy)
-    _mm_module._plans.clear()
-    try:
+    with tma_launches(monkeypatch) as tma:
         check(dropin_linear("gelu"), torch_linear("gelu"), linear_leaves((2, 33, 37), 27, torch.float32))
         check(dropin.ops.bmm, torch.bmm, {"a": randn(3, 20, 35, dtype=torch.float32),  # (lo parts 3 batches on)
                                           "b": randn(3, 35, 18, dtype=torch.float32)})
-    finally:
-        _mm_module._plans.clear()
-    tma = [c for kernel, c in made if kernel is _mm_module.mm_tma_kernel]
     assert len(tma) == 6 and all(c["PRECISION"] == "tf32x3_split" for c in tma), tma  # (forward, both gradients)
 
 
