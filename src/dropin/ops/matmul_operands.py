@@ -48,8 +48,8 @@ def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = F
     else:
         outer = _runtime.cdiv(R, unit) * unit
         strides = (C * outer, 1, outer)
-    parts = 2 if split else 1
-    y = torch.empty_strided((parts * batch, R, C), strides, device=t.device, dtype=t.dtype)[:batch]
+    y = torch.empty_strided((2 * batch if split else batch, R, C), strides, device=t.device, dtype=t.dtype)
+    y = y[:batch] if split else y  # (the lo part past the view's end: eager only, `_mm_prepared`)
     grid, meta = _gemm.operand_copy_launch(R, C, batch, round_tf32, split)
     launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), batch * strides[0], traced=traced,
            **meta)
