@@ -35,7 +35,10 @@ SHARED_LIMIT = 232448  # bytes of shared memory a block may take on sm_90
 
 def compiled(kernel, pointers: dict, constexprs: dict, launch: dict):
     """triton.compile of kernel for sm_90: pointers maps each pointer parameter to its element type ('bf16',
-    'fp32', ...), constexprs the constexpr parameters, every other parameter an i32."""
+    'fp32', ...), constexprs the constexpr parameters (their defaults where not given), every other parameter an
+    i32."""
+    constexprs = dict({p.name: p.default for p in kernel.params if p.is_constexpr and p.name not in constexprs},
+                      **constexprs)
     signature = {p.name: (f"*{pointers[p.name]}" if p.name in pointers else
                           "constexpr" if p.name in constexprs else "i32") for p in kernel.params}
     return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=TARGET,
@@ -58,7 +61,8 @@ def report(name: str, make) -> None:
 def matmul_cases(quick: bool):
     def config_name(c):
         return "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")) + \
-            f" w{c['num_warps']} s{c['num_stages']}" + (" ws" if c.get("WARP_SPECIALIZE") else "")
+            f" w{c['num_warps']} s{c['num_stages']}" + (" ws" if c.get("WARP_SPECIALIZE") else "") + \
+            (" halves" if c.get("EPILOGUE_SUBTILE") else "")
     cases = [("bf16", "ieee", a_t, b_t, cfg) for a_t, b_t in itertools.product((False, True), repeat=2)
              for cfg in matmul._TMA_CONFIGS[2][:1 if quick else None]]
     cases += [("fp32", p, False, True, cfg) for p in ("tf32x3", "tf32_rounded")

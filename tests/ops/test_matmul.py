@@ -627,6 +627,21 @@ def test_tma_kernel_on_odd_shapes(dtype, monkeypatch):
     assert len(tma) == 3 and all(c["C_PTR"] for c in tma), tma  # (forward, input and weight gradients)
 
 
+def test_tma_epilogue_in_halves(monkeypatch):
+    """The TMA kernel's tiles stored as two halves (EPILOGUE_SUBTILE, forced; offered as on Hopper): linear + bias
+    + silu (C and Z stored so) forward and both gradients against float64, with N a multiple of neither the tile
+    nor its half."""
+    subtile = [c for c in _mm_module._TMA_CONFIGS[2] if c.get("EPILOGUE_SUBTILE")]
+    assert subtile
+    monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
+    real_pick = _mm_module._autotune.pick
+    monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare, **timing: dict(
+        subtile[0], KERNEL="tma") if name == "matmul" else real_pick(name, key, configs, prepare, **timing))
+    with tma_launches(monkeypatch) as tma:
+        check(dropin_linear("silu"), torch_linear("silu"), linear_leaves((2, 33, 72), 40, torch.float16))
+    assert len(tma) == 3 and all(c["EPILOGUE_SUBTILE"] and not c["C_PTR"] for c in tma), tma
+
+
 def test_true_fp32_on_split_copies(monkeypatch):
     """True fp32 (tf32x3) on the TMA kernel from operands copied as two tf32 parts each, hi and lo a plane apart
     (`split_copies_pay` forced: products this small split in registers; the interpreter's tf32x3 offered as on a

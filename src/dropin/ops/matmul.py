@@ -54,6 +54,8 @@ _TMA_CONFIGS = {
         _cfg(64, 128, 64, 4, 4, WARP_SPECIALIZE=False), _cfg(64, 64, 128, 4, 4, WARP_SPECIALIZE=False),
         _cfg(64, 64, 128, 4, 6, WARP_SPECIALIZE=False), _cfg(64, 32, 256, 4, 4, WARP_SPECIALIZE=False),
         _cfg(128, 128, 64, 4, 2, WARP_SPECIALIZE=False, OCC=2), _cfg(128, 64, 64, 4, 3, WARP_SPECIALIZE=False, OCC=2),
+        _cfg(128, 256, 64, 8, 4, WARP_SPECIALIZE=False, EPILOGUE_SUBTILE=True),  # (4 stages: C stored in halves)
+        _cfg(128, 256, 64, 8, 4, WARP_SPECIALIZE=True, EPILOGUE_SUBTILE=True),
         _cfg(64, 256, 64, 4, 4, WARP_SPECIALIZE=False)],  # M ~ 3136 (ResNet's 7x7 1x1s): 392 tiles, 3 full waves
     4: [_cfg(128, 128, 32, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 128, 32, 8, 3, WARP_SPECIALIZE=True),
         _cfg(128, 128, 64, 8, 2, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),

@@ -184,12 +184,14 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                    A_T: tl.constexpr, B_T: tl.constexpr,
                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, C_PTR: tl.constexpr = False):
+                   NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, C_PTR: tl.constexpr = False,
+                   EPILOGUE_SUBTILE: tl.constexpr = False):
     """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles.
     A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
     likewise B [BATCH, K, N] (B_T: [BATCH, N, K]). C (and Z) contiguous [BATCH, M, N], stored through
     descriptors, or with C_PTR (rows of N elements not 16-byte aligned, which a descriptor cannot take) through
-    masked pointer stores. PRECISION "tf32x3_split": A and B hold the hi parts of fp32 operands split into two
+    masked pointer stores (EPILOGUE_SUBTILE: a descriptor's tile stored as two halves, `_desc_store`). PRECISION
+    "tf32x3_split": A and B hold the hi parts of fp32 operands split into two
     tf32 numbers (`_gemm.operand_copy_kernel`'s SPLIT), their lo parts BATCH batches further; each K tile's
     product is dot's tf32x3 (small terms first, non-finite ones dropped) on tiles loaded as they lie, with no
     split in registers."""
@@ -207,9 +209,10 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         b_desc = tl.make_tensor_descriptor(b_ptr, [PARTS * BATCH, K, N], [stride_bb, stride_b, 1],
                                            [1, BLOCK_K, BLOCK_N])
     if not C_PTR:
-        c_desc = tl.make_tensor_descriptor(c_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
+        STORE_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
+        c_desc = tl.make_tensor_descriptor(c_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, STORE_N])
         if STORE_Z:
-            z_desc = tl.make_tensor_descriptor(z_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, BLOCK_N])
+            z_desc = tl.make_tensor_descriptor(z_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, STORE_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     tiles = num_pid_m * num_pid_n
@@ -249,9 +252,23 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
             tl.store(c_ptr + offs, c, mask=mask)
         else:
             if STORE_Z:
-                z_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N],
-                             acc.to(z_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
-            c_desc.store([batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N], c.reshape(1, BLOCK_M, BLOCK_N))
+                _desc_store(z_desc, batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N, acc.to(z_ptr.dtype.element_ty),
+                            BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+            _desc_store(c_desc, batch_c, pid_m * BLOCK_M, pid_n * BLOCK_N, c, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+
+
+@triton.jit
+def _desc_store(desc, batch, off_m, off_n, tile, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                SUBTILE: tl.constexpr):
+    """tile [BLOCK_M, BLOCK_N] into desc at (batch, off_m, off_n): whole, or with SUBTILE as two [BLOCK_M, BLOCK_N
+    / 2] halves (desc's block shape), which take half the shared memory a whole tile's store takes (a pipeline
+    stage more for the loads)."""
+    if SUBTILE:
+        left, right = tl.split(tile.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1))
+        desc.store([batch, off_m, off_n], left.reshape(1, BLOCK_M, BLOCK_N // 2))
+        desc.store([batch, off_m, off_n + BLOCK_N // 2], right.reshape(1, BLOCK_M, BLOCK_N // 2))
+    else:
+        desc.store([batch, off_m, off_n], tile.reshape(1, BLOCK_M, BLOCK_N))
 
 
 @triton.jit
