@@ -1,5 +1,5 @@
 """What the products of several op families share (matmul, conv2d, attention, swiglu): the Triton tile helpers
-(`dot`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`), the operand copy (`operand_copy_kernel`, its
+(`dot`, `dot_parts`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`), the operand copy (`operand_copy_kernel`, its
 launch: `operand_copy_launch`) and the host-side rules (`precision`, `max_k`, `fits`, `autocast`,
 `check_operands`). Callers reach the host-side rules through the module (`_gemm.precision`), so that a test
 patching one reaches every op."""
@@ -102,20 +102,27 @@ def _tf32_split(x):
 
 
 @triton.jit
+def dot_parts(a_hi, a_lo, b_hi, b_lo):
+    """tf32x3's a @ b from each operand's two tf32 parts (_tf32_split): a_lo @ b_hi + a_hi @ b_lo first, their
+    non-finite sums dropped (an inf in a_hi times b_lo: inf or nan; the big product has the answer), then
+    + a_hi @ b_hi; a_lo @ b_lo, under 2^-22 of a product, left out."""
+    c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
+    return tl.dot(a_hi, b_hi, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
+
+
+@triton.jit
 def dot(a, b, PRECISION: tl.constexpr):
     """a @ b in fp32. PRECISION "tf32" rounds the operands first (see round_tf32); "tf32_rounded": they already
-    are (matmul_operands.operand_copy's copies); "tf32x3": true fp32 on the tensor cores, a_lo @ b_hi + a_hi @ b_lo
-    + a_hi @ b_hi of the operands' _tf32_split (small terms first, non-finite ones dropped; a_lo @ b_lo, under
-    2^-22 of a product, dropped); "ieee": fp32 FMAs."""
+    are (matmul_operands.operand_copy's copies); "tf32x3": true fp32 on the tensor cores, `dot_parts` of the
+    operands' _tf32_split; "ieee": fp32 FMAs."""
     if PRECISION == "tf32":
         c = tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
     elif PRECISION == "tf32_rounded":
         c = tl.dot(a, b, input_precision="tf32")
-    elif PRECISION == "tf32x3":  # (fp32 operands only; an inf in a_hi times b_lo: inf or nan, dropped: the
-        a_hi, a_lo = _tf32_split(a)  # big product has the answer)
+    elif PRECISION == "tf32x3":  # (fp32 operands only)
+        a_hi, a_lo = _tf32_split(a)
         b_hi, b_lo = _tf32_split(b)
-        c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
-        c = tl.dot(a_hi, b_hi, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
+        c = dot_parts(a_hi, a_lo, b_hi, b_lo)
     else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
         c = tl.dot(a, b, input_precision=PRECISION)
     return c

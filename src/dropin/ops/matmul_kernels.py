@@ -5,7 +5,7 @@ are `_gemm`'s."""
 import triton
 import triton.language as tl
 
-from ._gemm import ACC_K, dot_acc, split_range, tile_coords
+from ._gemm import ACC_K, dot_acc, dot_parts, split_range, tile_coords
 from .activations import activation_grad, apply_activation
 
 
@@ -190,11 +190,10 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
     likewise B [BATCH, K, N] (B_T: [BATCH, N, K]). C (and Z) contiguous [BATCH, M, N], stored through
     descriptors, or with C_PTR (rows of N elements not 16-byte aligned, which a descriptor cannot take) through
-    masked pointer stores (EPILOGUE_SUBTILE: a descriptor's tile stored as two halves, `_desc_store`). PRECISION
-    "tf32x3_split": A and B hold the hi parts of fp32 operands split into two
-    tf32 numbers (`_gemm.operand_copy_kernel`'s SPLIT), their lo parts BATCH batches further; each K tile's
-    product is dot's tf32x3 (small terms first, non-finite ones dropped) on tiles loaded as they lie, with no
-    split in registers."""
+    masked pointer stores (EPILOGUE_SUBTILE: a descriptor's tile stored as two halves, `_desc_store`).
+    PRECISION "tf32x3_split": A and B hold the hi parts of fp32 operands split into two tf32 numbers
+    (`_gemm.operand_copy_kernel`'s SPLIT), their lo parts BATCH batches further; each K tile's product is
+    tf32x3's (`_gemm.dot_parts`) on tiles loaded as they lie, with no split in registers."""
     PARTS: tl.constexpr = 2 if PRECISION == "tf32x3_split" else 1
     if A_T:
         a_desc = tl.make_tensor_descriptor(a_ptr, [PARTS * BATCH, K, M], [stride_ab, stride_a, 1],
@@ -233,8 +232,7 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
             if PRECISION == "tf32x3_split":
                 a_lo = _tma_tile(a_desc, batch + BATCH, off_m, off_k, A_T, True, BLOCK_M, BLOCK_K)
                 b_lo = _tma_tile(b_desc, batch + BATCH, off_n, off_k, B_T, False, BLOCK_N, BLOCK_K)
-                c = tl.dot(a, b_lo, tl.dot(a_lo, b, input_precision="tf32"), input_precision="tf32")
-                acc += tl.dot(a, b, tl.where(tl.abs(c) < float("inf"), c, 0.0), input_precision="tf32")
+                acc += dot_parts(a, a_lo, b, b_lo)
             else:
                 acc = dot_acc(acc, a, b, PRECISION)
         tile_c += NUM_PROGRAMS
