@@ -310,9 +310,10 @@ def test_bench_rows_merged_over_processes():
     assert merged[2]["process_median_ms"] == [1.0, 1.4] and merged[2]["median_ms"] == 1.2
 
 
-def test_bench_processes_rerun_the_timing_alone(monkeypatch):
+def test_bench_processes_rerun_the_timing_alone(monkeypatch, capsys):
     """--processes N: the later processes run the same command for the host-bound providers of the first's rows,
-    without the files, the loss curves or their plot (the first process writes and trains those)."""
+    without the files, the loss curves or their plot (the first process writes and trains those) and without the
+    training step's check (the first made it); a later process that fails shows the end of its output."""
     import subprocess
     import sys
 
@@ -324,17 +325,26 @@ def test_bench_processes_rerun_the_timing_alone(monkeypatch):
     args.argv = argv
     calls = []
 
-    def run(command, check, stdout):
+    def run(command, **kwargs):
         calls.append(command)
         path = command[command.index("--json") + 1]
         with open(path, "w") as f:
             json.dump({"rows": [{"provider": "original"}]}, f)
+        return subprocess.CompletedProcess(command, 0, "")
     monkeypatch.setattr(subprocess, "run", run)
     assert cli._bench_process(args, ["original", "original_compile", "dropin"], 2) == [{"provider": "original"}]
     (command,) = calls
     assert command[:3] == [sys.executable, "-m", "dropin.cli"]
-    assert command[3:-4] == ["inject", "llama", "--train", "--bench", "--quiet"]
-    assert command[-4:-2] == ["--providers", "original,dropin"] and command[-2] == "--json"
+    assert command[3:-5] == ["inject", "llama", "--train", "--bench", "--quiet"]
+    assert command[-5:-2] == ["--providers", "original,dropin", "--timing-only"] and command[-2] == "--json"
+    assert cli.build_parser().parse_args(command[3:]).timing_only
+
+    monkeypatch.setattr(subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
+        command, 1, "".join(f"line {i}\n" for i in range(30)) + "BEYOND the limit\n"))
+    with pytest.raises(subprocess.CalledProcessError):
+        cli._bench_process(args, ["original", "dropin"], 2)
+    err = capsys.readouterr().err
+    assert "exited with 1" in err and "BEYOND the limit" in err and "line 11" in err and "line 10\n" not in err
 
 
 def _later_bench_processes(monkeypatch, source, seen=None):
@@ -353,6 +363,7 @@ def _later_bench_processes(monkeypatch, source, seen=None):
         rows = [dict(r, median_ms=r["median_ms"] * 2) for r in read["rows"] if r["provider"] == "dropin"]
         with open(command[command.index("--json") + 1], "w") as f:
             json.dump({"rows": rows}, f)
+        return subprocess.CompletedProcess(command, 0, "")
     monkeypatch.setattr(subprocess, "run", run)
 
 

@@ -1,7 +1,7 @@
 """Per-config timing of the matmul kernels on the GPU (a tuning aid, not the benchmark): for each shape and
 operand layout, every candidate config of both kernels against torch, with its error vs float64."""
+import importlib
 import os
-import sys
 import time
 
 import torch
@@ -9,8 +9,8 @@ from triton.testing import do_bench
 
 import dropin
 
-mm = sys.modules["dropin.ops.matmul"]
-_gemm = sys.modules["dropin.ops._gemm"]
+mm = importlib.import_module("dropin.ops.matmul")
+_gemm = importlib.import_module("dropin.ops._gemm")
 
 
 def rel(o, r):
@@ -23,7 +23,7 @@ def candidates(aa, bb, c, z):
     real = mm._autotune.pick
     mm._autotune.pick = lambda name, key, configs, run, **timing: seen.extend(configs) or configs[0]
     try:
-        mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype))
+        mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype), False)
     finally:
         mm._autotune.pick = real
     return seen
@@ -33,7 +33,7 @@ def plan_for(aa, bb, c, z, cfg):
     real = mm._autotune.pick
     mm._autotune.pick = lambda name, key, configs, run, **timing: cfg
     try:
-        return mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype))
+        return mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype), False)
     finally:
         mm._autotune.pick = real
 

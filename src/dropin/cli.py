@@ -292,8 +292,13 @@ def _run_again(args, extra: list, check: bool = True, bench: bool = True) -> dic
             and a != "--update" and (bench or a != "--bench")]
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/rows.json"
-        subprocess.run([sys.executable, "-m", "dropin.cli", *argv, *extra, "--json", path], check=check,
-                       stdout=subprocess.DEVNULL)
+        done = subprocess.run([sys.executable, "-m", "dropin.cli", *argv, *extra, "--json", path],
+                              stdout=subprocess.PIPE, text=True)
+        if check and done.returncode:
+            tail = "\n".join(done.stdout.splitlines()[-20:])
+            print(f"dropin inject: the process run again exited with {done.returncode}; its output ended:\n{tail}",
+                  file=sys.stderr)
+            done.check_returncode()
         try:
             with open(path) as f:
                 return json.load(f)
@@ -308,7 +313,8 @@ def _bench_process(args, providers, number: int) -> list[dict]:
     from dropin.bench.models import HOST_BOUND
 
     print(f"dropin inject: bench process {number} of {args.processes}", file=sys.stderr)
-    return _run_again(args, ["--providers", ",".join(p for p in HOST_BOUND if p in providers)])["rows"]
+    providers = ",".join(p for p in HOST_BOUND if p in providers)
+    return _run_again(args, ["--providers", providers, "--timing-only"])["rows"]
 
 
 def _rerun_after_fault(args, rows: list[dict]) -> tuple[list[dict], dict]:
@@ -457,7 +463,7 @@ def _inject(args) -> int:
         bare, original, model = original, loss(original), loss(model)
         grad = models.upstream_gradient(original, inputs) if args.train else None
         reference = models.float64_step(original, inputs, grad)  # one float64 copy for the check and the bench
-        if args.train and not _train(original, model, inputs, grad, reference):
+        if args.train and not args.timing_only and not _train(original, model, inputs, grad, reference):
             return 1
         if not args.bench and not args.curve:
             return 0
@@ -618,6 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--update", action="store_true", help="with --json: merge into that file (same model, "
                         "mode, dtype and batch): this run's providers and loss curve replace the file's, the others "
                         "stay; a bench measured in parts, one call each (env.parts lists them)")
+    # (the bench processes after the first: the first checked the training step)
+    inject.add_argument("--timing-only", action="store_true", help=argparse.SUPPRESS)
     inject.add_argument("--processes", type=int, default=1, help="with --bench: run it in this many processes "
                         "and give the median of their medians, with the spread (default: %(default)s)")
     llama = inject.add_argument_group("llama", "sizes; default: seed 002's config on a GPU (1 layer, hidden 1024, 4 "
