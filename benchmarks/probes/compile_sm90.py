@@ -2,8 +2,9 @@
 GPU? Triton compiles for a named target with the ptxas its wheel bundles; the kernels are not run.
 
 Answers, for matmul's TMA kernel in each layout and precision and every config of `_TMA_CONFIGS` /
-`_TMA_SPLIT_CONFIGS`, and for the depthwise walk and input gradient: compiles or not, the shared memory the
-compiled kernel takes (over 232,448 bytes a launch fails: the tuner times such a config as infinite), and reads
+`_TMA_ROUNDED_CONFIGS` / `_TMA_SPLIT_CONFIGS`, and for the depthwise walk and input gradient: compiles or not, the
+shared memory the compiled kernel takes (over 232,448 bytes a launch fails: the tuner times such a config as
+infinite), the waits for MMA results in the PTX (`wgmma.wait_group`: where a sum reads them in registers), and reads
 back from shared memory (`ld.shared` in the PTX: operand tiles taken into registers, as tf32x3's split in
 registers does (8 at 128 x 128 x 32, none from split copies), or the epilogue's layout conversion of C (16-32 in
 the 16-bit configs with 128-256 columns)).
@@ -54,6 +55,7 @@ def report(name: str, make) -> None:
         return
     shared, ptx, ttgir = k.metadata.shared, k.asm.get("ptx", ""), k.asm.get("ttgir", "")
     print(f"{'ok  ' if shared <= SHARED_LIMIT else 'SMEM'} {name}: shared {shared} B, wgmma {ptx.count('wgmma.mma_async')}"
+          f", waits {ptx.count('wgmma.wait_group')}"
           f", ld.shared {ptx.count('ld.shared')}, local_store {ttgir.count('ttg.local_store')} "
           f"({time.perf_counter() - start:.1f} s)")
 
@@ -62,11 +64,12 @@ def matmul_cases(quick: bool):
     def config_name(c):
         return "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")) + \
             f" w{c['num_warps']} s{c['num_stages']}" + (" ws" if c.get("WARP_SPECIALIZE") else "") + \
-            (" halves" if c.get("EPILOGUE_SUBTILE") else "")
+            (" halves" if c.get("EPILOGUE_SUBTILE") else "") + (" chain" if c.get("CORRECTION_CHAIN") else "")
     cases = [("bf16", "ieee", a_t, b_t, cfg) for a_t, b_t in itertools.product((False, True), repeat=2)
              for cfg in matmul._TMA_CONFIGS[2][:1 if quick else None]]
     cases += [("fp32", p, False, True, cfg) for p in ("tf32x3", "tf32_rounded")
               for cfg in matmul._TMA_CONFIGS[4][:1 if quick else None]]
+    cases += [("fp32", "tf32_rounded", False, True, cfg) for cfg in matmul._TMA_ROUNDED_CONFIGS[:1 if quick else None]]
     cases += [("fp32", "tf32x3_split", False, True, cfg) for cfg in matmul._TMA_SPLIT_CONFIGS[:1 if quick else None]]
     for dtype, precision, a_t, b_t, cfg in cases:
         tiles = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages", "OCC")}

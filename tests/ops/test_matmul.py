@@ -631,7 +631,7 @@ def test_tma_epilogue_in_halves(monkeypatch):
     """The TMA kernel's tiles stored as two halves (EPILOGUE_SUBTILE, forced; offered as on Hopper): linear + bias
     + silu (C and Z stored so) forward and both gradients against float64, with N a multiple of neither the tile
     nor its half."""
-    subtile = [c for c in _mm_module._TMA_CONFIGS[2] if c.get("EPILOGUE_SUBTILE")]
+    subtile = [c for c in _mm_module._TMA_ROUNDED_CONFIGS if c.get("EPILOGUE_SUBTILE")]
     assert subtile
     monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
     real_pick = _mm_module._autotune.pick
@@ -642,10 +642,12 @@ def test_tma_epilogue_in_halves(monkeypatch):
     assert len(tma) == 3 and all(c["EPILOGUE_SUBTILE"] and not c["C_PTR"] for c in tma), tma
 
 
-def test_true_fp32_on_split_copies(monkeypatch):
+@pytest.mark.parametrize("chain", [False, True], ids=["per-tile", "correction-chain"])
+def test_true_fp32_on_split_copies(chain, monkeypatch):
     """True fp32 (tf32x3) on the TMA kernel from operands copied as two tf32 parts each, hi and lo a plane apart
     (`split_copies_pay` forced: products this small split in registers; the interpreter's tf32x3 offered as on a
-    GPU): linear + bias + gelu of odd sizes and a batched product, forward and both gradients, against float64.
+    GPU), each K tile's three products together or the correction products in a chain of their own (the config
+    picked): linear + bias + gelu of odd sizes and a batched product, forward and both gradients, against float64.
     The copies pay for large products within SPLIT_WORKSPACE."""
     pay = _mm_module.split_copies_pay
     assert pay(1, 4096, 4096, 4096) and pay(4, 1024, 999, 1000) and not pay(1, 64, 4096, 4096)
@@ -655,11 +657,16 @@ def test_true_fp32_on_split_copies(monkeypatch):
     real_precision = _gemm.precision
     monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None:
                         "tf32x3" if dtype == torch.float32 else real_precision(dtype, allow_tf32, k))
+    real_pick = _mm_module._autotune.pick
+    monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare, **timing: dict(
+        configs[0], CORRECTION_CHAIN=chain) if "tf32x3_split" in key else real_pick(name, key, configs, prepare,
+                                                                                    **timing))
     with tma_launches(monkeypatch) as tma:
         check(dropin_linear("gelu"), torch_linear("gelu"), linear_leaves((2, 33, 37), 27, torch.float32))
         check(dropin.ops.bmm, torch.bmm, {"a": randn(3, 20, 35, dtype=torch.float32),  # (lo parts 3 batches on)
                                           "b": randn(3, 35, 18, dtype=torch.float32)})
-    assert len(tma) == 6 and all(c["PRECISION"] == "tf32x3_split" for c in tma), tma  # (forward, both gradients)
+    assert len(tma) == 6, tma  # (forward, both gradients)
+    assert all(c["PRECISION"] == "tf32x3_split" and c["CORRECTION_CHAIN"] == chain for c in tma), tma
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])

@@ -62,11 +62,13 @@ def round_tf32(x):
 
 @triton.jit
 def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
-                        ROUND_TF32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                        ROUND_TF32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                        NEGATE: tl.constexpr = False):
     """y = x, [batch, R, C] in any strides each (an operand laid out as the MMAs read it); with ROUND_TF32 (fp32)
     rounded to tf32 exactly (round_tf32, the low 13 bits cleared): operands that the tf32 MMAs' truncation leaves
     unchanged; with SPLIT (fp32) x's two tf32 parts (_tf32_split): hi into y, lo `plane` elements further (the
-    operands of tf32x3 products that read both parts as they lie). Grid (tiles, batch)."""
+    operands of tf32x3 products that read both parts as they lie), those of -x with NEGATE (exact: a product
+    subtracted from its sum, which Triton does not fold into the MMA chain, `dot_acc`). Grid (tiles, batch)."""
     batch = tl.program_id(1).to(tl.int64)
     num_c = tl.cdiv(C, BLOCK_C)
     offs_r = (tl.program_id(0) // num_c).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -75,7 +77,7 @@ def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
     x = tl.load(x_ptr + batch * sxb + offs_r[:, None] * sxr + offs_c[None, :] * sxc, mask=mask)
     y_ptrs = y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc
     if SPLIT:
-        hi, lo = _tf32_split(x)
+        hi, lo = _tf32_split(-x if NEGATE else x)
         tl.store(y_ptrs, hi, mask=mask)
         tl.store(y_ptrs + plane, lo, mask=mask)
     else:
@@ -84,10 +86,10 @@ def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
         tl.store(y_ptrs, x, mask=mask)
 
 
-def operand_copy_launch(R, C, batch, round_tf32: bool, split: bool = False) -> tuple:
+def operand_copy_launch(R, C, batch, round_tf32: bool, split: bool = False, negate: bool = False) -> tuple:
     """(grid, constexprs) of operand_copy_kernel over [batch, R, C]: 64 x 64 tiles."""
     return ((_runtime.cdiv(R, 64) * _runtime.cdiv(C, 64), batch),
-            dict(ROUND_TF32=round_tf32, SPLIT=split, BLOCK_R=64, BLOCK_C=64))
+            dict(ROUND_TF32=round_tf32, SPLIT=split, BLOCK_R=64, BLOCK_C=64, NEGATE=negate))
 
 
 @triton.jit

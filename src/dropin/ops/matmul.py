@@ -54,19 +54,23 @@ _TMA_CONFIGS = {
         _cfg(64, 128, 64, 4, 4, WARP_SPECIALIZE=False), _cfg(64, 64, 128, 4, 4, WARP_SPECIALIZE=False),
         _cfg(64, 64, 128, 4, 6, WARP_SPECIALIZE=False), _cfg(64, 32, 256, 4, 4, WARP_SPECIALIZE=False),
         _cfg(128, 128, 64, 4, 2, WARP_SPECIALIZE=False, OCC=2), _cfg(128, 64, 64, 4, 3, WARP_SPECIALIZE=False, OCC=2),
-        _cfg(128, 256, 64, 8, 4, WARP_SPECIALIZE=False, EPILOGUE_SUBTILE=True),  # (4 stages: C stored in halves)
-        _cfg(128, 256, 64, 8, 4, WARP_SPECIALIZE=True, EPILOGUE_SUBTILE=True),
         _cfg(64, 256, 64, 4, 4, WARP_SPECIALIZE=False)],  # M ~ 3136 (ResNet's 7x7 1x1s): 392 tiles, 3 full waves
     4: [_cfg(128, 128, 32, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 128, 32, 8, 3, WARP_SPECIALIZE=True),
         _cfg(128, 128, 64, 8, 2, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),
         _cfg(64, 64, 64, 4, 3, WARP_SPECIALIZE=False), _cfg(64, 32, 64, 4, 3, WARP_SPECIALIZE=False)],
 }
+# The TMA kernel on tf32-rounded copies ("tf32_rounded"), beside _TMA_CONFIGS[4]: 128 x 256 tiles in 3 stages with
+# C stored in halves (its fp32 tile whole would take 128 KB): 214 KB by compile_sm90.py, 246 KB where tiles are
+# split or rounded in registers too.
+_TMA_ROUNDED_CONFIGS = [_cfg(128, 256, 32, 8, 3, WARP_SPECIALIZE=ws, EPILOGUE_SUBTILE=True) for ws in (False, True)]
 # The TMA kernel on fp32 operands copied as two tf32 parts each ("tf32x3_split"): four tiles a K step, BLOCK_K at
 # most max_k's 32, stages within the shared memory (benchmarks/probes/compile_sm90.py: 147-197 KB; 128 x 128 in 3
-# stages takes 262). The first is the untimed choice.
-_TMA_SPLIT_CONFIGS = [_cfg(128, 64, 32, 4, 3, WARP_SPECIALIZE=False), _cfg(128, 128, 32, 8, 2, WARP_SPECIALIZE=False),
-                      _cfg(128, 128, 32, 8, 2, WARP_SPECIALIZE=True), _cfg(64, 128, 32, 4, 3, WARP_SPECIALIZE=False),
-                      _cfg(64, 64, 32, 4, 4, WARP_SPECIALIZE=False)]
+# stages takes 262); each with the correction products in one chain over K (CORRECTION_CHAIN, mm_tma_kernel) and
+# without. The first is the untimed choice.
+_TMA_SPLIT_CONFIGS = [_cfg(*tile, WARP_SPECIALIZE=ws, CORRECTION_CHAIN=chain) for chain in (False, True)
+                      for tile, ws in [((128, 64, 32, 4, 3), False), ((128, 128, 32, 8, 2), False),
+                                       ((128, 128, 32, 8, 2), True), ((64, 128, 32, 4, 3), False),
+                                       ((64, 64, 32, 4, 4), False)]]
 # Pointer kernel; SPLIT_K > 1 splits K over programs (skinny products that would leave SMs idle).
 _PTR_CONFIGS = {
     2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 64, 4, 4), _cfg(128, 16, 64, 4, 4),
@@ -155,8 +159,8 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
     elif (tma is None and not traced and precision == "tf32x3" and split_copies_pay(*a.shape, b.shape[2])
           and _tma_takes(a, K)):
         # true fp32: tf32x3 on copies split into their tf32 parts, which the MMAs read as they lie (the split of
-        # every tile in registers ran at 46 TFLOP/s, 0.90x cuBLAS's fp32 at 4096^3)
-        a, b, precision = operand_copy(a, 2, False, traced, True), operand_copy(b, 1, False, traced, True), \
+        # every tile in registers ran at 46 TFLOP/s, 0.90x cuBLAS's fp32 at 4096^3); A's of -a (mm_tma_kernel)
+        a, b, precision = operand_copy(a, 2, False, traced, True, True), operand_copy(b, 1, False, traced, True), \
             "tf32x3_split"
     elif (tma is None and aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)
           and _tma_takes(a, K)):
@@ -361,7 +365,8 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     else:
         ptr = not tma
     max_k = _gemm.max_k(precision, size)
-    tma_configs = _TMA_SPLIT_CONFIGS if split else _TMA_CONFIGS[size]
+    tma_configs = _TMA_SPLIT_CONFIGS if split else \
+        _TMA_CONFIGS[size] + (_TMA_ROUNDED_CONFIGS if precision == "tf32_rounded" else [])
     configs = [dict(cfg, KERNEL="tma") for cfg in _gemm.fits(tma_configs, M, N, K, max_k, 64)] if tma else []
     if ptr:
         configs += [dict(cfg, KERNEL="ptr") for cfg in _gemm.fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]

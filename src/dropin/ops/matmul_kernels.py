@@ -185,15 +185,19 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, C_PTR: tl.constexpr = False,
-                   EPILOGUE_SUBTILE: tl.constexpr = False):
+                   EPILOGUE_SUBTILE: tl.constexpr = False, CORRECTION_CHAIN: tl.constexpr = False):
     """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles.
     A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
     likewise B [BATCH, K, N] (B_T: [BATCH, N, K]). C (and Z) contiguous [BATCH, M, N], stored through
     descriptors, or with C_PTR (rows of N elements not 16-byte aligned, which a descriptor cannot take) through
     masked pointer stores (EPILOGUE_SUBTILE: a descriptor's tile stored as two halves, `_desc_store`).
     PRECISION "tf32x3_split": A and B hold the hi parts of fp32 operands split into two tf32 numbers
-    (`_gemm.operand_copy_kernel`'s SPLIT), their lo parts BATCH batches further; each K tile's product is
-    tf32x3's (`_gemm.dot_parts`) on tiles loaded as they lie, with no split in registers."""
+    (`_gemm.operand_copy_kernel`'s SPLIT; A's of -A), their lo parts BATCH batches further, loaded as they lie (no
+    split in registers); each K tile's product is subtracted from the sum (a two-level sum, as `_gemm.dot_acc`'s).
+    It is tf32x3's (`_gemm.dot_parts`); with CORRECTION_CHAIN only hi @ hi, the two correction products (under
+    2^-11 of it, whose chain's truncations do not matter) accumulating over all of K in one chain of their own,
+    added at the end: the PTX waits for MMA results twice a K tile, the last product's left in flight into the next
+    tile, where dot_parts's waits three times (benchmarks/probes/compile_sm90.py)."""
     PARTS: tl.constexpr = 2 if PRECISION == "tf32x3_split" else 1
     if A_T:
         a_desc = tl.make_tensor_descriptor(a_ptr, [PARTS * BATCH, K, M], [stride_ab, stride_a, 1],
@@ -225,6 +229,7 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        correction = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K
             a = _tma_tile(a_desc, batch, off_m, off_k, A_T, True, BLOCK_M, BLOCK_K)
@@ -232,9 +237,16 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
             if PRECISION == "tf32x3_split":
                 a_lo = _tma_tile(a_desc, batch + BATCH, off_m, off_k, A_T, True, BLOCK_M, BLOCK_K)
                 b_lo = _tma_tile(b_desc, batch + BATCH, off_n, off_k, B_T, False, BLOCK_N, BLOCK_K)
-                acc += dot_parts(a, a_lo, b, b_lo)
+                if CORRECTION_CHAIN:
+                    acc = acc - tl.dot(a, b, input_precision="tf32")
+                    correction = tl.dot(a, b_lo, tl.dot(a_lo, b, correction, input_precision="tf32"),
+                                        input_precision="tf32")
+                else:
+                    acc = acc - dot_parts(a, a_lo, b, b_lo)
             else:
                 acc = dot_acc(acc, a, b, PRECISION)
+        if CORRECTION_CHAIN:  # (non-finite where an operand is: the hi products have the answer, as in dot_parts)
+            acc = acc - tl.where(tl.abs(correction) < float("inf"), correction, 0.0)
         tile_c += NUM_PROGRAMS
         batch_c = tile_c // tiles
         pid_m, pid_n = tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)

@@ -35,11 +35,11 @@ def aligned_copies_pay(batch, M, N, K, size: int, precision: str) -> bool:
 
 
 def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = False,
-                  split: bool = False) -> torch.Tensor:
+                  split: bool = False, negate: bool = False) -> torch.Tensor:
     """A copy of t [batch, R, C] (rounded to tf32 with round_tf32) with dimension k_dim (1 or 2) contiguous and the
     other's stride padded to 16 bytes, as a TMA descriptor reads it (the padding is never read). split (fp32):
-    t's two tf32 parts, the hi part returned and the lo part `batch` batch strides further, in the same storage
-    (the TMA kernel's "tf32x3_split" operands)."""
+    t's two tf32 parts (-t's with negate), the hi part returned and the lo part `batch` batch strides further, in
+    the same storage (the TMA kernel's "tf32x3_split" operands)."""
     batch, R, C = t.shape
     unit = 16 // t.element_size()
     if k_dim == 2:
@@ -50,7 +50,7 @@ def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = F
         strides = (C * outer, 1, outer)
     y = torch.empty_strided((2 * batch if split else batch, R, C), strides, device=t.device, dtype=t.dtype)
     y = y[:batch] if split else y  # (the lo part past the view's end: eager only, `_mm_prepared`)
-    grid, meta = _gemm.operand_copy_launch(R, C, batch, round_tf32, split)
+    grid, meta = _gemm.operand_copy_launch(R, C, batch, round_tf32, split, negate)
     launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), batch * strides[0], traced=traced,
            **meta)
     return y
