@@ -6,8 +6,9 @@ as `dropin inject --train --bench` times them (loss, backward, fused AdamW), the
 Usage: PYTHONPATH=src python3 <this file> llama --layers 4 --hidden 4096 --heads 32 --intermediate 11008 --seq 1024
 --batch 4 --dtype bfloat16 [--train] (or resnet50 --channels-last --batch 64 --dtype bfloat16, cvt-13 ...). With llama's
 --generate N --bench: HF generate() of N tokens with a static cache under reduce-overhead (HF compiles the decoding step),
-original against injected, per generate() call."""
+original against injected, per generate() call. EAGER_ONLY=1 with --train: the eager steps alone."""
 import copy
+import os
 import sys
 import time
 
@@ -77,8 +78,10 @@ def main():
         original, injected = models.TrainingLoss(original, labels), models.TrainingLoss(injected, labels)
         grad = models.upstream_gradient(original, inputs)
         _profile("original eager", _train_step(original, original, inputs, grad))
-        _profile("original compiled", _train_step(torch.compile(original, dynamic=False), original, inputs, grad))
         _profile("injected eager", _train_step(injected, injected, inputs, grad))
+        if os.environ.get("EAGER_ONLY"):
+            return
+        _profile("original compiled", _train_step(torch.compile(original, dynamic=False), original, inputs, grad))
         torch._dynamo.reset()
         _profile("injected compiled", _train_step(torch.compile(injected, dynamic=False), injected, inputs, grad))
         return
