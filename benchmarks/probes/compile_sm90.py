@@ -12,7 +12,8 @@ the 16-bit configs with 128-256 columns)).
 Caveat: the CPU's Triton (3.8 here) is not the GPU's (3.6): a kernel that compiles here may still fail there,
 and the shared memory can differ; a first check before a GPU session, not a substitute.
 
-Usage: PYTHONPATH=src python benchmarks/probes/compile_sm90.py [--quick]   (~1 min; --quick: first configs only)
+Usage: PYTHONPATH=src python benchmarks/probes/compile_sm90.py [--quick] [--match "fp32 tf32x3_split"]   (~2 min;
+--quick: first configs only; --match: those matmul cases alone)
 """
 import argparse
 import importlib
@@ -60,7 +61,7 @@ def report(name: str, make) -> None:
           f"({time.perf_counter() - start:.1f} s)")
 
 
-def matmul_cases(quick: bool):
+def matmul_cases(quick: bool, match: str = ""):
     def config_name(c):
         return "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")) + \
             f" w{c['num_warps']} s{c['num_stages']}" + (" ws" if c.get("WARP_SPECIALIZE") else "") + \
@@ -69,9 +70,14 @@ def matmul_cases(quick: bool):
              for cfg in matmul._TMA_CONFIGS[2][:1 if quick else None]]
     cases += [("fp32", p, False, True, cfg) for p in ("tf32x3", "tf32_rounded")
               for cfg in matmul._TMA_CONFIGS[4][:1 if quick else None]]
-    cases += [("fp32", "tf32_rounded", False, True, cfg) for cfg in matmul._TMA_ROUNDED_CONFIGS[:1 if quick else None]]
-    cases += [("fp32", "tf32x3_split", False, True, cfg) for cfg in matmul._TMA_SPLIT_CONFIGS[:1 if quick else None]]
+    cases += [("fp32", p, False, True, cfg) for p in ("tf32_rounded", "tf32_rounded_b")
+              for cfg in matmul._TMA_ROUNDED_CONFIGS[:1 if quick else None]]
+    cases += [("fp32", "tf32_rounded_b", False, True, cfg) for cfg in matmul._TMA_CONFIGS[4][:1 if quick else None]]
+    cases += [("fp32", p, False, True, cfg) for p in ("tf32x3_split", "tf32x3_split_b")
+              for cfg in matmul._TMA_SPLIT_CONFIGS[:1 if quick else None]]
     for dtype, precision, a_t, b_t, cfg in cases:
+        if match and match not in f"{dtype} {precision}":
+            continue
         tiles = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages", "OCC")}
         constexprs = dict(A_T=a_t, B_T=b_t, HAS_BIAS=True, ACT="gelu", STORE_Z=True, PRECISION=precision, GROUP_M=8,
                           NUM_PROGRAMS=132, C_PTR=False, **tiles)
@@ -99,8 +105,9 @@ def depthwise_cases(quick: bool):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--match", default="", help="only the matmul cases whose dtype and precision contain this")
     args = parser.parse_args()
-    matmul_cases(args.quick)
+    matmul_cases(args.quick, args.match)
     depthwise_cases(args.quick)
 
 

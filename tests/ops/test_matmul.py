@@ -21,7 +21,7 @@ import triton.language as tl
 
 import _check
 import dropin
-from dropin.ops import _gemm
+from dropin.ops import _dispatch, _gemm
 from dropin.ops.activations import activation_ref
 
 _mm_module = importlib.import_module("dropin.ops.matmul")  # dropin.ops.matmul is also the function
@@ -499,18 +499,24 @@ def test_float32_follows_allow_tf32(op, tf32, allow_tf32):
         check(dropin_linear("gelu"), torch_linear("gelu"), linear_leaves((4, 64, 2048), 384, torch.float32))
 
 
+@pytest.mark.parametrize("copies", [None, "ab", "b"], ids=["in-registers", "copies", "copy-of-b"])
 @pytest.mark.parametrize("layout", ["nn", "tt"])
-def test_tf32_products_use_rounded_operands(layout, allow_tf32):
-    """With TF32 allowed, the kernels multiply tf32-rounded operands (rounded in registers; copies where the
-    product is large, test_registered_mm) and sum in fp32: the float64 product of the rounded operands, to fp32
-    accuracy (the MMA's truncation leaves them as they are)."""
+def test_tf32_products_use_rounded_operands(layout, copies, allow_tf32, monkeypatch):
+    """With TF32 allowed, the kernels multiply tf32-rounded operands (rounded in registers; rounded copies of both
+    where the product is large, of B alone where both do not fit the copy budget: forced) and sum in fp32: the
+    float64 product of the rounded operands, to fp32 accuracy (the MMA's truncation leaves them as they are)."""
     allow_tf32(True)
+    if copies:
+        monkeypatch.setattr(_mm_module, "tf32_copies_pay", lambda M, N: True)
+        monkeypatch.setattr(_mm_module, "copied_operands", lambda batch, M, K, N, parts, a_aligned=False: copies)
+    _mm_module._plans.clear()
     a, b = randn(33, 70), randn(70, 20)
     if layout == "tt":
         a, b = a.mT.contiguous().mT, b.mT.contiguous().mT
     bits = lambda t: (t.view(torch.int32) + 0x1000) & -8192  # noqa: E731  (finite values)
     rounded = lambda t: bits(t).view(torch.float32).double()  # noqa: E731
     out = dropin.matmul(a, b)
+    _mm_module._plans.clear()
     assert rel_err(out, rounded(a) @ rounded(b)) < 1e-6
     assert rel_err(out, a.double() @ b.double()) > 1e-5  # not an fp32 product
 
@@ -557,6 +563,8 @@ MM_OPS = [  # (id, batch, m, k, n, dtype, layout, bias, activation, save_preact,
     ("narrow", 1, 40, 30, 10, torch.float32, "tn", False, "gelu", False, None),
     ("empty", 2, 0, 24, 16, torch.float32, "nn", True, "silu", True, None),
     ("tf32", 2, 24, 40, 16, torch.float32, "tt", True, "none", True, "tf32"),
+    ("tf32-copies", 2, 24, 40, 16, torch.float32, "nn", True, "gelu", True, "tf32-copies"),
+    ("tf32-copy-of-b", 2, 24, 40, 16, torch.float32, "tn", True, "none", False, "tf32-copy-of-b"),
     ("tma-fp16", 2, 64, 64, 64, torch.float16, "nt", True, "silu", True, "tma"),
     ("tma-odd-fp16", 2, 40, 37, 27, torch.float16, "nt", True, "silu", True, "tma-odd"),
     ("splitk-fp16", 1, 24, 300, 40, torch.float16, "nn", True, "silu", True, "splitk"),
@@ -572,8 +580,10 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
     copies (forced: small products round in the kernel), TMA (offered as on Hopper: under the interpreter its
     descriptors are emulated; with odd sizes on aligned copies, forced), split K (forced)."""
     allow_tf32(str(path).startswith("tf32"))
-    if path == "tf32-copies":
+    if path in ("tf32-copies", "tf32-copy-of-b"):
         monkeypatch.setattr(_mm_module, "tf32_copies_pay", lambda M, N: True)
+        copied = "b" if path == "tf32-copy-of-b" else "ab"
+        monkeypatch.setattr(_mm_module, "copied_operands", lambda batch, M, K, N, parts, a_aligned=False: copied)
     if path in ("tma", "tma-odd"):
         monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
     if path == "tma-odd":
@@ -592,7 +602,7 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
 @contextlib.contextmanager
 def tma_launches(monkeypatch):
     """The constexprs of every mm_tma_kernel Launch that matmul makes inside the block (a list, filled as they are
-    made), matmul's plans emptied before and after (so that the block plans anew)."""
+    made), matmul's plans emptied before and after and its shortcuts new (so that the block plans anew)."""
     made = []
     real = _mm_module.Launch
 
@@ -601,6 +611,7 @@ def tma_launches(monkeypatch):
             made.append(constexprs)
         return real(kernel, grid, constexprs, **kwargs)
     monkeypatch.setattr(_mm_module, "Launch", spy)
+    monkeypatch.setattr(_mm_module, "_shortcuts", _dispatch.Shortcuts(differentiable=True))
     _mm_module._plans.clear()
     try:
         yield made
@@ -642,31 +653,38 @@ def test_tma_epilogue_in_halves(monkeypatch):
     assert len(tma) == 3 and all(c["EPILOGUE_SUBTILE"] and not c["C_PTR"] for c in tma), tma
 
 
+@pytest.mark.parametrize("copies", ["ab", "b"], ids=["copies", "copy-of-b"])
 @pytest.mark.parametrize("chain", [False, True], ids=["per-tile", "correction-chain"])
-def test_true_fp32_on_split_copies(chain, monkeypatch):
-    """True fp32 (tf32x3) on the TMA kernel from operands copied as two tf32 parts each, hi and lo a plane apart
-    (`split_copies_pay` forced: products this small split in registers; the interpreter's tf32x3 offered as on a
-    GPU), each K tile's three products together or the correction products in a chain of their own (the config
-    picked): linear + bias + gelu of odd sizes and a batched product, forward and both gradients, against float64.
-    The copies pay for large products within SPLIT_WORKSPACE."""
+def test_true_fp32_on_split_copies(chain, copies, monkeypatch):
+    """True fp32 (tf32x3) on the TMA kernel from operands copied as two tf32 parts each, hi and lo a plane apart,
+    or B's alone with A's tiles split in registers (`split_copies_pay` and `copied_operands` forced: products this
+    small split both in registers; the interpreter's tf32x3 offered as on a GPU), each K tile's three products
+    together or the correction products in a chain of their own (the config picked): linear + bias + gelu of odd
+    sizes and a batched product, forward and both gradients, against float64. The copies pay for large products;
+    both, B's alone or neither fit the copy budget."""
     pay = _mm_module.split_copies_pay
     assert pay(1, 4096, 4096, 4096) and pay(4, 1024, 999, 1000) and not pay(1, 64, 4096, 4096)
-    assert not pay(1, 16384, 16384, 16384)  # (4 GiB of copies)
+    copied = _mm_module.copied_operands
+    assert copied(1, 2048, 4096, 2048, 2) == "ab" and copied(1, 4096, 4096, 4096, 1) == "ab"
+    assert copied(1, 4096, 4096, 4096, 2) == "b" and copied(1, 16384, 16384, 16384, 2) == ""
+    assert copied(1, 6007, 4999, 3001, 2, a_aligned=True) == "b" and copied(1, 9000, 4999, 3001, 2, True) == ""
     monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
     monkeypatch.setattr(_mm_module, "split_copies_pay", lambda batch, M, K, N: True)
+    monkeypatch.setattr(_mm_module, "copied_operands", lambda batch, M, K, N, parts, a_aligned=False: copies)
     real_precision = _gemm.precision
     monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None:
                         "tf32x3" if dtype == torch.float32 else real_precision(dtype, allow_tf32, k))
     real_pick = _mm_module._autotune.pick
     monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare, **timing: dict(
-        configs[0], CORRECTION_CHAIN=chain) if "tf32x3_split" in key else real_pick(name, key, configs, prepare,
-                                                                                    **timing))
+        configs[0], CORRECTION_CHAIN=chain) if key[2].startswith("tf32x3_split") else real_pick(
+        name, key, configs, prepare, **timing))
     with tma_launches(monkeypatch) as tma:
         check(dropin_linear("gelu"), torch_linear("gelu"), linear_leaves((2, 33, 37), 27, torch.float32))
         check(dropin.ops.bmm, torch.bmm, {"a": randn(3, 20, 35, dtype=torch.float32),  # (lo parts 3 batches on)
                                           "b": randn(3, 35, 18, dtype=torch.float32)})
     assert len(tma) == 6, tma  # (forward, both gradients)
-    assert all(c["PRECISION"] == "tf32x3_split" and c["CORRECTION_CHAIN"] == chain for c in tma), tma
+    precision = "tf32x3_split" if copies == "ab" else "tf32x3_split_b"
+    assert all(c["PRECISION"] == precision and c["CORRECTION_CHAIN"] == chain for c in tma), tma
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])

@@ -66,7 +66,7 @@ def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
                         NEGATE: tl.constexpr = False):
     """y = x, [batch, R, C] in any strides each (an operand laid out as the MMAs read it); with ROUND_TF32 (fp32)
     rounded to tf32 exactly (round_tf32, the low 13 bits cleared): operands that the tf32 MMAs' truncation leaves
-    unchanged; with SPLIT (fp32) x's two tf32 parts (_tf32_split): hi into y, lo `plane` elements further (the
+    unchanged; with SPLIT (fp32) x's two tf32 parts (tf32_split): hi into y, lo `plane` elements further (the
     operands of tf32x3 products that read both parts as they lie), those of -x with NEGATE (exact: a product
     subtracted from its sum, which Triton does not fold into the MMA chain, `dot_acc`). Grid (tiles, batch)."""
     batch = tl.program_id(1).to(tl.int64)
@@ -77,7 +77,7 @@ def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
     x = tl.load(x_ptr + batch * sxb + offs_r[:, None] * sxr + offs_c[None, :] * sxc, mask=mask)
     y_ptrs = y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc
     if SPLIT:
-        hi, lo = _tf32_split(-x if NEGATE else x)
+        hi, lo = tf32_split(-x if NEGATE else x)
         tl.store(y_ptrs, hi, mask=mask)
         tl.store(y_ptrs + plane, lo, mask=mask)
     else:
@@ -93,7 +93,7 @@ def operand_copy_launch(R, C, batch, round_tf32: bool, split: bool = False, nega
 
 
 @triton.jit
-def _tf32_split(x):
+def tf32_split(x):
     """x (fp32) as hi + lo, two tf32 numbers: hi exact (x rounded, the largest finite values truncated),
     lo = x - hi rounded by round_tf32: |x - hi - lo| <= 2^-21 |x|, 2^-22 below 3e38. inf and nan go whole
     into hi (lo 0). Where |x| < 2^-115 lo is subnormal, with fewer bits (as in any tf32x3 scheme)."""
@@ -105,7 +105,7 @@ def _tf32_split(x):
 
 @triton.jit
 def dot_parts(a_hi, a_lo, b_hi, b_lo):
-    """tf32x3's a @ b from each operand's two tf32 parts (_tf32_split): a_lo @ b_hi + a_hi @ b_lo first, their
+    """tf32x3's a @ b from each operand's two tf32 parts (tf32_split): a_lo @ b_hi + a_hi @ b_lo first, their
     non-finite sums dropped (an inf in a_hi times b_lo: inf or nan; the big product has the answer), then
     + a_hi @ b_hi; a_lo @ b_lo, under 2^-22 of a product, left out."""
     c = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision="tf32"), input_precision="tf32")
@@ -115,15 +115,17 @@ def dot_parts(a_hi, a_lo, b_hi, b_lo):
 @triton.jit
 def dot(a, b, PRECISION: tl.constexpr):
     """a @ b in fp32. PRECISION "tf32" rounds the operands first (see round_tf32); "tf32_rounded": they already
-    are (matmul_operands.operand_copy's copies); "tf32x3": true fp32 on the tensor cores, `dot_parts` of the
-    operands' _tf32_split; "ieee": fp32 FMAs."""
+    are (matmul_operands.operand_copy's copies); "tf32_rounded_b": b is, a is rounded here; "tf32x3": true fp32 on
+    the tensor cores, `dot_parts` of the operands' tf32_split; "ieee": fp32 FMAs."""
     if PRECISION == "tf32":
         c = tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
+    elif PRECISION == "tf32_rounded_b":
+        c = tl.dot(round_tf32(a), b, input_precision="tf32")
     elif PRECISION == "tf32_rounded":
         c = tl.dot(a, b, input_precision="tf32")
     elif PRECISION == "tf32x3":  # (fp32 operands only)
-        a_hi, a_lo = _tf32_split(a)
-        b_hi, b_lo = _tf32_split(b)
+        a_hi, a_lo = tf32_split(a)
+        b_hi, b_lo = tf32_split(b)
         c = dot_parts(a_hi, a_lo, b_hi, b_lo)
     else:  # (one return: Triton also compiles the statements after a constexpr branch's return)
         c = tl.dot(a, b, input_precision=PRECISION)
@@ -178,10 +180,10 @@ def precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional
 
 def max_k(precision: str, size: int, tf32x3_k: int = 32) -> int:
     """The largest BLOCK_K, which bounds the inner sum of dot_acc's two-level sum in true fp32: 64 for the FMAs;
-    for tf32x3 (its parts split in the kernel or copied: "tf32x3_split") `tf32x3_k`, since every step of the MMA
-    chain truncates its fp32 sum (at 64 a matmul gradient went 1.02x over the 2x rule; conv2d keeps 64, its fp32
-    tests' worst at 0.69x of the bound); 256 otherwise."""
-    if size != 4 or precision not in ("ieee", "tf32x3", "tf32x3_split"):
+    for tf32x3 (its parts split in the kernel or copied: "tf32x3_split", B's alone: "tf32x3_split_b") `tf32x3_k`,
+    since every step of the MMA chain truncates its fp32 sum (at 64 a matmul gradient went 1.02x over the 2x rule;
+    conv2d keeps 64, its fp32 tests' worst at 0.69x of the bound); 256 otherwise."""
+    if size != 4 or precision not in ("ieee", "tf32x3", "tf32x3_split", "tf32x3_split_b"):
         return 256
     return 64 if precision == "ieee" else tf32x3_k
 

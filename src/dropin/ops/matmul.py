@@ -9,7 +9,8 @@ B: [B, K, N] with any strides (transposed views cost no copy), accumulated in fp
 - `mm_kernel`: pointer loads with arbitrary strides (0 for broadcast batches too); every other case.
 float32 follows torch's own rule: tf32 when `torch.backends.cuda.matmul.allow_tf32` is set, otherwise true fp32:
 tf32x3 on the tensor cores for long reductions (`_gemm.precision`; large products on the TMA kernel read copies
-split into tf32 parts, "tf32x3_split"), fp32 FMAs for short ones and under the interpreter.
+split into tf32 parts, "tf32x3_split", or B's alone where both do not fit the copy budget, "tf32x3_split_b"), fp32
+FMAs for short ones and under the interpreter.
 """
 import math
 from typing import Optional
@@ -23,7 +24,7 @@ from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, align
                         writing)
 from .activations import FROM_OUTPUT, activation_ref, check_activation, derivative_at, stores_preactivation
 from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel
-from .matmul_operands import aligned_copies_pay, operand_copy, split_copies_pay, tf32_copies_pay
+from .matmul_operands import aligned_copies_pay, copied_operands, operand_copy, split_copies_pay, tf32_copies_pay
 
 
 # --- 1. References ----------------------------------------------------------------------------------
@@ -152,18 +153,29 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
     c, bias, z)."""
     K = a.shape[2]
     precision = _gemm.precision(a.dtype, k=K)
+    copied = ""
     if precision == "tf32" and K > 0 and tf32_copies_pay(a.shape[1], b.shape[2]):
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)
-        a, b, precision = operand_copy(a, 2, True, traced), operand_copy(b, 1, True, traced), "tf32_rounded"
+        copied = copied_operands(*a.shape, b.shape[2], 1)
+        if copied:
+            b = operand_copy(b, 1, True, traced)
+            a, precision = (operand_copy(a, 2, True, traced), "tf32_rounded") if copied == "ab" else \
+                (a, "tf32_rounded_b")
     elif (tma is None and not traced and precision == "tf32x3" and split_copies_pay(*a.shape, b.shape[2])
           and _tma_takes(a, K)):
         # true fp32: tf32x3 on copies split into their tf32 parts, which the MMAs read as they lie (the split of
-        # every tile in registers ran at 46 TFLOP/s, 0.90x cuBLAS's fp32 at 4096^3); A's of -a (mm_tma_kernel)
-        a, b, precision = operand_copy(a, 2, False, traced, True, True), operand_copy(b, 1, False, traced, True), \
-            "tf32x3_split"
-    elif (tma is None and aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)
-          and _tma_takes(a, K)):
+        # every tile in registers ran at 46 TFLOP/s, 0.90x cuBLAS's fp32 at 4096^3); A's of -a (mm_tma_kernel),
+        # or B's alone where A's do not fit too (A's tiles split in registers: A read by TMA, copied aligned if
+        # need be)
+        a_aligned = _tma_layout(a, traced) is None
+        copied = copied_operands(*a.shape, b.shape[2], 2, a_aligned)
+        if copied:
+            b = operand_copy(b, 1, False, traced, True)
+            a, precision = (operand_copy(a, 2, False, traced, True, True), "tf32x3_split") if copied == "ab" else \
+                (operand_copy(a, 2, False, traced) if a_aligned else a, "tf32x3_split_b")
+    if (not copied and tma is None and _tma_takes(a, K)
+            and aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)):
         a = a if _tma_layout(a, traced) is not None else operand_copy(a, 2, False, traced)
         b = b if _tma_layout(b, traced) is not None else operand_copy(b, 1, False, traced)
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, aligned(a, traced), aligned(b, traced),
@@ -358,7 +370,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     size = a.element_size()
     a_layout, b_layout = _tma_layout(a, traced), _tma_layout(b, traced)
     tuned = tma is None
-    split = precision == "tf32x3_split"  # (operands only the TMA kernel reads: `_mm_prepared`)
+    split = precision in ("tf32x3_split", "tf32x3_split_b")  # (operands only the TMA kernel reads: `_mm_prepared`)
     if tuned:
         tma = _tma_takes(a, K) and a_layout is not None and b_layout is not None
         ptr = not split and (not tma or min(_runtime.size_hint(M), _runtime.size_hint(N)) <= 64 or size == 4)
@@ -366,7 +378,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
         ptr = not tma
     max_k = _gemm.max_k(precision, size)
     tma_configs = _TMA_SPLIT_CONFIGS if split else \
-        _TMA_CONFIGS[size] + (_TMA_ROUNDED_CONFIGS if precision == "tf32_rounded" else [])
+        _TMA_CONFIGS[size] + (_TMA_ROUNDED_CONFIGS if precision in ("tf32_rounded", "tf32_rounded_b") else [])
     configs = [dict(cfg, KERNEL="tma") for cfg in _gemm.fits(tma_configs, M, N, K, max_k, 64)] if tma else []
     if ptr:
         configs += [dict(cfg, KERNEL="ptr") for cfg in _gemm.fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]

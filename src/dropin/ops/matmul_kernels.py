@@ -5,7 +5,7 @@ are `_gemm`'s."""
 import triton
 import triton.language as tl
 
-from ._gemm import ACC_K, dot_acc, dot_parts, split_range, tile_coords
+from ._gemm import ACC_K, dot_acc, dot_parts, split_range, tf32_split, tile_coords
 from .activations import activation_grad, apply_activation
 
 
@@ -193,23 +193,26 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     masked pointer stores (EPILOGUE_SUBTILE: a descriptor's tile stored as two halves, `_desc_store`).
     PRECISION "tf32x3_split": A and B hold the hi parts of fp32 operands split into two tf32 numbers
     (`_gemm.operand_copy_kernel`'s SPLIT; A's of -A), their lo parts BATCH batches further, loaded as they lie (no
-    split in registers); each K tile's product is subtracted from the sum (a two-level sum, as `_gemm.dot_acc`'s).
+    split in registers); "tf32x3_split_b": B's alone, A's tiles split in registers (the MMAs read A from there);
+    each K tile's product is subtracted from the sum (a two-level sum, as `_gemm.dot_acc`'s).
     It is tf32x3's (`_gemm.dot_parts`); with CORRECTION_CHAIN only hi @ hi, the two correction products (under
     2^-11 of it, whose chain's truncations do not matter) accumulating over all of K in one chain of their own,
     added at the end: the PTX waits for MMA results twice a K tile, the last product's left in flight into the next
     tile, where dot_parts's waits three times (benchmarks/probes/compile_sm90.py)."""
-    PARTS: tl.constexpr = 2 if PRECISION == "tf32x3_split" else 1
+    SPLIT_B: tl.constexpr = PRECISION == "tf32x3_split" or PRECISION == "tf32x3_split_b"
+    PARTS_A: tl.constexpr = 2 if PRECISION == "tf32x3_split" else 1
+    PARTS_B: tl.constexpr = 2 if SPLIT_B else 1
     if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [PARTS * BATCH, K, M], [stride_ab, stride_a, 1],
+        a_desc = tl.make_tensor_descriptor(a_ptr, [PARTS_A * BATCH, K, M], [stride_ab, stride_a, 1],
                                            [1, BLOCK_K, BLOCK_M])
     else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [PARTS * BATCH, M, K], [stride_ab, stride_a, 1],
+        a_desc = tl.make_tensor_descriptor(a_ptr, [PARTS_A * BATCH, M, K], [stride_ab, stride_a, 1],
                                            [1, BLOCK_M, BLOCK_K])
     if B_T:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [PARTS * BATCH, N, K], [stride_bb, stride_b, 1],
+        b_desc = tl.make_tensor_descriptor(b_ptr, [PARTS_B * BATCH, N, K], [stride_bb, stride_b, 1],
                                            [1, BLOCK_N, BLOCK_K])
     else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [PARTS * BATCH, K, N], [stride_bb, stride_b, 1],
+        b_desc = tl.make_tensor_descriptor(b_ptr, [PARTS_B * BATCH, K, N], [stride_bb, stride_b, 1],
                                            [1, BLOCK_K, BLOCK_N])
     if not C_PTR:
         STORE_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
@@ -234,8 +237,11 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
             off_k = ki * BLOCK_K
             a = _tma_tile(a_desc, batch, off_m, off_k, A_T, True, BLOCK_M, BLOCK_K)
             b = _tma_tile(b_desc, batch, off_n, off_k, B_T, False, BLOCK_N, BLOCK_K)
-            if PRECISION == "tf32x3_split":
-                a_lo = _tma_tile(a_desc, batch + BATCH, off_m, off_k, A_T, True, BLOCK_M, BLOCK_K)
+            if SPLIT_B:
+                if PRECISION == "tf32x3_split":
+                    a_lo = _tma_tile(a_desc, batch + BATCH, off_m, off_k, A_T, True, BLOCK_M, BLOCK_K)
+                else:
+                    a, a_lo = tf32_split(-a)
                 b_lo = _tma_tile(b_desc, batch + BATCH, off_n, off_k, B_T, False, BLOCK_N, BLOCK_K)
                 if CORRECTION_CHAIN:
                     acc = acc - tl.dot(a, b, input_precision="tf32")

@@ -56,15 +56,27 @@ def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = F
     return y
 
 
-# The most memory that the split copies of a true fp32 product's operands may take (`split_copies_pay`).
-SPLIT_WORKSPACE = 512 << 20
-
-
 def split_copies_pay(batch, M, K, N) -> bool:
     """Whether a true fp32 (tf32x3) product on the TMA kernel reads its operands from copies split into tf32 parts
     (`operand_copy`, split) rather than splitting every tile in registers. The copies move 12 (MK + KN) bytes
     (~3.5 TB/s; the kernel then reads twice the operands) to run the product at the tf32 MMAs' pace (3 products a
-    tile) instead of ~46 TFLOP/s: they pay where 1/M + 1/N < 1/128. Taken where they fit SPLIT_WORKSPACE."""
+    tile) instead of ~46 TFLOP/s: they pay where 1/M + 1/N < 1/128 (which of them fit: `copied_operands`)."""
+    M, N = _runtime.size_hint(M), _runtime.size_hint(N)
+    return M > 0 and N > 0 and 128 * (M + N) < M * N
+
+
+# The most memory that the rounded or split copies of an fp32 product's operands may take: a dropin op may take at
+# most 256 MiB over torch's peak for the same call (torch's product allocates its output alone), its scratch aside.
+COPY_BUDGET = 240 << 20
+
+
+def copied_operands(batch, M, K, N, parts: int, a_aligned: bool = False) -> str:
+    """Which operands of an fp32 product get copies of `parts` planes each (1: rounded to tf32, 2: split into tf32
+    parts) within COPY_BUDGET: "ab" both, "b" B's alone (the kernel rounds or splits A's tiles in registers, where
+    the MMAs read them; with a_aligned beside A's plain copy, aligned for TMA), "" neither (4096^3 split: 256 MiB,
+    B's alone 128)."""
     batch, M, K, N = (_runtime.size_hint(v) for v in (batch, M, K, N))
-    return (M > 0 and N > 0 and 128 * (M + N) < M * N
-            and 2 * batch * (M + N) * (K + 4) * 4 <= SPLIT_WORKSPACE)
+    row = batch * (K + 4) * 4  # bytes a copy of a row of A or a column of B takes (its K padding at most 4)
+    if parts * row * (M + N) <= COPY_BUDGET:
+        return "ab"
+    return "b" if row * (parts * N + (M if a_aligned else 0)) <= COPY_BUDGET else ""
