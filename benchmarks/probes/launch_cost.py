@@ -8,6 +8,9 @@ is a few threads, so the host sets the pace until the launch queue fills, which 
   triton kernel[grid]: Triton's own launch path (binding, cache look-up, C launcher);
   dropin Launch: `_dispatch.Launch` after its first call (`_runtime.raw_launcher`: the C launcher alone);
   dropin Launch, 13 args: the same with mm_tma_kernel's argument count (5 pointers, 8 integers, constexprs);
+  raw, tensors / raw, addresses: that Launch's C launcher called directly with the tensors (the launcher calls each
+    one's data_ptr() and checks the address with cuPointerGetAttribute) or with their addresses as ints (neither:
+    what a plan whose devices are checked could pass);
   dropin.matmul 64x64: a whole eager op (shortcut, output allocation, launch);
   torch.empty: one CUDA allocation from the caching allocator.
 Usage: PYTHONPATH=src python benchmarks/probes/launch_cost.py"""
@@ -60,6 +63,12 @@ def main():
             ("dropin Launch", lambda: small(x, 16)),
             ("dropin Launch, 13 args", lambda: wide(*args)),
             ("torch.empty", lambda: torch.empty(64, 64, device="cuda"))]
+    wide(*args)  # (its first call compiles and keeps the C launcher)
+    stream = torch.cuda.current_stream().cuda_stream
+    addresses = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+    if wide.raw is not None:
+        rows += [("raw, tensors", lambda: wide.raw(stream, None, None, None, *args, *wide.tail)),
+                 ("raw, addresses", lambda: wide.raw(stream, None, None, None, *addresses, *wide.tail))]
     with torch.no_grad():
         rows.append(("dropin.matmul 64x64", lambda: dropin.matmul(a, a)))
         for name, fn in rows:
