@@ -663,13 +663,13 @@ def test_true_fp32_on_split_copies(chain, copies, monkeypatch):
     sizes and a batched product, forward and both gradients, against float64. The copies pay for large products;
     both, B's alone or neither fit the copy budget."""
     pay = _mm_module.split_copies_pay
-    assert pay(1, 4096, 4096, 4096) and pay(4, 1024, 999, 1000) and not pay(1, 64, 4096, 4096)
+    assert pay(4096, 4096) and pay(1024, 1000) and not pay(64, 4096)
     copied = _mm_module.copied_operands
     assert copied(1, 2048, 4096, 2048, 2) == "ab" and copied(1, 4096, 4096, 4096, 1) == "ab"
     assert copied(1, 4096, 4096, 4096, 2) == "b" and copied(1, 16384, 16384, 16384, 2) == ""
     assert copied(1, 6007, 4999, 3001, 2, a_aligned=True) == "b" and copied(1, 9000, 4999, 3001, 2, True) == ""
     monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
-    monkeypatch.setattr(_mm_module, "split_copies_pay", lambda batch, M, K, N: True)
+    monkeypatch.setattr(_mm_module, "split_copies_pay", lambda M, N: True)
     monkeypatch.setattr(_mm_module, "copied_operands", lambda batch, M, K, N, parts, a_aligned=False: copies)
     real_precision = _gemm.precision
     monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None:

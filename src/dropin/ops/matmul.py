@@ -162,7 +162,7 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
             b = operand_copy(b, 1, True, traced)
             a, precision = (operand_copy(a, 2, True, traced), "tf32_rounded") if copied == "ab" else \
                 (a, "tf32_rounded_b")
-    elif (tma is None and not traced and precision == "tf32x3" and split_copies_pay(*a.shape, b.shape[2])
+    elif (tma is None and not traced and precision == "tf32x3" and split_copies_pay(a.shape[1], b.shape[2])
           and _tma_takes(a, K)):
         # true fp32: tf32x3 on copies split into their tf32 parts, which the MMAs read as they lie (the split of
         # every tile in registers ran at 46 TFLOP/s, 0.90x cuBLAS's fp32 at 4096^3); A's of -a (mm_tma_kernel),

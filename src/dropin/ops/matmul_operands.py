@@ -13,8 +13,13 @@ def tf32_copies_pay(M, N) -> bool:
     2MNK FLOPs at tf32's ~370 TFLOP/s (tiles rounded in registers run at 0.38x cuBLAS, copied ones at 0.82x): they
     pay where 1/M + 1/N < 1/300. Below that (few rows, small batched products) the product is bound by memory or
     launches, where the rounding in registers is free and a copy doubles the traffic."""
+    return _outputs_pay(M, N, 300)
+
+
+def _outputs_pay(M, N, ratio: int) -> bool:
+    """Whether an M x N product is large enough for copies of its operands to pay: 1/M + 1/N < 1/ratio."""
     M, N = _runtime.size_hint(M), _runtime.size_hint(N)
-    return M > 0 and N > 0 and 300 * (M + N) < M * N
+    return M > 0 and N > 0 and ratio * (M + N) < M * N
 
 
 # The most memory that the aligned copies of a product's operands may take (`aligned_copies_pay`).
@@ -30,8 +35,7 @@ def aligned_copies_pay(batch, M, N, K, size: int, precision: str) -> bool:
     and moves 8 bytes an element: 1/M + 1/N < 1/150. Taken where they fit COPY_WORKSPACE."""
     batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
     ratio = {2: 1100, 4: 150 if precision == "tf32x3" else 0}.get(size, 0)
-    return (ratio > 0 and M > 0 and N > 0 and ratio * (M + N) < M * N
-            and batch * (M + N) * (K + 16 // size) * size <= COPY_WORKSPACE)
+    return ratio > 0 and _outputs_pay(M, N, ratio) and batch * (M + N) * (K + 16 // size) * size <= COPY_WORKSPACE
 
 
 def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = False,
@@ -56,13 +60,12 @@ def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = F
     return y
 
 
-def split_copies_pay(batch, M, K, N) -> bool:
+def split_copies_pay(M, N) -> bool:
     """Whether a true fp32 (tf32x3) product on the TMA kernel reads its operands from copies split into tf32 parts
     (`operand_copy`, split) rather than splitting every tile in registers. The copies move 12 (MK + KN) bytes
     (~3.5 TB/s; the kernel then reads twice the operands) to run the product at the tf32 MMAs' pace (3 products a
     tile) instead of ~46 TFLOP/s: they pay where 1/M + 1/N < 1/128 (which of them fit: `copied_operands`)."""
-    M, N = _runtime.size_hint(M), _runtime.size_hint(N)
-    return M > 0 and N > 0 and 128 * (M + N) < M * N
+    return _outputs_pay(M, N, 128)
 
 
 # The most memory that the rounded or split copies of an fp32 product's operands may take: a dropin op may take at
