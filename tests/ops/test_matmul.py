@@ -503,20 +503,28 @@ def test_float32_follows_allow_tf32(op, tf32, allow_tf32):
 @pytest.mark.parametrize("layout", ["nn", "tt"])
 def test_tf32_products_use_rounded_operands(layout, copies, allow_tf32, monkeypatch):
     """With TF32 allowed, the kernels multiply tf32-rounded operands (rounded in registers; rounded copies of both
-    where the product is large, of B alone where both do not fit the copy budget: forced) and sum in fp32: the
-    float64 product of the rounded operands, to fp32 accuracy (the MMA's truncation leaves them as they are)."""
+    where the product is large, of B alone where both do not fit the copy budget: forced; once a call, a repeat's
+    look-up for a shortcut copying nothing) and sum in fp32: the float64 product of the rounded operands, to fp32
+    accuracy (the MMA's truncation leaves them as they are)."""
     allow_tf32(True)
     if copies:
         monkeypatch.setattr(_mm_module, "tf32_copies_pay", lambda M, N: True)
         monkeypatch.setattr(_mm_module, "copied_operands", lambda batch, M, K, N, parts, a_aligned=False: copies)
+    monkeypatch.setattr(_mm_module, "_shortcuts", _dispatch.Shortcuts(differentiable=True))  # (none kept before)
     _mm_module._plans.clear()
     a, b = randn(33, 70), randn(70, 20)
     if layout == "tt":
         a, b = a.mT.contiguous().mT, b.mT.contiguous().mT
     bits = lambda t: (t.view(torch.int32) + 0x1000) & -8192  # noqa: E731  (finite values)
     rounded = lambda t: bits(t).view(torch.float32).double()  # noqa: E731
+    made = []
+    copy = _mm_module.operand_copy
+    monkeypatch.setattr(_mm_module, "operand_copy", lambda t, *args: made.append(t) or copy(t, *args))
     out = dropin.matmul(a, b)
+    again = dropin.matmul(a, b)  # (no shortcut: each call copies its operands, once)
     _mm_module._plans.clear()
+    assert len(made) == 2 * {None: 0, "ab": 2, "b": 1}[copies]
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
     assert rel_err(out, rounded(a) @ rounded(b)) < 1e-6
     assert rel_err(out, a.double() @ b.double()) > 1e-5  # not an fp32 product
 

@@ -198,15 +198,15 @@ class Shortcuts:
             return None, None  # the op's own path says
 
     def keep(self, key, make, grad: bool = False) -> None:
-        """Keeps make()'s shortcut (None: none) under key (from `find`; None: nothing), where autograd records the
-        call with grad (a `Differentiable`) and does not without."""
-        if key is None or (key[0] is not None) != grad or _runtime.capturing() or _autotune.warming_up():
+        """Keeps make()'s shortcut (None: none, which `find` then returns at once) under key (from `find`; None:
+        nothing), where autograd records the call with grad (a `Differentiable`) and does not without; a key kept
+        before is not made again."""
+        if key is None or key in self._runs or (key[0] is not None) != grad or _runtime.capturing() \
+                or _autotune.warming_up():
             return
         if len(self._runs) > MAX_PLANS:
             self._runs.clear()
-        run = make()
-        if run is not None:
-            self._runs[key] = run
+        self._runs[key] = make()  # (None too: a signature that keeps no shortcut is not asked again)
 
 
 class _Node(torch.autograd.Function):

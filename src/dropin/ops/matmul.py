@@ -148,20 +148,29 @@ def mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] 
 
 
 def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Optional[bool], traced: bool):
-    """(a, b, run): the operands as the kernels read them (copies where they pay: rounded to tf32, split into two
-    tf32 parts for true fp32, or aligned for the TMA kernel; `matmul_operands`) and the signature's plan, run(a, b,
-    c, bias, z)."""
+    """(a, b, run): the operands as the kernels read them (copies where they pay: `_operand_copies`) and the
+    signature's plan, run(a, b, c, bias, z)."""
+    precision, copy_a, copy_b = _operand_copies(a, b, tma, traced)
+    if copy_b is not None:
+        b = operand_copy(b, 1, copy_b[0], traced, *copy_b[1:])
+    if copy_a is not None:
+        a = operand_copy(a, 2, copy_a[0], traced, *copy_a[1:])
+    return a, b, _mm_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced)
+
+
+def _operand_copies(a, b, tma: Optional[bool], traced: bool):
+    """(precision, copy_a, copy_b): the product's precision and, for each operand that the kernels read from a copy
+    (`matmul_operands`: rounded to tf32, split into two tf32 parts for true fp32, or aligned for the TMA kernel),
+    operand_copy's (round_tf32, split, negate); None for one read as it lies. Decided from the layouts alone."""
     K = a.shape[2]
     precision = _gemm.precision(a.dtype, k=K)
-    copied = ""
     if precision == "tf32" and K > 0 and tf32_copies_pay(a.shape[1], b.shape[2]):
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)
         copied = copied_operands(*a.shape, b.shape[2], 1)
         if copied:
-            b = operand_copy(b, 1, True, traced)
-            a, precision = (operand_copy(a, 2, True, traced), "tf32_rounded") if copied == "ab" else \
-                (a, "tf32_rounded_b")
+            rounded = (True, False, False)
+            return ("tf32_rounded", rounded, rounded) if copied == "ab" else ("tf32_rounded_b", None, rounded)
     elif (tma is None and not traced and precision == "tf32x3" and split_copies_pay(a.shape[1], b.shape[2])
           and _tma_takes(a, K)):
         # true fp32: tf32x3 on copies split into their tf32 parts, which the MMAs read as they lie (the split of
@@ -170,19 +179,24 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
         # need be)
         a_aligned = _tma_layout(a, traced) is None
         copied = copied_operands(*a.shape, b.shape[2], 2, a_aligned)
+        if copied == "ab":
+            return "tf32x3_split", (False, True, True), (False, True, False)
         if copied:
-            b = operand_copy(b, 1, False, traced, True)
-            a, precision = (operand_copy(a, 2, False, traced, True, True), "tf32x3_split") if copied == "ab" else \
-                (operand_copy(a, 2, False, traced) if a_aligned else a, "tf32x3_split_b")
-    if (not copied and tma is None and _tma_takes(a, K)
+            return "tf32x3_split_b", (False, False, False) if a_aligned else None, (False, True, False)
+    if (tma is None and _tma_takes(a, K)
             and aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)):
-        a = a if _tma_layout(a, traced) is not None else operand_copy(a, 2, False, traced)
-        b = b if _tma_layout(b, traced) is not None else operand_copy(b, 1, False, traced)
+        plain = (False, False, False)
+        return (precision, None if _tma_layout(a, traced) is not None else plain,
+                None if _tma_layout(b, traced) is not None else plain)
+    return precision, None, None
+
+
+def _mm_plan(a, b, c, bias, z, activation: str, save_preact: bool, tma: Optional[bool], precision: str, traced: bool):
+    """The plan of a product on operands a and b as the kernels read them: run(a, b, c, bias, z)."""
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, aligned(a, traced), aligned(b, traced),
            None if bias is None else aligned(bias, traced), activation, save_preact, precision, tma)
-    run = plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced),
-               traced=traced)
-    return a, b, run
+    return plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced),
+                traced=traced)
 
 
 def _mm_shortcut(a, b, c, bias, activation: str, save_preact: bool = False):
@@ -191,9 +205,10 @@ def _mm_shortcut(a, b, c, bias, activation: str, save_preact: bool = False):
     [B, M, N] output, gives the signature, and z's); None where the call copies its operands (tf32) or has no work."""
     if c.numel() == 0:
         return None
-    a2, b2, run = _mm_prepared(a, b, c, bias, c, activation, save_preact, None, False)
-    if a2 is not a or b2 is not b:
+    precision, copy_a, copy_b = _operand_copies(a, b, None, False)
+    if copy_a is not None or copy_b is not None:
         return None
+    run = _mm_plan(a, b, c, bias, c, activation, save_preact, None, precision, False)
     return lambda a, b, c, bias, z=None: run(a, b, c, c if bias is None else bias, c if z is None else z)
 
 
