@@ -116,10 +116,10 @@ def test_large_mean_and_many_splits():
 
 def test_finalize_merges_many_splits_in_steps(monkeypatch):
     """More splits than the finalize step reads at once (BLOCK_S), the last step ragged: 300 channels_last
-    channels (two finalize programs of 256), the device's SM count raised so that the reduction splits 49 ways;
-    forward and backward."""
+    channels (ten finalize programs of 32, the last ragged too), the device's SM count raised so that the
+    reduction splits 144 ways; forward and backward."""
     module = importlib.import_module("dropin.ops.batch_norm")  # (the package's name is the public function)
-    monkeypatch.setattr(_runtime, "num_sms", lambda index=0: 64)
+    monkeypatch.setattr(_runtime, "num_sms", lambda index=0: 128)
     made = []
     real = module.Launch
 
@@ -129,12 +129,12 @@ def test_finalize_merges_many_splits_in_steps(monkeypatch):
     monkeypatch.setattr(module, "Launch", spy)
     log = []
     stats = _stats(300)
-    inputs = {"x": _x((4, 300, 14, 14), layout="channels_last"), **_params(300)}
+    inputs = {"x": _x((4, 300, 24, 24), layout="channels_last"), **_params(300)}
     check(_bn(ops.batch_norm, stats, True, log=log), _bn(F.batch_norm, stats, True, log=log), inputs,
           grad_layout="format")
     splits = {grid[1] for kernel, grid, _ in made if kernel is module._bn_reduce_kernel}
-    steps = {c["BLOCK_S"] for kernel, _, c in made if kernel is module._bn_finalize_kernel}
-    assert splits == {49} and steps == {16}, (splits, steps)
+    finalize = {(grid, c["BLOCK_S"], c["BLOCK_C"]) for kernel, grid, c in made if kernel is module._bn_finalize_kernel}
+    assert splits == {144} and finalize == {((10,), 128, 32)}, (splits, finalize)
 
 
 def test_half_running_stats_and_mixed_params():
