@@ -82,6 +82,31 @@ def test_bench_train_rows_take_an_optimizer_step(monkeypatch):
     assert rows[0]["note"] == "not here" and rows[0]["median_ms"] is None
 
 
+def test_host_bound_providers_are_timed_in_alternation(monkeypatch):
+    """The eager providers' steps are timed again at the end in alternation (the host's speed drifts within a
+    process): ROUNDS rounds of original's calls then dropin's; each row's times are that alternation's."""
+    order, alternated = [], []
+    provider_step, alternated_times = models._provider_step, harness.alternated_times
+
+    def spy_step(name, provider, *args):
+        step = provider_step(name, provider, *args)
+        return lambda: order.append(provider) or step()
+
+    def spy_times(fns, rounds, calls):
+        alternated.append((calls, alternated_times(fns, rounds, calls)))
+        return alternated[-1][1]
+    monkeypatch.setattr(models, "_provider_step", spy_step)
+    monkeypatch.setattr(harness, "alternated_times", spy_times)
+    original, x = _classifier(), torch.randn(4, 8, device=DEVICE)
+    injected = copy.deepcopy(original)
+    rows = models.bench_rows("mlp", original, injected, (x,), grad=None, reference=models.float64_step(
+        original, (x,), None), dtype="float32", batch=4, cover={}, warmup_ms=1, rep_ms=1,
+        providers=("original", "dropin"))
+    (calls, times), = alternated
+    assert order[-2 * calls * models.ROUNDS:] == (["original"] * calls + ["dropin"] * calls) * models.ROUNDS
+    assert [r["median_ms"] for r in rows] == [harness.summarize(t)["median_ms"] for t in times]
+
+
 def test_liger_row_says_why_it_does_not_run():
     reason = peers.LIGER_MISSING if harness.optional("liger_kernel.transformers", "apply_liger_kernel_to_llama") \
         is None else "skipped: interpreter"

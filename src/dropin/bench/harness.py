@@ -187,6 +187,29 @@ def time_fn(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100
     return times
 
 
+def alternated_times(fns: list[Callable[[], object]], rounds: int, calls: int) -> list[list[float]]:
+    """Per-call times in ms of each of fns, timed in alternation: `rounds` rounds, each calling every fn `calls`
+    times in turn, so that a drift of the host's speed (which sets the pace of eager models: it moved 2x within a
+    process between two providers' timings on the H200's host) reaches all of them alike. On CUDA: CUDA events
+    around each call, synchronised after it (no L2 flush: whole models); under the interpreter perf_counter."""
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, out in zip(fns, times):
+            for _ in range(calls):
+                if _runtime.INTERPRET:
+                    start = time.perf_counter()
+                    fn()
+                    out.append((time.perf_counter() - start) * 1e3)
+                    continue
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                out.append(start.elapsed_time(end))
+    return times
+
+
 def graph_time_ms(fn: Callable[[], object], calls: int = 10, replays: int = 15) -> float | None:
     """GPU time of one call without the host's launch cost (ms): a CUDA graph of `calls` x (L2 flush, fn),
     replayed, minus a graph of the flushes alone; medians over the replays. The flush writes twice the L2

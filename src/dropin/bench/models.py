@@ -347,10 +347,12 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
     (`_resident`): a process running only this model in this mode would peak there (in training: weights, gradients,
     AdamW's state, activations). saved_mib: the activation memory of a training step (`saved_bytes`), eager
     providers only. Not counted: copies of frozen weights that dropin keeps in other layouts from calls before the
-    row's (conv2d.weights.derived, inference only)."""
+    row's (conv2d.weights.derived, inference only). Where two or more HOST_BOUND providers run, their times are
+    taken again at the end, in alternation (`_time_in_alternation`): those rows' median_ms, mean_ms, min_ms and
+    max_ms come from there."""
     models, peers = {"original": original, "dropin": injected}, peers or {}
     providers = providers or tuple(p for p in PROVIDERS if p not in PEERS or p in peers)
-    rows, fault = [], False
+    rows, fault, host_bound = [], False, []
     for provider in providers:
         row = {"model": name, "provider": provider, "mode": "inference" if grad is None else "train", "dtype": dtype,
                "batch": batch, "median_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None,
@@ -384,7 +386,7 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
             if grad is not None and provider.partition("_")[2] == "":
                 row["saved_mib"] = saved_bytes(step, model) / 2**20
             model.zero_grad(set_to_none=True)  # (the next row starts from the same memory)
-            return step, times
+            return step, times, model
 
         start = time.perf_counter()
         measured = harness.attempt(row, check_and_time)
@@ -393,14 +395,32 @@ def bench_rows(name: str, original: nn.Module, injected: nn.Module, inputs: tupl
         if measured is None:
             fault = device_fault(row.get("error"))
             continue
-        step, times = measured
+        step, times, model = measured
         row.update(harness.summarize(times))
         if grad is None and provider in ("original", "dropin"):
             row["graph_ms"], note = harness.graph_time(step)
             if note:
                 row["note"] = note
-        del step, measured  # (a training step's optimizer and its state)
+        if provider in HOST_BOUND:
+            host_bound.append((row, step, model))
+        del step, measured, model  # (a training step's optimizer and its state, unless kept for the alternation)
+    if len(host_bound) > 1 and not fault:  # (after a device error nothing more runs)
+        _time_in_alternation(host_bound, rep_ms)
     return with_speedups(rows)
+
+
+ROUNDS = 2 if _runtime.INTERPRET else 10  # rounds of `_time_in_alternation` (the interpreter's times say nothing)
+
+
+def _time_in_alternation(host_bound: list, rep_ms: float) -> None:
+    """Times again the host-bound providers' steps [(row, step, model)] in alternation (`harness.alternated_times`,
+    ROUNDS rounds of about rep_ms / ROUNDS of each step), replacing each row's times: their speed-ups then compare
+    figures of the same moments of the host."""
+    calls = max(1, round(rep_ms / ROUNDS / max(row["median_ms"] for row, _, _ in host_bound)))
+    times = harness.alternated_times([step for _, step, _ in host_bound], ROUNDS, calls)
+    for (row, _, model), samples in zip(host_bound, times):
+        row.update(harness.summarize(samples))
+        model.zero_grad(set_to_none=True)
 
 
 def with_speedups(rows: list[dict]) -> list[dict]:
