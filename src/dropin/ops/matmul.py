@@ -179,10 +179,11 @@ def _operand_copies(a, b, tma: Optional[bool], traced: bool):
         # need be)
         a_aligned = _tma_layout(a, traced) is None
         copied = copied_operands(*a.shape, b.shape[2], 2, a_aligned)
+        split = (False, True, False)
         if copied == "ab":
-            return "tf32x3_split", (False, True, True), (False, True, False)
+            return "tf32x3_split", (False, True, True), split
         if copied:
-            return "tf32x3_split_b", (False, False, False) if a_aligned else None, (False, True, False)
+            return "tf32x3_split_b", (False, False, False) if a_aligned else None, split
     if (tma is None and _tma_takes(a, K)
             and aligned_copies_pay(a.shape[0], a.shape[1], b.shape[2], K, a.element_size(), precision)):
         plain = (False, False, False)
@@ -385,7 +386,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     size = a.element_size()
     a_layout, b_layout = _tma_layout(a, traced), _tma_layout(b, traced)
     tuned = tma is None
-    split = precision in ("tf32x3_split", "tf32x3_split_b")  # (operands only the TMA kernel reads: `_mm_prepared`)
+    split = precision in ("tf32x3_split", "tf32x3_split_b")  # (operands only the TMA kernel reads: `_operand_copies`)
     if tuned:
         tma = _tma_takes(a, K) and a_layout is not None and b_layout is not None
         ptr = not split and (not tma or min(_runtime.size_hint(M), _runtime.size_hint(N)) <= 64 or size == 4)

@@ -53,7 +53,7 @@ def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = F
         outer = _runtime.cdiv(R, unit) * unit
         strides = (C * outer, 1, outer)
     y = torch.empty_strided((2 * batch if split else batch, R, C), strides, device=t.device, dtype=t.dtype)
-    y = y[:batch] if split else y  # (the lo part past the view's end: eager only, `_mm_prepared`)
+    y = y[:batch] if split else y  # (the lo part past the view's end: eager only, `matmul._operand_copies`)
     grid, meta = _gemm.operand_copy_launch(R, C, batch, round_tf32, split, negate)
     launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), batch * strides[0], traced=traced,
            **meta)
