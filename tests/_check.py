@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-from _tol import DEVICE, assert_close, tolerance
+from _tol import DEVICE, ON_GPU, assert_close, tolerance
 
 CL = torch.channels_last
 # Below this many numbers in the output or in a leaf, a result is a sum of a few terms (`holds_few_numbers`).
@@ -184,7 +184,9 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
         return (t.to(autocast) if autocast else t).cpu().double().contiguous()
 
     ins, outs = run(op, lambda t: t, amp=autocast is not None)
+    _synchronize("dropin's forward")
     ins_t, outs_t = run(peer or ref_op, lambda t: t, amp=autocast is not None)
+    _synchronize("torch's forward (the peer)")
     ins_64, refs = run(ref_op, to_reference)
     for k, v in leaves.items():
         torch.testing.assert_close(v, originals[k], rtol=0, atol=0, equal_nan=True,
@@ -210,7 +212,9 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     if not upstream_contiguous:
         grads_in = [g.contiguous(memory_format=CL) if _channels_last(o) else g for g, o in zip(grads_in, outs_t)]
     grads = torch.autograd.grad(outs, [ins[k] for k in names], grads_in, allow_unused=True)
+    _synchronize("dropin's backward")
     grads_t = torch.autograd.grad(outs_t, [ins_t[k] for k in names], grads_in)
+    _synchronize("torch's backward (the peer)")
     grads_64 = torch.autograd.grad(refs, [ins_64[k] for k in names], [g.cpu().double() for g in grads_in])
     if zero_grad_degree is not None:
         scale = (max(g.abs().max().item() for g in grads_in)
@@ -225,6 +229,17 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
             assert_close(g, g_64.to(g.device), dtype, "bwd", torch_out=g_t, what=what, sources=sources)
         if layouts.get(name):
             _assert_layout(layouts[name], what, g, g_t, leaves[name])
+
+
+def _synchronize(what: str) -> None:
+    """On the GPU, waits for the kernels launched so far: an asynchronous CUDA error (a misaligned or illegal
+    address) is raised here, naming `what` ran it, and not at a later call, where a fuzz run would report the
+    case after the faulty one."""
+    if ON_GPU:
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as error:
+            raise RuntimeError(f"CUDA error in {what}: {error}") from error
 
 
 def opcheck(op, *args, **kwargs) -> None:

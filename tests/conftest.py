@@ -6,8 +6,9 @@
 - Tests marked `gpu` are skipped without a CUDA device (or when the interpreter was forced on).
 - Each test seeds torch with a fresh random seed, shown in the report when the test fails;
   DROPIN_TEST_SEED=<seed> replays it.
-- DROPIN_TEST_TIMES=<file>: each finished test appends one line (outcome, seconds, worker, test id) to that file
-  as it ends, so a run cut off by a time limit still shows where its time went.
+- DROPIN_TEST_TIMES=<file>: each finished test appends one line (outcome, seconds, worker, test id; a failure's
+  message end) to that file as it ends, so a run cut off by a time limit still shows where its time went and what
+  failed.
 """
 import json
 import os
@@ -62,6 +63,8 @@ def pytest_runtest_logreport(report):
     if path and (report.when == "call" or report.outcome != "passed") and not hasattr(report, "node"):
         line = {"id": report.nodeid, "when": report.when, "outcome": report.outcome,
                 "s": round(report.duration, 3), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+        if report.failed:  # the message's end (a fuzz test's falsifying example) is kept for a run cut off later
+            line["detail"] = str(report.longrepr)[-4000:]
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -2,8 +2,8 @@
 dtypes, sizes and tensor layouts.
 
 DROPIN_FUZZ_EXAMPLES is the number of cases per op, split over the op's dtype tests (fp32 and fp16 on the CPU,
-bf16 too on the GPU); default 4 on the CPU (the interpreter), 700 on the GPU (17 tests of 3 dtypes: ~12,000
-cases). Each case draws its own torch seed,
+bf16 too on the GPU) and, on the GPU, 3 parts of each (`PARTS`); default 4 on the CPU (the interpreter), 700 on
+the GPU (17 tests of 3 dtypes: ~12,000 cases). Each case draws its own torch seed,
 so hypothesis's falsifying example (and its blob, print_blob) replays the case with its tensors.
 """
 import collections
@@ -11,21 +11,29 @@ import math
 import os
 
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 import _check
 from _tol import DEVICE, ON_GPU
 
 EXAMPLES = int(os.environ.get("DROPIN_FUZZ_EXAMPLES", 700 if ON_GPU else 4))
-# Each test runs one dtype: an op's cases split over its dtype tests (bf16's is skipped on the CPU).
-PER_TEST = max(1, math.ceil(EXAMPLES / (3 if ON_GPU else 2)))
+# Each test runs one dtype: an op's cases split over its dtype tests (bf16's is skipped on the CPU), and over
+# PARTS items a test (DROPIN_FUZZ_PARTS; the `fuzz_part` parameter, conftest.py), each of fresh draws: xdist
+# balances whole items, and a test of 234 draws took up to 335 s on the H200 (sparse_conv2d; swiglu_mlp 308, rope
+# 259), longer than the rest of the run's share of a worker.
+PARTS = int(os.environ.get("DROPIN_FUZZ_PARTS", 3 if ON_GPU else 1))
+PER_TEST = max(1, math.ceil(EXAMPLES / ((3 if ON_GPU else 2) * PARTS)))
 
 # The GPU target explores (fresh draws each run, DROPIN_FUZZ_EXAMPLES to widen it); on the CPU (`make test`, CI) the
 # few cases are a fixed smoke run (derandomized), so that a new draw's finding never turns an unrelated change red.
+# On the GPU a failing case is reported as drawn, unshrunk (its seed replays it): shrinking took minutes a failing
+# test and cut the 10-minute run short. DROPIN_FUZZ_SHRINK=1 shrinks as hypothesis does by default.
+SHRINK = not ON_GPU or os.environ.get("DROPIN_FUZZ_SHRINK") == "1"
+PHASES = tuple(Phase) if SHRINK else (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
 FUZZ = settings(max_examples=PER_TEST, deadline=None, derandomize=not ON_GPU, database=None, print_blob=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                       HealthCheck.data_too_large])
+                phases=PHASES,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 
 # Cases run, by the public function they called (tests/fuzz/conftest.py reports them).
 CASES: collections.Counter = collections.Counter()

@@ -1,5 +1,6 @@
-"""The fuzz tests' case counts: each test's report carries the cases it ran, by op (a user property, also in the
-junit XML), and the run ends with their sum per op."""
+"""The fuzz tests' parts and case counts: each test runs as `_fuzz.PARTS` items (`fuzz_part`), and each item's
+report carries the cases it ran, by op (a user property, also in the junit XML); the run ends with their sum per
+op."""
 import collections
 
 import pytest
@@ -7,6 +8,16 @@ import pytest
 import _fuzz
 
 _totals: collections.Counter = collections.Counter()
+
+
+@pytest.fixture(autouse=True)
+def fuzz_part():
+    """Which part of its test this item runs (`_fuzz.PARTS`; parametrized below): each part draws its own cases."""
+
+
+def pytest_generate_tests(metafunc):
+    if _fuzz.PARTS > 1 and hasattr(metafunc.function, "hypothesis"):  # (the drawing tests alone)
+        metafunc.parametrize("fuzz_part", range(_fuzz.PARTS), ids=lambda part: f"part{part}")
 
 
 @pytest.hookimpl(hookwrapper=True)

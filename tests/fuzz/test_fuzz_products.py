@@ -186,10 +186,13 @@ def test_attention(dtype, case, seed):
     def peer(q, k, v, attn_mask=None):
         """torch's output stored [B, Lq, H, E], as its flash and efficient kernels and dropin store it (its math
         kernel's, which some cases take, is [B, H, Lq, E]: with a head dim of 1 the two differ in memory format).
-        A float mask whose last dim is strided goes in as a contiguous copy: torch's efficient kernel refuses it
-        ("(*bias): last dimension must be contiguous"), and its rounding does not depend on the mask's layout."""
-        if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.stride(-1) != 1:
-            attn_mask = attn_mask.contiguous()
+        A mask whose last dim is strided or broadcast (size 1 against several keys) goes in as a dense copy of
+        its broadcast shape: torch's efficient kernel refuses a bias whose last dim is not contiguous ("(*bias): last
+        dimension must be contiguous"; a bool mask becomes such a bias too), and its rounding does not depend on the
+        mask's layout."""
+        if attn_mask is not None and (attn_mask.stride(-1) != 1 or attn_mask.shape[-1] != k.shape[-2]):
+            full = torch.broadcast_shapes(attn_mask.shape, (*q.shape[:-1], k.shape[-2]))
+            attn_mask = attn_mask.expand(full).contiguous()
         o = bind(F.scaled_dot_product_attention)(q, k, v, attn_mask)
         return o.transpose(1, 2).contiguous().transpose(1, 2) if o.dim() == 4 else o
     # a gradient 0 in exact arithmetic (a row that attends to one key) must be rounding-small; every result is a
