@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import _check
 import dropin
-from _tol import DEVICE, DTYPES, ON_GPU, assert_close, gpu, slow, sweep
+from _tol import DEVICE, DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, gpu, rel_err, slow, sweep
 
 # fp16 on the CPU where its path differs (lengths, masks, padding and empty rows, TMA, default configs);
 # elsewhere fp32 only there, to keep the interpreter's run short: every dtype on the GPU.
@@ -226,6 +226,27 @@ def test_no_keys():
     """Lk = 0: every row attends to nothing."""
     out = dropin.ops.attention(randn(1, 2, 5, 32), randn(1, 2, 0, 32), randn(1, 2, 0, 32))
     assert out.shape == (1, 2, 5, 32) and (out == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:])
+@pytest.mark.parametrize("masking", ["none", "mask", "causal"])
+def test_few_keys_gradients_at_rounding(masking, dtype):
+    """2 keys and positive values: dP's rows nearly constant, so dS = P * (dP - delta) cancels, and delta from O
+    rounded to 16 bits left dq 20x over the error of an exact delta (fp16: 5.1e-3 against 2.7e-4); delta from the
+    scores keeps q's and k's gradients at the dtype's rounding (`attention.SHORT_KEYS`)."""
+    q, k, v, grad = (torch.randn(shape, device=DEVICE).abs().clamp_min(0.25).to(dtype)
+                     for shape in ((2, 3, 15, 32), (2, 3, 2, 32), (2, 3, 2, 32), (2, 3, 15, 32)))
+    mask = {"mask": torch.rand(15, 2, device=DEVICE) > 0.3, "none": None, "causal": None}[masking]
+    kw = dict(attn_mask=mask, is_causal=masking == "causal")
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, attn_mask=None if mask is None else mask.cpu(),
+                                         is_causal=kw["is_causal"])
+    refs = torch.autograd.grad(out, leaves[:2], grad.cpu().double())
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    grads = torch.autograd.grad(dropin.ops.attention(*ins, **kw), ins[:2], grad)
+    for name, g, ref in zip("qk", grads, refs):
+        err = rel_err(g, ref.to(g.device))
+        assert err <= 2 * UNIT_ROUNDOFF[dtype], f"gradient of {name}: relative error {err:.2e}"
 
 
 # ------------------------------------------------------------------------------------------- grouped heads

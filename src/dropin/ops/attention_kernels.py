@@ -391,15 +391,16 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, de
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+def _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
               stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, lo, hi, k_ptr, k_src, v_ptr,
               v_src, b, hk, mask_base, Lq, Lk, qk_scale,
               stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
               stride_mq, stride_mk,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, FULL: tl.constexpr,
               PRECISION: tl.constexpr, TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
-    """dQ of one query tile summed over the key tiles [lo, hi); FULL as in `_dkdv_tiles`."""
+              BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, DELTA: tl.constexpr):
+    """(dq, dsum): dQ of one query tile summed over the key tiles [lo, hi), or (DELTA) the row sums of P * dP
+    there instead; FULL as in `_dkdv_tiles`."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)  # every lo is one (or its range is empty)
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
@@ -420,9 +421,12 @@ def _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_
         dp = _dot_t(do, do_ptr, b, h, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
                     v, v_ptr, b, hk, rows_n, stride_vb, stride_vh, stride_vn, stride_vd, PRECISION, HEAD_DIM,
                     BLOCK_D, CHUNK)
-        ds = p * (dp - delta[:, None])
-        dq = dot_acc(dq, ds.to(k.dtype), k, PRECISION)
-    return dq
+        if DELTA:
+            dsum += tl.sum(p * dp, 1)
+        else:
+            ds = p * (dp - delta[:, None])
+            dq = dot_acc(dq, ds.to(k.dtype), k, PRECISION)
+    return dq, dsum
 
 
 @triton.jit
@@ -434,8 +438,10 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, delt
                stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               CHUNK: tl.constexpr, RANGE_ROWS: tl.constexpr):
-    """Grid (query tiles, B * H); dq [B, H, Lq, E], any strides. Key tiles as the forward walks them."""
+               CHUNK: tl.constexpr, RANGE_ROWS: tl.constexpr, DELTA: tl.constexpr = False):
+    """Grid (query tiles, B * H); dq [B, H, Lq, E], any strides. Key tiles as the forward walks them. DELTA: writes
+    delta = rowsum(P * dP) instead (dq untouched): the sum that rowsum(dO * O) stands for, without O's rounding
+    (`attention.SHORT_KEYS`)."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
     sm_scale = tl.cast(sm_scale, tl.float32)
     start_m = tl.program_id(0) * BLOCK_M
@@ -453,9 +459,13 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, delt
     row = bh.to(tl.int64) * Lq
     m = tl.load(stats_ptr + 2 * row + rows_m)
     inv_l = tl.load(stats_ptr + 2 * row + Lq + rows_m)
-    delta = tl.load(delta_ptr + row + rows_m)
+    if DELTA:
+        delta = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    else:
+        delta = tl.load(delta_ptr + row + rows_m)
     mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    dsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if MASK == "none":  # key tiles [0, full_hi) unmasked, [full_hi, hi) EDGE
         lo = 0
         full_lo = 0
@@ -463,23 +473,26 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, delt
     else:  # [lo, full_lo) and [full_hi, hi) read the mask (EDGE), [full_lo, full_hi) attend wholly
         ranges_base = ranges_ptr + b.to(tl.int64) * stride_rb + h.to(tl.int64) * stride_rh
         lo, full_lo, full_hi, hi = query_tile_ranges(ranges_base, start_m, Lq, Lk, BLOCK_M, BLOCK_N, RANGE_ROWS)
-    dq = _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                   stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, lo, full_lo, k_ptr, k_src,
-                   v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
-                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_mq, stride_mk, MASK, CAUSAL, True, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
-    dq = _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                   stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, full_lo, full_hi, k_ptr, k_src,
-                   v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
-                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_mq, stride_mk, MASK, CAUSAL, False, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
-    dq = _dq_tiles(dq, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                   stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, full_hi, hi, k_ptr, k_src,
-                   v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale,
-                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_mq, stride_mk, MASK, CAUSAL, True, False, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs = (b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + offs_m[:, None].to(tl.int64) * stride_dqm
-            + offs_d[None, :] * stride_dqd)
-    tl.store(dq_ptr + offs, (dq * sm_scale).to(dq_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < HEAD_DIM))
+    dq, dsum = _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                         stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, lo, full_lo, k_ptr, k_src,
+                         v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
+                         stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk, MASK, CAUSAL, True, False,
+                         PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK, DELTA)
+    dq, dsum = _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                         stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, full_lo, full_hi, k_ptr,
+                         k_src, v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale, stride_kb, stride_kh, stride_kn,
+                         stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk, MASK, CAUSAL,
+                         False, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK, DELTA)
+    dq, dsum = _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                         stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, full_hi, hi, k_ptr, k_src,
+                         v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
+                         stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk, MASK, CAUSAL, True, False,
+                         PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK, DELTA)
+    if DELTA:
+        tl.store(delta_ptr + row + offs_m, dsum, mask=offs_m < Lq)
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        offs = (b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+                + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqd)
+        tl.store(dq_ptr + offs, (dq * sm_scale).to(dq_ptr.dtype.element_ty),
+                 mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < HEAD_DIM))
