@@ -161,18 +161,22 @@ def group_norm(module: nn.GroupNorm, site):
 
 
 def _batch_norm(m, x):
-    """nn.BatchNorm2d's forward (running-statistics update, momentum None = cumulative average) on dropin's op."""
+    """nn.BatchNorm2d's forward (running-statistics update, momentum None = cumulative average) on dropin's op. The
+    tensors are read from the original's dicts (each nn.Module.__getattr__ costs ~1 us of host time a call)."""
     bn = m.original
     if x.dim() != 4:
         raise ValueError(f"expected 4D input (got {x.dim()}D input)")
+    buffers, parameters = bn._buffers, bn._parameters
+    running_mean, running_var = buffers.get("running_mean"), buffers.get("running_var")
+    batches = buffers.get("num_batches_tracked")
     momentum = bn.momentum or 0.0
-    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
-        bn.num_batches_tracked.add_(1)
-        momentum = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
-    training = bn.training or bn.running_mean is None and bn.running_var is None
+    if bn.training and bn.track_running_stats and batches is not None:
+        batches.add_(1)
+        momentum = bn.momentum if bn.momentum is not None else 1.0 / float(batches)
+    training = bn.training or running_mean is None and running_var is None
     stats = not bn.training or bn.track_running_stats
-    return ops.batch_norm(x, bn.running_mean if stats else None, bn.running_var if stats else None, bn.weight, bn.bias,
-                          training, momentum, bn.eps)
+    return ops.batch_norm(x, running_mean if stats else None, running_var if stats else None, parameters.get("weight"),
+                          parameters.get("bias"), training, momentum, bn.eps)
 
 
 # The functions an Op runs (module level, so that a whole injected model pickles: torch.save(model)). They read the
@@ -197,7 +201,8 @@ def _adaptive_avg_pool2d(m, x):
 
 def _layer_norm(m, x):
     o = m.original
-    return ops.layer_norm(x, o.normalized_shape, o.weight, o.bias, o.eps)
+    parameters = o._parameters  # (as `_batch_norm`'s)
+    return ops.layer_norm(x, o.normalized_shape, parameters.get("weight"), parameters.get("bias"), o.eps)
 
 
 @register(nn.BatchNorm2d, op="batch_norm")
