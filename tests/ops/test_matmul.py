@@ -517,16 +517,39 @@ def test_tf32_products_use_rounded_operands(layout, copies, allow_tf32, monkeypa
         a, b = a.mT.contiguous().mT, b.mT.contiguous().mT
     bits = lambda t: (t.view(torch.int32) + 0x1000) & -8192  # noqa: E731  (finite values)
     rounded = lambda t: bits(t).view(torch.float32).double()  # noqa: E731
-    made = []
-    copy = _mm_module.operand_copy
-    monkeypatch.setattr(_mm_module, "operand_copy", lambda t, *args: made.append(t) or copy(t, *args))
+    made = []  # the copies' launches, by the operands they copy
+    copy, pair_copy = _mm_module.operand_copy, _mm_module.operand_pair_copy
+    monkeypatch.setattr(_mm_module, "operand_copy", lambda t, k_dim, *args: made.append("ab"[k_dim % 2])
+                        or copy(t, k_dim, *args))
+    monkeypatch.setattr(_mm_module, "operand_pair_copy", lambda *args: made.append("ab") or pair_copy(*args))
     out = dropin.matmul(a, b)
-    again = dropin.matmul(a, b)  # (no shortcut: each call copies its operands, once)
+    again = dropin.matmul(a, b)  # (no shortcut: each call copies its operands, once; both in one launch)
     _mm_module._plans.clear()
-    assert len(made) == 2 * {None: 0, "ab": 2, "b": 1}[copies]
+    assert made == {None: [], "ab": ["ab", "ab"], "b": ["b", "b"]}[copies]
     torch.testing.assert_close(again, out, rtol=0, atol=0)
     assert rel_err(out, rounded(a) @ rounded(b)) < 1e-6
     assert rel_err(out, a.double() @ b.double()) > 1e-5  # not an fp32 product
+
+
+@pytest.mark.parametrize("round_tf32,split,negate_a",
+                         [(True, False, False), (False, True, True), (False, False, False)],
+                         ids=["rounded", "split", "aligned"])
+def test_pair_copy_is_two_copies(round_tf32, split, negate_a):
+    """A and B copied in one launch (`operand_pair_copy`) give exactly the two single copies: values, layouts and
+    the lo parts of split copies (-A's with negate_a), on odd sizes and B column-major (a transposed read)."""
+    operands = importlib.import_module("dropin.ops.matmul_operands")
+    a, b = randn(2, 33, 70), randn(2, 21, 70).mT
+    copies = operands.operand_pair_copy(a, b, round_tf32, split, negate_a, False)
+    singles = (operands.operand_copy(a, 2, round_tf32, False, split, negate_a),
+               operands.operand_copy(b, 1, round_tf32, False, split))
+    for y, single in zip(copies, singles):
+        parts = [(y, single)]
+        if split:  # (the lo part: `batch` batch strides past the hi part)
+            parts.append(tuple(torch.as_strided(t, t.shape, t.stride(), t.storage_offset() + 2 * t.stride(0))
+                               for t in (y, single)))
+        for t, t_single in parts:
+            assert t.stride() == t_single.stride()
+            torch.testing.assert_close(t, t_single, rtol=0, atol=0)
 
 
 def _chain(matmul, linear, bmm):

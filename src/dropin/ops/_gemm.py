@@ -1,6 +1,6 @@
 """What the products of several op families share (matmul, conv2d, attention, swiglu): the Triton tile helpers
-(`dot`, `dot_parts`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`), the operand copy (`operand_copy_kernel`, its
-launch: `operand_copy_launch`) and the host-side rules (`precision`, `max_k`, `fits`, `autocast`,
+(`dot`, `dot_parts`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`), the operand copy (`operand_copy_kernel`,
+its tile `copy_tile`, its launch: `operand_copy_launch`) and the host-side rules (`precision`, `max_k`, `fits`, `autocast`,
 `check_operands`). Callers reach the host-side rules through the module (`_gemm.precision`), so that a test
 patching one reaches every op."""
 from typing import Optional
@@ -61,18 +61,13 @@ def round_tf32(x):
 
 
 @triton.jit
-def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
-                        ROUND_TF32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                        NEGATE: tl.constexpr = False):
-    """y = x, [batch, R, C] in any strides each (an operand laid out as the MMAs read it); with ROUND_TF32 (fp32)
-    rounded to tf32 exactly (round_tf32, the low 13 bits cleared): operands that the tf32 MMAs' truncation leaves
-    unchanged; with SPLIT (fp32) x's two tf32 parts (tf32_split): hi into y, lo `plane` elements further (the
-    operands of tf32x3 products that read both parts as they lie), those of -x with NEGATE (exact: a product
-    subtracted from its sum, which Triton does not fold into the MMA chain, `dot_acc`). Grid (tiles, batch)."""
-    batch = tl.program_id(1).to(tl.int64)
+def copy_tile(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane, tile, batch,
+               ROUND_TF32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+               NEGATE: tl.constexpr):
+    """`operand_copy_kernel`'s work on its tile `tile` of batch `batch` (int64)."""
     num_c = tl.cdiv(C, BLOCK_C)
-    offs_r = (tl.program_id(0) // num_c).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = (tl.program_id(0) % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_r = (tile // num_c).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = (tile % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
     x = tl.load(x_ptr + batch * sxb + offs_r[:, None] * sxr + offs_c[None, :] * sxc, mask=mask)
     y_ptrs = y_ptr + batch * syb + offs_r[:, None] * syr + offs_c[None, :] * syc
@@ -84,6 +79,19 @@ def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
         if ROUND_TF32:
             x = (round_tf32(x).to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
         tl.store(y_ptrs, x, mask=mask)
+
+
+@triton.jit
+def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
+                        ROUND_TF32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                        NEGATE: tl.constexpr = False):
+    """y = x, [batch, R, C] in any strides each (an operand laid out as the MMAs read it); with ROUND_TF32 (fp32)
+    rounded to tf32 exactly (round_tf32, the low 13 bits cleared): operands that the tf32 MMAs' truncation leaves
+    unchanged; with SPLIT (fp32) x's two tf32 parts (tf32_split): hi into y, lo `plane` elements further (the
+    operands of tf32x3 products that read both parts as they lie), those of -x with NEGATE (exact: a product
+    subtracted from its sum, which Triton does not fold into the MMA chain, `dot_acc`). Grid (tiles, batch)."""
+    copy_tile(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane, tl.program_id(0),
+               tl.program_id(1).to(tl.int64), ROUND_TF32, SPLIT, BLOCK_R, BLOCK_C, NEGATE)
 
 
 def operand_copy_launch(R, C, batch, round_tf32: bool, split: bool = False, negate: bool = False) -> tuple:

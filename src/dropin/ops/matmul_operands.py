@@ -1,9 +1,13 @@
 """The operand copies of matmul's products (dropin.ops.matmul): when a copy pays, and the copy itself (tf32-rounded,
-16-byte aligned for TMA descriptors, or split into two tf32 parts for true fp32)."""
+16-byte aligned for TMA descriptors, or split into two tf32 parts for true fp32), of one operand or of both in one
+launch."""
 import torch
+import triton
+import triton.language as tl
 
 from .. import _runtime
 from . import _gemm
+from ._gemm import copy_tile
 from ._dispatch import launch
 
 
@@ -38,12 +42,51 @@ def aligned_copies_pay(batch, M, N, K, size: int, precision: str) -> bool:
     return ratio > 0 and _outputs_pay(M, N, ratio) and batch * (M + N) * (K + 16 // size) * size <= COPY_WORKSPACE
 
 
+@triton.jit
+def operand_pair_copy_kernel(a_ptr, ya_ptr, Ra, Ca, sab, sar, sac, syab, syar, syac, plane_a,
+                             b_ptr, yb_ptr, Rb, Cb, sbb, sbr, sbc, sybb, sybr, sybc, plane_b, tiles_a,
+                             ROUND_TF32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
+                             BLOCK_C: tl.constexpr, NEGATE_A: tl.constexpr, NEGATE_B: tl.constexpr):
+    """`operand_copy_kernel` of two operands in one launch (a product's A and B: one launch's gap and tail less):
+    grid (tiles_a + B's tiles, batch), A's tiles first."""
+    tile = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    if tile < tiles_a:
+        copy_tile(a_ptr, ya_ptr, Ra, Ca, sab, sar, sac, syab, syar, syac, plane_a, tile, batch,
+                  ROUND_TF32, SPLIT, BLOCK_R, BLOCK_C, NEGATE_A)
+    else:
+        copy_tile(b_ptr, yb_ptr, Rb, Cb, sbb, sbr, sbc, sybb, sybr, sybc, plane_b, tile - tiles_a, batch,
+                  ROUND_TF32, SPLIT, BLOCK_R, BLOCK_C, NEGATE_B)
+
+
 def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = False,
-                  split: bool = False, negate: bool = False) -> torch.Tensor:
+                 split: bool = False, negate: bool = False) -> torch.Tensor:
     """A copy of t [batch, R, C] (rounded to tf32 with round_tf32) with dimension k_dim (1 or 2) contiguous and the
     other's stride padded to 16 bytes, as a TMA descriptor reads it (the padding is never read). split (fp32):
     t's two tf32 parts (-t's with negate), the hi part returned and the lo part `batch` batch strides further, in
     the same storage (the TMA kernel's "tf32x3_split" operands)."""
+    y, plane = _copy_buffer(t, k_dim, split)
+    grid, meta = _gemm.operand_copy_launch(*t.shape[1:], t.shape[0], round_tf32, split, negate)
+    launch(_gemm.operand_copy_kernel, grid, t, y, *t.shape[1:], *t.stride(), *y.stride(), plane, traced=traced, **meta)
+    return y
+
+
+def operand_pair_copy(a: torch.Tensor, b: torch.Tensor, round_tf32: bool, split: bool, negate_a: bool,
+                      negate_b: bool, traced: bool = False) -> tuple:
+    """(A's copy, B's copy): `operand_copy` of a product's A [batch, M, K] (K contiguous) and B [batch, K, N] (K
+    contiguous too) alike in one launch, one kernel's gap and tail less than two."""
+    (ya, plane_a), (yb, plane_b) = _copy_buffer(a, 2, split), _copy_buffer(b, 1, split)
+    (tiles_a, batch), meta = _gemm.operand_copy_launch(*a.shape[1:], a.shape[0], round_tf32, split)
+    (tiles_b, _), _ = _gemm.operand_copy_launch(*b.shape[1:], b.shape[0], round_tf32, split)
+    del meta["NEGATE"]
+    launch(operand_pair_copy_kernel, (tiles_a + tiles_b, batch), a, ya, *a.shape[1:], *a.stride(), *ya.stride(),
+           plane_a, b, yb, *b.shape[1:], *b.stride(), *yb.stride(), plane_b, tiles_a, traced=traced, **meta,
+           NEGATE_A=negate_a, NEGATE_B=negate_b)
+    return ya, yb
+
+
+def _copy_buffer(t: torch.Tensor, k_dim: int, split: bool) -> tuple:
+    """(y, plane): `operand_copy`'s empty copy of t and the offset of its lo part (elements)."""
     batch, R, C = t.shape
     unit = 16 // t.element_size()
     if k_dim == 2:
@@ -53,11 +96,7 @@ def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = F
         outer = _runtime.cdiv(R, unit) * unit
         strides = (C * outer, 1, outer)
     y = torch.empty_strided((2 * batch if split else batch, R, C), strides, device=t.device, dtype=t.dtype)
-    y = y[:batch] if split else y  # (the lo part past the view's end: eager only, `matmul._operand_copies`)
-    grid, meta = _gemm.operand_copy_launch(R, C, batch, round_tf32, split, negate)
-    launch(_gemm.operand_copy_kernel, grid, t, y, R, C, *t.stride(), *y.stride(), batch * strides[0], traced=traced,
-           **meta)
-    return y
+    return (y[:batch] if split else y), batch * strides[0]  # (the lo part past the view's end: eager only)
 
 
 def split_copies_pay(M, N) -> bool:
