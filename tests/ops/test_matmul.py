@@ -518,10 +518,11 @@ def test_tf32_products_use_rounded_operands(layout, copies, allow_tf32, monkeypa
     bits = lambda t: (t.view(torch.int32) + 0x1000) & -8192  # noqa: E731  (finite values)
     rounded = lambda t: bits(t).view(torch.float32).double()  # noqa: E731
     made = []  # the copies' launches, by the operands they copy
-    copy, pair_copy = _mm_module.operand_copy, _mm_module.operand_pair_copy
-    monkeypatch.setattr(_mm_module, "operand_copy", lambda t, k_dim, *args: made.append("ab"[k_dim % 2])
+    operands = importlib.import_module("dropin.ops.matmul_operands")
+    copy, pair_copy = operands.operand_copy, operands.operand_pair_copy
+    monkeypatch.setattr(operands, "operand_copy", lambda t, k_dim, *args: made.append("ab"[k_dim % 2])
                         or copy(t, k_dim, *args))
-    monkeypatch.setattr(_mm_module, "operand_pair_copy", lambda *args: made.append("ab") or pair_copy(*args))
+    monkeypatch.setattr(operands, "operand_pair_copy", lambda *args: made.append("ab") or pair_copy(*args))
     out = dropin.matmul(a, b)
     again = dropin.matmul(a, b)  # (no shortcut: each call copies its operands, once; both in one launch)
     _mm_module._plans.clear()

@@ -24,8 +24,7 @@ from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, align
                         writing)
 from .activations import FROM_OUTPUT, activation_ref, check_activation, derivative_at, stores_preactivation
 from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel
-from .matmul_operands import (aligned_copies_pay, copied_operands, operand_copy, operand_pair_copy, split_copies_pay,
-                              tf32_copies_pay)
+from .matmul_operands import aligned_copies_pay, copied_operands, operand_copies, split_copies_pay, tf32_copies_pay
 
 
 # --- 1. References ----------------------------------------------------------------------------------
@@ -152,13 +151,7 @@ def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Opti
     """(a, b, run): the operands as the kernels read them (copies where they pay: `_operand_copies`) and the
     signature's plan, run(a, b, c, bias, z)."""
     precision, copy_a, copy_b = _operand_copies(a, b, tma, traced)
-    if copy_a is not None and copy_b is not None and copy_a[:2] == copy_b[:2]:  # (alike but for the negation)
-        a, b = operand_pair_copy(a, b, *copy_a[:2], copy_a[2], copy_b[2], traced)
-    else:
-        if copy_b is not None:
-            b = operand_copy(b, 1, copy_b[0], traced, *copy_b[1:])
-        if copy_a is not None:
-            a = operand_copy(a, 2, copy_a[0], traced, *copy_a[1:])
+    a, b = operand_copies(a, b, copy_a, copy_b, traced)
     return a, b, _mm_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced)
 
 

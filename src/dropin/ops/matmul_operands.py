@@ -59,6 +59,18 @@ def operand_pair_copy_kernel(a_ptr, ya_ptr, Ra, Ca, sab, sar, sac, syab, syar, s
                   ROUND_TF32, SPLIT, BLOCK_R, BLOCK_C, NEGATE_B)
 
 
+def operand_copies(a: torch.Tensor, b: torch.Tensor, copy_a, copy_b, traced: bool = False) -> tuple:
+    """(a, b) as the product's kernels read them: each copied where its copy_* (operand_copy's round_tf32, split,
+    negate) is given, both in one launch where they are copied alike but for the negation."""
+    if copy_a is not None and copy_b is not None and copy_a[:2] == copy_b[:2]:
+        return operand_pair_copy(a, b, *copy_a[:2], copy_a[2], copy_b[2], traced)
+    if copy_b is not None:
+        b = operand_copy(b, 1, copy_b[0], traced, *copy_b[1:])
+    if copy_a is not None:
+        a = operand_copy(a, 2, copy_a[0], traced, *copy_a[1:])
+    return a, b
+
+
 def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = False,
                  split: bool = False, negate: bool = False) -> torch.Tensor:
     """A copy of t [batch, R, C] (rounded to tf32 with round_tf32) with dimension k_dim (1 or 2) contiguous and the
