@@ -1,7 +1,7 @@
 """What the products of several op families share (matmul, conv2d, attention, swiglu): the Triton tile helpers
 (`dot`, `dot_parts`, `dot_acc`, `tile_coords`, `split_range`, `round_tf32`), the operand copy (`operand_copy_kernel`,
-its tile `copy_tile`, its launch: `operand_copy_launch`) and the host-side rules (`precision`, `max_k`, `fits`, `autocast`,
-`check_operands`). Callers reach the host-side rules through the module (`_gemm.precision`), so that a test
+its tile `copy_tile`, its launch: `operand_copy_launch`) and the host-side rules (`precision`, `max_k`, `fits`,
+`autocast`, `check_operands`). Callers reach the host-side rules through the module (`_gemm.precision`), so that a test
 patching one reaches every op."""
 from typing import Optional
 
@@ -62,8 +62,8 @@ def round_tf32(x):
 
 @triton.jit
 def copy_tile(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane, tile, batch,
-               ROUND_TF32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-               NEGATE: tl.constexpr):
+              ROUND_TF32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+              NEGATE: tl.constexpr):
     """`operand_copy_kernel`'s work on its tile `tile` of batch `batch` (int64)."""
     num_c = tl.cdiv(C, BLOCK_C)
     offs_r = (tile // num_c).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -91,7 +91,7 @@ def operand_copy_kernel(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane,
     operands of tf32x3 products that read both parts as they lie), those of -x with NEGATE (exact: a product
     subtracted from its sum, which Triton does not fold into the MMA chain, `dot_acc`). Grid (tiles, batch)."""
     copy_tile(x_ptr, y_ptr, R, C, sxb, sxr, sxc, syb, syr, syc, plane, tl.program_id(0),
-               tl.program_id(1).to(tl.int64), ROUND_TF32, SPLIT, BLOCK_R, BLOCK_C, NEGATE)
+              tl.program_id(1).to(tl.int64), ROUND_TF32, SPLIT, BLOCK_R, BLOCK_C, NEGATE)
 
 
 def operand_copy_launch(R, C, batch, round_tf32: bool, split: bool = False, negate: bool = False) -> tuple:

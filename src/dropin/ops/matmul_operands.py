@@ -85,8 +85,8 @@ def operand_copy(t: torch.Tensor, k_dim: int, round_tf32: bool, traced: bool = F
 
 def operand_pair_copy(a: torch.Tensor, b: torch.Tensor, round_tf32: bool, split: bool, negate_a: bool,
                       negate_b: bool, traced: bool = False) -> tuple:
-    """(A's copy, B's copy): `operand_copy` of a product's A [batch, M, K] (K contiguous) and B [batch, K, N] (K
-    contiguous too) alike in one launch, one kernel's gap and tail less than two."""
+    """(A's copy, B's copy): `operand_copy` of a product's A [batch, M, K] and B [batch, K, N] (each copy K-major)
+    alike in one launch: one kernel's launch gap and tail less than two."""
     (ya, plane_a), (yb, plane_b) = _copy_buffer(a, 2, split), _copy_buffer(b, 1, split)
     (tiles_a, batch), meta = _gemm.operand_copy_launch(*a.shape[1:], a.shape[0], round_tf32, split)
     (tiles_b, _), _ = _gemm.operand_copy_launch(*b.shape[1:], b.shape[0], round_tf32, split)
