@@ -35,8 +35,13 @@ test-gpu:         # every GPU test but the slow sweeps and the fuzz suite (under
 test-gpu-quick:   # each public op, injector handler and execution mode once (under 2 minutes)
 	$(GPU_PYTEST) -m quick --junitxml=$(or $(REPORT),test-gpu-quick.xml) tests
 
-test-gpu-slow:    # the sweeps test-gpu leaves out: every kernel config, long fp32 attention, full-size CLI runs
-	$(GPU_PYTEST) -m slow --junitxml=$(or $(REPORT),test-gpu-slow.xml) tests
+test-gpu-slow:    # the sweeps test-gpu leaves out: every kernel config, long fp32 attention, full-size CLI runs;
+                  # PART=1 test_attention.py's alone, PART=2 the others (a run each, for runs under 10 minutes)
+	$(GPU_PYTEST) -m slow --junitxml=$(or $(REPORT),test-gpu-slow.xml) $(SLOW_TESTS_$(or $(PART),ALL))
+
+SLOW_TESTS_ALL = tests
+SLOW_TESTS_1 = tests/ops/test_attention.py
+SLOW_TESTS_2 = tests --ignore=tests/ops/test_attention.py
 
 fuzz-gpu:         # tests/fuzz's hypothesis suite, DROPIN_FUZZ_EXAMPLES cases an op (default 700: ~12,000 in all)
 	$(GPU_PYTEST) -m fuzz --junitxml=$(or $(REPORT),fuzz-gpu.xml) tests/fuzz
