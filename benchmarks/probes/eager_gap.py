@@ -6,12 +6,10 @@ For each case: do_bench's median (L2 flushed), harness.graph_time_ms, then a tor
 with do_bench's flush between them: each kernel's mean time, the gap before it (from the previous kernel's end),
 and the host time of one call (perf_counter, synchronised), so the loss shows as slower kernels, idle gaps (the
 host behind the GPU) or neither. Cause found: each call made its operand copies twice (fixed at 53a2194).
-The last case forces B's rounded copy alone at tf32 4096^3 ("tf32_rounded_b": A rounded in registers, no 35 us
-copy of A; tuned on its first call): does the kernel lose less than the copy costs?
+(B's rounded copy alone at tf32 4096^3, A rounded in registers, made the kernel 506 us against 342: dearer than
+A's 35 us copy; docs/perf-notes.md, 2026-11-27 15:50.)
 Usage: PYTHONPATH=src python benchmarks/probes/eager_gap.py"""
 import collections
-import contextlib
-import importlib
 import statistics
 import time
 
@@ -21,8 +19,7 @@ import triton
 import dropin
 from dropin.bench.harness import allow_tf32, graph_time_ms
 
-CASES = (("tf32", 4096, 4096, 4096, None), ("fp32", 4096, 4096, 4096, None), ("tf32", 6007, 4999, 3001, None),
-         ("bf16", 4096, 4096, 4096, None), ("tf32", 4096, 4096, 4096, "b"))
+CASES = (("tf32", 4096, 4096, 4096), ("fp32", 4096, 4096, 4096), ("tf32", 6007, 4999, 3001), ("bf16", 4096, 4096, 4096))
 
 
 def kernel_rows(fn, flush, calls: int = 20):
@@ -64,26 +61,13 @@ def host_us(fn, calls: int = 20) -> float:
 def main():
     print(dropin._runtime.info(), flush=True)
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    for dtype, M, K, N, copies in CASES:
+    for dtype, M, K, N in CASES:
         tdt = torch.bfloat16 if dtype == "bf16" else torch.float32
         a = torch.randn(M, K, device="cuda", dtype=tdt)
         b = torch.randn(K, N, device="cuda", dtype=tdt)
         for name, fn in (("dropin", lambda: dropin.matmul(a, b)), ("torch", lambda: torch.matmul(a, b))):
-            with allow_tf32(dtype == "tf32"), forced_copies(copies):
-                report(f"{dtype} {M}x{K} @ {K}x{N} {name}{f' copies {copies}' if copies else ''}", fn, flush)
-
-
-@contextlib.contextmanager
-def forced_copies(copies):
-    """matmul's `copied_operands` answering `copies` inside the block (None: as it is)."""
-    mm = importlib.import_module("dropin.ops.matmul")
-    real = mm.copied_operands
-    if copies is not None:
-        mm.copied_operands = lambda *args, **kwargs: copies
-    try:
-        yield
-    finally:
-        mm.copied_operands = real
+            with allow_tf32(dtype == "tf32"):
+                report(f"{dtype} {M}x{K} @ {K}x{N} {name}", fn, flush)
 
 
 def report(title, fn, flush):
