@@ -30,19 +30,22 @@ from triton.compiler import ASTSource  # noqa: E402
 matmul = importlib.import_module("dropin.ops.matmul")  # (dropin.ops.matmul is also the function)
 matmul_kernels = importlib.import_module("dropin.ops.matmul_kernels")
 depthwise = importlib.import_module("dropin.ops.conv2d.depthwise")
+attention_kernels = importlib.import_module("dropin.ops.attention_kernels")
+attention_decode = importlib.import_module("dropin.ops.attention_decode")
 
 TARGET = GPUTarget("cuda", 90, 32)
 SHARED_LIMIT = 232448  # bytes of shared memory a block may take on sm_90
 
 
-def compiled(kernel, pointers: dict, constexprs: dict, launch: dict):
+def compiled(kernel, pointers: dict, constexprs: dict, launch: dict, floats=()):
     """triton.compile of kernel for sm_90: pointers maps each pointer parameter to its element type ('bf16',
-    'fp32', ...), constexprs the constexpr parameters (their defaults where not given), every other parameter an
-    i32."""
+    'fp32', ...), constexprs the constexpr parameters (their defaults where not given), the parameters named in
+    floats fp32, every other parameter an i32."""
     constexprs = dict({p.name: p.default for p in kernel.params if p.is_constexpr and p.name not in constexprs},
                       **constexprs)
     signature = {p.name: (f"*{pointers[p.name]}" if p.name in pointers else
-                          "constexpr" if p.name in constexprs else "i32") for p in kernel.params}
+                          "constexpr" if p.name in constexprs else "fp32" if p.name in floats else "i32")
+                 for p in kernel.params}
     return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=TARGET,
                           options={k: launch[k] for k in ("num_warps", "num_stages") if k in launch})
 
@@ -102,6 +105,27 @@ def depthwise_cases(quick: bool):
                lambda: compiled(depthwise._conv_dw_dgrad_kernel, pointers, constexprs, cfg))
 
 
+def attention_cases():
+    """The attention kernels with a float mask (natural units: fp32 takes `natural_exp`'s corrected exponent)."""
+    for dtype, precision in (("fp32", "tf32x3"), ("fp32", "ieee"), ("bf16", "ieee")):
+        pointers = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr"), dtype)
+        pointers.update(mask_ptr=dtype, ranges_ptr="i32", stats_ptr="fp32", delta_ptr="fp32")
+        common = dict(MASK="float", CAUSAL=False, PRECISION=precision, TMA=False, HEAD_DIM=64, BLOCK_D=64,
+                      BLOCK_M=64, BLOCK_N=64, CHUNK=32 if precision == "tf32x3" else 0, RANGE_ROWS=64)
+        floats = ("qk_scale", "sm_scale")
+        for kernel, extra in ((attention_kernels.fwd_kernel, dict(FOLD=True)), (attention_kernels.dkdv_kernel, {}),
+                              (attention_kernels.dq_kernel, {}), (attention_kernels.dq_kernel, dict(DELTA=True))):
+            report(f"attention {kernel.fn.__name__} {dtype} {precision} float mask {extra}",
+                   lambda: compiled(kernel, pointers, dict(common, **extra), dict(num_warps=4, num_stages=2), floats))
+        decode = dict(GROUP=4, HEAD_DIM=64, MASK="float", PRECISION=precision, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64)
+        report(f"attention decode split {dtype} {precision} float mask",
+               lambda: compiled(attention_decode._split_kernel, dict(pointers, part_ptr="fp32"), decode,
+                                dict(num_warps=4), ("scale",)))
+    report("attention decode combine fp32", lambda: compiled(
+        attention_decode._combine_kernel, dict(part_ptr="fp32", stats_ptr="fp32", o_ptr="fp32"),
+        dict(HEAD_DIM=64, BLOCK_S=16, BLOCK_D=64), dict(num_warps=4)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -109,6 +133,7 @@ def main():
     args = parser.parse_args()
     matmul_cases(args.quick, args.match)
     depthwise_cases(args.quick)
+    attention_cases()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from .. import _runtime
 from . import _gemm
 from ._dispatch import Launch, absent, aligned, plan, switch, torch_op
 from ._gemm import dot
+from .attention_kernels import natural_exp
 
 BLOCK_N = 64
 
@@ -76,8 +77,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, part_ptr, stats_ptr,
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # (a row with no key so far: exp(-inf) = 0)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
+        p = natural_exp(s - m_safe[:, None], q_ptr.dtype.element_ty == tl.float32)
+        alpha = natural_exp(m_i - m_safe, q_ptr.dtype.element_ty == tl.float32)
         v = tl.load(v_base + n[:, None] * s_vn + d[None, :] * s_vd, mask=kv_mask, other=0.0)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION)
@@ -102,7 +103,7 @@ def _combine_kernel(part_ptr, stats_ptr, o_ptr, H, splits, s_ob, s_oh, s_od,
     acc = tl.load(part_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & (d < HEAD_DIM)[None, :],
                   other=0.0)
     top = tl.max(m, 0)
-    w = tl.exp(m - tl.where(top == float("-inf"), 0.0, top))
+    w = natural_exp(m - tl.where(top == float("-inf"), 0.0, top), o_ptr.dtype.element_ty == tl.float32)
     total = tl.sum(w * l, 0)
     out = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
     b = bh // H

@@ -8,11 +8,11 @@ dQ), with the tile helpers they share.
   tiles of every query head of its group: no atomics) and `dq_kernel` (one program per query tile, walking the key
   tiles).
 Tiles that lie inside both sequences and (causal) below the diagonal skip all per-entry masking; only the tiles on
-the diagonal and at the ends of the sequences pay for it (EDGE). With a mask, its summary (`attention_ranges`)
-tells each walk which tiles it blocks wholly (skipped), which it attends wholly (no mask read) and which to read
-it on (EDGE). q, k, v and dO are read with TMA tensor descriptors (Hopper, 16-bit, aligned strides: rows past the
-end read 0) or with pointers (any strides: rows past the end read the last row); either way such rows are masked
-out of the scores.
+the diagonal and at the ends of the sequences pay for it (EDGE). With a mask, its summary (`attention_ranges`) tells
+each walk which tiles it blocks wholly (skipped), which it attends wholly (no mask read) and which to read it on
+(EDGE). With a float mask the scores stay in natural units (`natural_exp`, also the decode kernels'). q, k, v and dO
+are read with TMA tensor descriptors (Hopper, 16-bit, aligned strides: rows past the end read 0) or with pointers
+(any strides: rows past the end read the last row); either way such rows are masked out of the scores.
 """
 import triton
 import triton.language as tl
@@ -119,10 +119,26 @@ def _scores(qk, qi, kj, Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
 
 
 @triton.jit
-def _exp(x, MASK: tl.constexpr):
+def natural_exp(x, FP32: tl.constexpr):
+    """exp(x). tl.exp multiplies by log2 e and rounds the exponent: a relative error of |x| * 2^-24 on the result,
+    as large as torch's whole error on the softmax of large scores. FP32 (fp32 inputs): the exponent's rounding
+    error, taken by an FMA, corrects the result to first order (16-bit inputs: the probabilities are rounded to
+    16 bits anyway)."""
+    if FP32:
+        t = x * 1.4426950216293335  # log2 e in fp32; 1.925963e-08 the rest of it
+        e = tl.fma(x, 1.4426950216293335, -t) + x * 1.92596298909109e-08
+        y = tl.math.exp2(t)
+        y = tl.where(t > -126.0, tl.fma(y, e * 0.6931471805599453, y), y)  # (-inf, finfo.min: e is NaN)
+    else:
+        y = tl.exp(x)
+    return y
+
+
+@triton.jit
+def _exp(x, MASK: tl.constexpr, FP32: tl.constexpr):
     """exp of a difference of scores, in their units."""
     if MASK == "float":
-        y = tl.exp(x)
+        y = natural_exp(x, FP32)
     else:
         y = tl.math.exp2(x)
     return y
@@ -165,7 +181,7 @@ def _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stri
         if FOLD and not EDGE and (MASK == "none" or FULL):
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_use = m_new
-            p = _exp(qk * qk_scale - m_new[:, None], MASK)
+            p = _exp(qk * qk_scale - m_new[:, None], MASK, q_ptr.dtype.element_ty == tl.float32)
         else:
             if FULL:
                 s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk, mask_base, stride_mq, stride_mk,
@@ -175,8 +191,8 @@ def _fwd_tiles(acc, l_i, m_i, q, q_ptr, b, h, rows_m, stride_qb, stride_qh, stri
                             qk_scale, MASK, CAUSAL, EDGE)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: keep exp away from -inf - -inf
-            p = _exp(s - m_use[:, None], MASK)
-        alpha = _exp(m_i - m_use, MASK)
+            p = _exp(s - m_use[:, None], MASK, q_ptr.dtype.element_ty == tl.float32)
+        alpha = _exp(m_i - m_use, MASK, q_ptr.dtype.element_ty == tl.float32)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
@@ -302,7 +318,7 @@ def _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, st
                          mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m = tl.load(stats_base + rows_m)
         inv_l = tl.load(stats_base + Lq + rows_m)
-        pt = _exp(st - m[None, :], MASK) * inv_l[None, :]
+        pt = _exp(st - m[None, :], MASK, q_ptr.dtype.element_ty == tl.float32) * inv_l[None, :]
         do = _tile(do_src, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
                    HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
         dv = dot_acc(dv, pt.to(do.dtype), do, PRECISION)
@@ -415,7 +431,7 @@ def _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, s
         else:
             s = _scores(qk, offs_m[:, None], offs_n[None, :], Lq, Lk,
                         mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
-        p = _exp(s - m[:, None], MASK) * inv_l[:, None]
+        p = _exp(s - m[:, None], MASK, q_ptr.dtype.element_ty == tl.float32) * inv_l[:, None]
         v = _tile(v_src, b, hk, start_n, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
                   HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
         dp = _dot_t(do, do_ptr, b, h, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
