@@ -2,7 +2,8 @@
 - a CUDA graph captured after warm-up and replayed on new input data written into its static inputs;
 - torch.compile(mode="reduce-overhead", fullgraph=True) (CUDA graph trees), forward and forward + backward, on new
   inputs every call;
-- a reduce-overhead training step whose weights change every step (no stale copy of a weight).
+- a reduce-overhead training step whose weights change every step (no stale copy of a weight);
+- eager on a non-default stream, and on a second GPU while the first is the current device.
 The ops and their tiny inputs are `dropin bench overhead`'s (dropin.bench.overhead.pairs).
 """
 import copy
@@ -82,6 +83,54 @@ def test_op_reduce_overhead(name):
             upstream = [torch.randn_like(o) for o in outs]
             grads.append(torch.autograd.grad(outs, leaves[:pair.n_grad], upstream))
         _assert_same(grads[0], grads[1], f"{name} gradients, call {call}")
+
+
+def _forward_backward(pair, inputs) -> tuple:
+    """pair.dropin's outputs and the gradients of its first n_grad inputs (a seeded upstream gradient)."""
+    leaves = [t.detach().requires_grad_(i < pair.n_grad) for i, t in enumerate(inputs)]
+    outs = _outputs(pair.dropin(*leaves))
+    gen = torch.Generator(device=outs[0].device).manual_seed(0)
+    upstream = [torch.randn(o.shape, generator=gen, dtype=o.dtype, device=o.device) for o in outs]
+    return tuple(o.detach() for o in outs) + torch.autograd.grad(outs, leaves[:pair.n_grad], upstream)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("name", NAMES)
+def test_op_on_second_gpu(name):
+    """After the op ran on cuda:0 (its plans, launches and caches made there), tensors on cuda:1 while cuda:0 is
+    the current device: the results lie on cuda:1 and are those of the call with cuda:1 current, which are
+    torch's there."""
+    _forward_backward(PAIRS[name], PAIRS[name].make())
+    with torch.cuda.device(1):
+        pair = {p.name: p for p in pairs()}[name]  # (its weights on cuda:1)
+        inputs = pair.make()
+    got = _forward_backward(pair, inputs)
+    assert torch.cuda.current_device() == 0 and all(t.device == torch.device("cuda", 1) for t in got)
+    with torch.cuda.device(1):
+        want = _forward_backward(pair, inputs)
+        with torch.no_grad():
+            peer = _outputs(pair.torch(*inputs))
+    _assert_same(got, want, f"{name} on cuda:1 from cuda:0")
+    _assert_same(want[:len(peer)], peer, f"{name} on cuda:1 against torch")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_op_on_side_stream(name):
+    """On a non-default stream, behind a ~30 ms sleep there that precedes its inputs' writes, through the repeat
+    path: the op's launches follow that stream (on another stream they would read the inputs unwritten)."""
+    pair = PAIRS[name]
+    static, new = pair.make(), pair.make()
+    with torch.no_grad():
+        pair.dropin(*static)  # (plans and launches made)
+        want = pair.dropin(*new)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)
+            _fill(static, new)
+            got = pair.dropin(*static)
+        torch.cuda.current_stream().wait_stream(side)
+    _assert_same(got, want, f"{name} on a side stream")
 
 
 # ------------------------------------------------------------------------------------------------ models

@@ -299,11 +299,12 @@ class Launch:
     """One Triton kernel on one grid with fixed constexprs: `Launch(kernel, grid, constexprs)(*args)` runs
     `kernel[grid](*args, **constexprs)`.
 
-    Eager: after the first launch on a GPU, later calls re-launch the compiled kernel directly, skipping Triton's
-    per-call argument binding and cache look-up (about 6 us of CPU time instead of 12; on Triton 3.6 through the
-    compiled kernel's C launcher, `_runtime.raw_launcher`, which allocates the global scratch itself). The plan that
-    holds the Launch guarantees that later `args` specialize as the first ones did (same dtypes, 16-byte alignment,
-    integers).
+    A launch runs on its tensors' GPU (the first tensor argument's), made current for it where another is, on that
+    GPU's current stream. Eager: after the first launch on a GPU, later calls re-launch the compiled kernel
+    directly, skipping Triton's per-call argument binding and cache look-up (about 6 us of CPU time instead of 12;
+    on Triton 3.6 through the compiled kernel's C launcher, `_runtime.raw_launcher`, which allocates the global
+    scratch itself). The plan that holds the Launch guarantees that later `args` specialize as the first ones did
+    (same dtypes, 16-byte alignment, integers).
     traced: a `wrap_triton` launch that torch.compile records in its graph (grid entries may be symbolic).
     `scratch`: the kernel builds tensor descriptors on the device, which take global scratch memory from Triton's
     allocator; that setting is per thread (autograd runs backward in threads of its own), so it is made before
@@ -319,6 +320,10 @@ class Launch:
         compiled = self.compiled
         if compiled is None:
             self._first(*args)
+            return
+        if self.device != torch._C._cuda_getDevice():  # (tensors on another GPU than the current one)
+            with torch.cuda.device(self.device):
+                self(*args)
             return
         stream = torch._C._cuda_getCurrentRawStream(self.device)
         hooks = triton.knobs.runtime
@@ -344,6 +349,11 @@ class Launch:
             defaults = {p.name: p.default for p in getattr(self.kernel, "params", ())[len(args):]
                         if p.name not in self.constexprs and p.default is not inspect.Parameter.empty}
             wrap_triton(self.kernel)[self.grid](*args, **defaults, **self.constexprs)
+            return
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        if device is not None and device.type == "cuda" and device.index != torch._C._cuda_getDevice():
+            with torch.cuda.device(device):  # (Triton compiles for, and launches on, the current GPU)
+                self._first(*args)
             return
         if _autotune.warming_up():  # (a tuning's candidates compiled side by side: `_autotune._precompile`)
             self.kernel.warmup(*args, grid=self.grid, **self.constexprs)
