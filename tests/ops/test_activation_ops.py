@@ -64,6 +64,20 @@ def test_layouts(name, layout):
         assert ACTS[name][0](x).stride() == x.stride()
 
 
+@pytest.mark.parametrize("name", list(ACTS))
+def test_gradient_layout_as_torch(name):
+    """x channels_last, the upstream gradient NCHW: the input's gradient is laid out as torch's (as x for relu and
+    leaky_relu, whose backward takes x first; as the gradient for the others)."""
+    x = torch.randn(2, 5, 4, 3, device=DEVICE).to(memory_format=torch.channels_last)
+    dy = torch.randn(2, 5, 4, 3, device=DEVICE)
+    strides = []
+    for fn in ACTS[name]:
+        leaf = x.detach().requires_grad_()
+        (g,) = torch.autograd.grad(fn(leaf), leaf, dy)
+        strides.append(g.stride())
+    assert strides[0] == strides[1]
+
+
 def test_repeat_calls_through_the_shortcut(monkeypatch):
     """Repeat calls without autograd on views (channels_last, transposed, sliced, expanded) take the shortcut that
     the first call of their signature kept, and give what it gave, in its layout (the repeat's new allocations

@@ -135,6 +135,23 @@ def test_residual(case):
           lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
 
 
+@pytest.mark.parametrize("activation", [None, "relu", "leaky_relu", "gelu", "celu"])
+def test_residual_gradient_layout_as_torch(activation):
+    """A channels_last output and an NCHW upstream gradient: the residual's gradient has torch's memory format (its
+    activation's backward lays it out as the pre-activation, the output's format, for relu and leaky_relu, as the
+    upstream gradient for the others)."""
+    inputs = leaves((2, 7, 9, 8), (7, 1, 3, 3), channels_last=True)
+    inputs["r"] = randn(2, 7, 9, 8)
+    strides = []
+    for conv in (lambda x, w, b, r: dropin.conv2d(x, w, b, padding=1, groups=7, activation=activation, residual=r),
+                 lambda x, w, b, r: activation_ref(F.conv2d(x, w, b, padding=1, groups=7) + r, activation)):
+        ins = {k: v.detach().requires_grad_() for k, v in inputs.items()}
+        out = conv(**ins)
+        (g,) = torch.autograd.grad(out, ins["r"], randn(*out.shape))
+        strides.append(g.stride())
+    assert strides[0] == strides[1]
+
+
 @pytest.mark.parametrize("conv_bias,affine", [(True, True), (False, True), (True, False)])
 def test_fold_batchnorm(conv_bias, affine):
     """conv -> BatchNorm (eval) == one conv with the folded weight and bias; bn itself unchanged."""

@@ -21,6 +21,10 @@ from ._dispatch import Checks, Launch, Shortcuts, Unary, absent, plan, switch, t
 ACTIVATIONS = ("relu", "relu6", "gelu", "gelu_tanh", "silu", "hardswish", "hardsigmoid", "sigmoid", "leaky_relu",
                "tanh", "mish", "elu", "selu", "celu", "softplus")
 
+# The activations whose torch backward lays its gradient out as the activation's input, not as the upstream
+# gradient (threshold_backward and leaky_relu_backward take the input as their first operand); the others' follow dy.
+INPUT_LAYOUT_GRADS = ("relu", "leaky_relu")
+
 _REFS = {
     "relu": F.relu,
     "relu6": F.relu6,
@@ -317,12 +321,12 @@ def _act_planned(x, dy: Optional[torch.Tensor], out, act: str, traced: bool):
 
 def _act_out(x, dy: Optional[torch.Tensor], act: str):
     """The new output of act(x) (dy None) or dy * act'(x)."""
-    return torch.empty_like(x if dy is None or act == "relu" else dy)
+    return torch.empty_like(x if dy is None or act in INPUT_LAYOUT_GRADS else dy)
 
 
 def _act_impl(x, dy: Optional[torch.Tensor], act: str, traced: bool = False):
     """act(x) (dy None) or dy * act'(x), in the layout torch gives: that of x, or for the gradient of dy
-    (relu: of x), where that is dense. traced: under torch.compile (`_dispatch`)."""
+    (`INPUT_LAYOUT_GRADS`: of x), where that is dense. traced: under torch.compile (`_dispatch`)."""
     out = _act_out(x, dy, act)
     if x.numel() > 0:
         _act_planned(x, dy, out, act, traced)[0](x, dy, out)

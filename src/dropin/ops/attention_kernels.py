@@ -125,10 +125,11 @@ def natural_exp(x, FP32: tl.constexpr):
     error, taken by an FMA, corrects the result to first order (16-bit inputs: the probabilities are rounded to
     16 bits anyway)."""
     if FP32:
+        x = tl.where(x < -1000.0, -1000.0, x)  # (exp gives 0 from there on; -inf and finfo.min would make e NaN)
         t = x * 1.4426950216293335  # log2 e in fp32; 1.925963e-08 the rest of it
         e = tl.fma(x, 1.4426950216293335, -t) + x * 1.92596298909109e-08
         y = tl.math.exp2(t)
-        y = tl.where(t > -126.0, tl.fma(y, e * 0.6931471805599453, y), y)  # (-inf, finfo.min: e is NaN)
+        y = tl.fma(y, e * 0.6931471805599453, y)
     else:
         y = tl.exp(x)
     return y

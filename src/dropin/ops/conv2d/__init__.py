@@ -23,7 +23,8 @@ from ... import _runtime
 from .. import _autotune, _gemm
 from .._common import column_sums_run, empty_in, is_channels_last, pixel
 from .._dispatch import Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op, writing
-from ..activations import activation_grad, activation_ref, derivative_at, stores_preactivation
+from ..activations import (INPUT_LAYOUT_GRADS, activation_grad, activation_ref, derivative_at,
+                           stores_preactivation)
 from ..matmul import ProductShortcut, canonical_product, product_shortcut
 from . import depthwise, implicit_gemm, planning, tma
 from .args import check_conv2d, check_out, conv_args
@@ -385,10 +386,10 @@ def _backward(dy, x, w, z, args: tuple, activation: str, needs, dgrad=_dgrad, wg
     dx = dgrad(dz, x, w, *args) if need_x else None
     dw = wgrad(dz, x, w, *args) if need_w else None
     dres = dz if need_residual else None
-    if need_residual and activation != "relu" and dz.stride() != dy.stride() and (
+    if need_residual and activation not in INPUT_LAYOUT_GRADS and dz.stride() != dy.stride() and (
             dy.is_contiguous() or dy.is_contiguous(memory_format=torch.channels_last)):
-        # (torch's: its activation's backward, dy its first operand, lays the gradient out as a dense dy; relu's,
-        # threshold_backward(result, dy), as relu's result, the output's layout: dz's)
+        # (torch's: its activation's backward lays the gradient out as a dense dy; relu's and leaky_relu's as their
+        # input, the output's layout: dz's)
         dres = torch.empty_like(dy).copy_(dz)
     return dx, dw, dbias, dres
 
