@@ -43,5 +43,6 @@ SLOW_TESTS_ALL = tests
 SLOW_TESTS_1 = tests/ops/test_attention.py
 SLOW_TESTS_2 = tests --ignore=tests/ops/test_attention.py
 
-fuzz-gpu:         # tests/fuzz's hypothesis suite, DROPIN_FUZZ_EXAMPLES cases an op (default 700: ~12,000 in all)
-	$(GPU_PYTEST) -m fuzz --junitxml=$(or $(REPORT),fuzz-gpu.xml) tests/fuzz
+fuzz-gpu:         # tests/fuzz's hypothesis suite, DROPIN_FUZZ_EXAMPLES cases an op (default 700: ~11,500 in all);
+                  # items handed out in order (--dist load), the slowest tests' first (tests/fuzz/conftest.py)
+	$(GPU_PYTEST) --dist load -m fuzz --junitxml=$(or $(REPORT),fuzz-gpu.xml) tests/fuzz

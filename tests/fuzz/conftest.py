@@ -1,6 +1,6 @@
-"""The fuzz tests' parts and case counts: each test runs as `_fuzz.PARTS` items (`fuzz_part`), and each item's
-report carries the cases it ran, by op (a user property, also in the junit XML); the run ends with their sum per
-op."""
+"""The fuzz tests' parts, order and case counts: each test runs as `_fuzz.PARTS` items (`fuzz_part`), the slowest
+tests' first, and each item's report carries the cases it ran, by op (a user property, also in the junit XML); the
+run ends with their sum per op."""
 import collections
 
 import pytest
@@ -13,6 +13,21 @@ _totals: collections.Counter = collections.Counter()
 @pytest.fixture(autouse=True)
 def fuzz_part():
     """Which part of its test this item runs (`_fuzz.PARTS`; parametrized below): each part draws its own cases."""
+
+
+# The fuzz tests whose items take longest on the GPU, slowest first (make fuzz-gpu on the H200, 2026-11-27: an
+# item of attention 54-222 s, swiglu_mlp 70-151, sparse_conv2d 70-126, rope 80-108, conv2d, linear, matmul_bmm and
+# fold_batchnorm 40-100; the others under 60).
+SLOWEST_FIRST = ("test_attention", "test_swiglu_mlp", "test_sparse_conv2d", "test_rope", "test_conv2d", "test_linear",
+                 "test_matmul_bmm", "test_fold_batchnorm")
+
+
+def pytest_collection_modifyitems(items):
+    """The slowest tests' items first (a stable sort: the rest keep their order). xdist's load scheduling (`make
+    fuzz-gpu`) hands items out in this order, so that the long ones start at once and the short ones fill the
+    workers' ends; in file order the attention items started last and ran past the 10 minutes."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(getattr(item, "originalname", ""), len(rank)))
 
 
 def pytest_generate_tests(metafunc):

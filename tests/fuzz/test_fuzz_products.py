@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dropin
-from _fuzz import CONTIGUOUS, FUZZ, SEEDS, compare, layouts, sizes, start
+from _fuzz import CONTIGUOUS, FUZZ, FUZZ_HALF, SEEDS, compare, layouts, sizes, start
 from _tol import DTYPES
 from dropin.ops.activations import ACTIVATIONS
 from dropin.ops.matmul import linear_ref
@@ -168,7 +168,7 @@ def attention_cases(draw):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@FUZZ
+@FUZZ_HALF
 @given(case=attention_cases(), seed=SEEDS)
 def test_attention(dtype, case, seed):
     start("attention", seed)

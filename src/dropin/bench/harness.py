@@ -600,7 +600,7 @@ def run_suite(suite: str, cases: list[Case], *, results_dir: str | Path = "bench
     default = Path(results_dir) / _runtime.gpu_slug() / f"{suite}.json"
     if update and default.exists():
         result = merged(json.loads(default.read_text()), result)
-    if any(r["class"] for r in result["rows"]):
+    if any(r.get("class") for r in result["rows"]):  # (rows of older files have none)
         result["classes"] = classes.summarize(result["rows"])
         print(classes.format_summary(result["classes"]), flush=True)
     written = []
