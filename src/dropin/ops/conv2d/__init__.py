@@ -111,7 +111,7 @@ def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int
     fmt = planning.out_format(x, w)
     precision = planning.precision(x.dtype, C_G * KH * KW)
     r = y if residual is None else residual
-    key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), y.stride(), r.stride(), x.dtype,
+    key = ("fwd", x.shape, x.stride(), w.shape, w.stride(), y.stride(), r.stride(), x.dtype, x.device,
            *(None if t is None else aligned(t, traced) for t in (x, w, y, bias, residual)),
            stride, padding, dilation, groups, activation, save_preact, precision, fmt)
     tensors = (x, w, y, absent(y, traced) if bias is None else bias, z if save_preact else absent(y, traced),
@@ -204,7 +204,7 @@ def _dgrad_plan(dz, x, w, dx, stride, padding, dilation, groups: int, traced: bo
     dims = planning.dims(x, w, stride, padding, dilation, groups)
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
     precision = planning.precision(x.dtype, COUT_G * KH * KW)
-    key = ("dgrad", dz.shape, dz.stride(), dx.stride(), w.shape, w.stride(), x.shape, x.dtype,
+    key = ("dgrad", dz.shape, dz.stride(), dx.stride(), w.shape, w.stride(), x.shape, x.dtype, x.device,
            *(aligned(t, traced) for t in (dz, w, dx)), stride, padding, dilation, groups, precision)
 
     def make():
@@ -245,7 +245,7 @@ def _wgrad_plan(dz, x, w, dw, stride, padding, dilation, groups: int, traced: bo
     dims = planning.dims(x, w, stride, padding, dilation, groups)
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
     precision = planning.precision(x.dtype, N * OH * OW)
-    key = ("wgrad", dz.shape, dz.stride(), x.shape, x.stride(), w.shape, dw.stride(), x.dtype,
+    key = ("wgrad", dz.shape, dz.stride(), x.shape, x.stride(), w.shape, dw.stride(), x.dtype, x.device,
            *(aligned(t, traced) for t in (dz, x, dw)), stride, padding, dilation, groups, precision)
 
     def make():
