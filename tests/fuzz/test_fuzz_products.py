@@ -189,14 +189,15 @@ def test_attention(dtype, case, seed):
 
     def peer(q, k, v, attn_mask=None):
         """torch's output stored [B, Lq, H, E], as its flash and efficient kernels and dropin store it (its math
-        kernel's, which some cases take, is [B, H, Lq, E]: with a head dim of 1 the two differ in memory format).
-        A mask whose last dim is strided or broadcast (size 1 against several keys) goes in as a dense copy of
-        its broadcast shape: torch's efficient kernel refuses a bias whose last dim is not contiguous ("(*bias): last
+        kernel's, which some cases take, is [B, H, Lq, E]: with a head dim of 1 the two differ in memory format). A
+        mask whose last dim is strided or broadcast (size 1 against several keys) goes in as a dense copy of its
+        broadcast shape: torch's efficient kernel refuses a bias whose last dim is not contiguous ("(*bias): last
         dimension must be contiguous"; a bool mask becomes such a bias too), and its rounding does not depend on the
         mask's layout. Where torch refuses q, k or v in their strides (its efficient kernel: "query is not correctly
         aligned (strideM)" for a transposed q of one row, whose size-1 dim's stride is 1: `contiguous()` keeps it),
-        they go in as copies of standard strides. cuDNN's backend is left out: its backward raised a CUDA misaligned
-        address on few-key fp16 cases (torch 2.11, H200), which poisons the process's later cases."""
+        they go in as copies of standard strides; where its efficient kernel refuses a float32 mask of a 16-bit q
+        ("invalid dtype for bias"), its math kernel takes the case. cuDNN's backend is left out: its backward raised
+        a CUDA misaligned address on few-key fp16 cases (torch 2.11, H200), which poisons the process's later cases."""
         if attn_mask is not None and (attn_mask.stride(-1) != 1 or attn_mask.shape[-1] != k.shape[-2]):
             full = torch.broadcast_shapes(attn_mask.shape, (*q.shape[:-1], k.shape[-2]))
             attn_mask = attn_mask.expand(full).contiguous()
@@ -204,10 +205,14 @@ def test_attention(dtype, case, seed):
             try:
                 o = bind(F.scaled_dot_product_attention)(q, k, v, attn_mask)
             except RuntimeError as e:
-                if "aligned" not in str(e):
+                if "aligned" in str(e):
+                    q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
+                    o = bind(F.scaled_dot_product_attention)(q, k, v, attn_mask)
+                elif "dtype for bias" in str(e):
+                    with sdpa_kernel([SDPBackend.MATH]):
+                        o = bind(F.scaled_dot_product_attention)(q, k, v, attn_mask)
+                else:
                     raise
-                q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-                o = bind(F.scaled_dot_product_attention)(q, k, v, attn_mask)
         return o.transpose(1, 2).contiguous().transpose(1, 2) if o.dim() == 4 else o
     # a gradient 0 in exact arithmetic (a row that attends to one key) must be rounding-small; every result is a
     # function of the probabilities, whose rounding the 2x rule samples
