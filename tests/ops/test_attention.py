@@ -165,6 +165,19 @@ def test_mask_dtypes(kind, dtype):
     check(qkv(2, 3, 3, 20, 40, 32, dtype), attn_mask=random_mask((2, 1, 20, 40), kind, dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES[1:])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_mask_broadcast_along_keys(kind, dtype):
+    """A mask of one value per query row, broadcast along the keys (stride 0 there; 21 and 33 keys: the DELTA
+    pass of few keys and the flash walk): on the H200 such masks made a bf16 forward 94% off and the fp16
+    backward's DELTA pass read out of range (make fuzz-gpu); their key dim is made dense now."""
+    for lk in (21, 33):
+        mask = random_mask((1, 1, 20, 1), kind, dtype).expand(1, 1, 20, lk)
+        if kind == "bool":
+            mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=DEVICE).expand(1, 1, 20, lk)
+        check(qkv(2, 3, 3, 20, lk, 28, dtype), attn_mask=mask)
+
+
 def hf_mask(lengths, L, dtype, fill):
     """HF's 4-D [B, 1, L, L] additive mask: causal + left padding (batch b has lengths[b] real tokens), masked
     entries `fill`. The padding rows see no real key; under finfo.min they still attend: by their scores where
