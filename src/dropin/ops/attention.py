@@ -279,10 +279,20 @@ def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal:
         dq_configs = _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
         dkdv_strides = (*strides, *by_key.strides, *_strides(grad_out), *dk.stride(), *dv.stride())
         dq_strides = (*strides, *by_query.strides, *_strides(grad_out), *dq.stride())
-        if q.element_size() == 2 and Lk <= SHORT_KEYS:  # (untuned: the first candidate's tiles)
-            cfg = dq_configs[0]
-            scores_delta = Launch(dq_kernel, (_runtime.cdiv(Lq, cfg["BLOCK_M"]), B * H), dict(meta, **cfg, DELTA=True),
-                                  scratch=cfg["TMA"], traced=traced)
+        launch_dkdv = _tuned(dkdv_kernel, "attention_dkdv", key, dkdv_configs,
+                             lambda c: (_runtime.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
+                             () if traced else (q, k, v, mask_t, by_key(mask_t), grad_out, stats, delta, dk, dv,
+                                                *fixed, qk_scale, scale, *dkdv_strides), traced=traced)
+        launch_dq = _tuned(dq_kernel, "attention_dq", key, dq_configs,
+                           lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
+                           () if traced else (q, k, v, mask_t, by_query(mask_t), grad_out, stats, delta, dq,
+                                              *fixed, qk_scale, scale, *dq_strides), traced=traced)
+        if q.element_size() == 2 and Lk <= SHORT_KEYS:
+            # the dQ pass's tiles and warps (the same P and dP bit for bit: a row of one key gets dS = 0 exactly),
+            # unpipelined: a range this short has a tile or two, and compute-sanitizer found the pipelined build
+            # reading shared memory out of range on the H200 (Triton 3.6; probes/fuzz_repro.py 57)
+            scores_delta = Launch(dq_kernel, launch_dq.grid, dict(launch_dq.constexprs, DELTA=True, num_stages=1),
+                                  scratch=launch_dq.scratch, traced=traced)
 
             def launch_delta(out, grad_out, delta, q, k, v, m, summary, stats, qk_scale, scale):
                 scores_delta(q, k, v, m, summary, grad_out, stats, delta, absent(delta, traced), *fixed, qk_scale,
@@ -293,14 +303,6 @@ def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal:
 
             def launch_delta(out, grad_out, delta, q, k, v, m, summary, stats, qk_scale, scale):
                 rows_delta(out, grad_out, delta, *delta_fixed)
-        launch_dkdv = _tuned(dkdv_kernel, "attention_dkdv", key, dkdv_configs,
-                             lambda c: (_runtime.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
-                             () if traced else (q, k, v, mask_t, by_key(mask_t), grad_out, stats, delta, dk, dv,
-                                                *fixed, qk_scale, scale, *dkdv_strides), traced=traced)
-        launch_dq = _tuned(dq_kernel, "attention_dq", key, dq_configs,
-                           lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
-                           () if traced else (q, k, v, mask_t, by_query(mask_t), grad_out, stats, delta, dq,
-                                              *fixed, qk_scale, scale, *dq_strides), traced=traced)
 
         def run(grad_out, q, k, v, m, out, stats, delta, dq, dk, dv, qk_scale, scale):
             summary = by_query(m)
