@@ -23,9 +23,11 @@ SLOWEST_FIRST = ("test_attention", "test_swiglu_mlp", "test_sparse_conv2d", "tes
 
 
 def pytest_collection_modifyitems(items):
-    """The slowest tests' items first (a stable sort: the rest keep their order). xdist's load scheduling (`make
-    fuzz-gpu`) hands items out in this order, so that the long ones start at once and the short ones fill the
-    workers' ends; in file order the attention items started last and ran past the 10 minutes."""
+    """On the GPU, the slowest tests' items first (a stable sort: the rest keep their order). xdist's load
+    scheduling (`make fuzz-gpu`) hands items out in this order, so that the long ones start at once and the short
+    ones fill the workers' ends; in file order the attention items started last and ran past the 10 minutes."""
+    if not _fuzz.ON_GPU:  # (the CPU suite's few fuzz cases keep their place)
+        return
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(getattr(item, "originalname", ""), len(rank)))
 
