@@ -117,7 +117,8 @@ def attention_cases():
                               (attention_kernels.dq_kernel, {}), (attention_kernels.dq_kernel, dict(DELTA=True))):
             report(f"attention {kernel.fn.__name__} {dtype} {precision} float mask {extra}",
                    lambda: compiled(kernel, pointers, dict(common, **extra), dict(num_warps=4, num_stages=2), floats))
-        decode = dict(GROUP=4, HEAD_DIM=64, MASK="float", PRECISION=precision, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64)
+        decode = dict(GROUP=4, HEAD_DIM=64, MASK="float", PRECISION=precision, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64,
+                      CHUNK=32 if dtype == "fp32" else 0)
         report(f"attention decode split {dtype} {precision} float mask",
                lambda: compiled(attention_decode._split_kernel, dict(pointers, part_ptr="fp32"), decode,
                                 dict(num_warps=4), ("scale",)))
