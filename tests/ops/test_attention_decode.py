@@ -77,3 +77,25 @@ def test_registered_op(mask):
     q = torch.randn(2, 4, 1, 32, device=DEVICE)
     k, v = (torch.randn(2, 2, 70, 32, device=DEVICE) for _ in range(2))
     _check.opcheck(torch.ops.dropin.attention_decode.default, q, k, v, _mask(mask, 2, 4, 70, torch.float32), 0.2)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_fp32_scores_within_2x_torch(head_dim, true_fp32):
+    """True fp32, one query per head, a few keys and an additive mask (the fuzz suite's case 51): over 12 seeds the
+    median of dropin's forward error over torch's (float64 reference) is at most 2. One FMA chain over the head dim
+    made it 2.53 (H200); the scores' sums now run in chains of 32."""
+    ratios = []
+    for seed in range(12):
+        torch.manual_seed(seed)
+        q = torch.randn(7, 7, 1, head_dim, device=DEVICE)
+        k, v = (torch.randn(7, 1, 22, head_dim, device=DEVICE) for _ in range(2))
+        mask = torch.randn(1, 22, device=DEVICE)
+        with torch.no_grad():
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                *(t.double() for t in (q, k, v)), mask.double(), scale=0.55, enable_gqa=True)
+            errors = [torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref) for out in (
+                dropin.ops.attention(q, k, v, mask, scale=0.55, enable_gqa=True),
+                torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, scale=0.55, enable_gqa=True))]
+        ratios.append((errors[0] / errors[1]).item())
+    assert sorted(ratios)[len(ratios) // 2] <= 2, f"dropin / torch error over 12 seeds: {sorted(ratios)}"
