@@ -169,8 +169,8 @@ def test_mask_dtypes(kind, dtype):
 @pytest.mark.parametrize("kind", ["bool", "float"])
 def test_mask_broadcast_along_keys(kind, dtype):
     """A mask of one value per query row, broadcast along the keys (stride 0 there; 21 and 33 keys: the DELTA
-    pass of few keys and the flash walk): on the H200 such masks made a bf16 forward 94% off and the fp16
-    backward's DELTA pass read out of range (make fuzz-gpu); their key dim is made dense now."""
+    pass of few keys and the flash walk), as in the fuzz cases whose bf16 forward was 94% off and whose fp16
+    DELTA pass read out of range on the H200 (probes/fuzz_repro.py 57, 58)."""
     for lk in (21, 33):
         mask = random_mask((1, 1, 20, 1), kind, dtype).expand(1, 1, 20, lk)
         if kind == "bool":

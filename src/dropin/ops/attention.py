@@ -418,9 +418,7 @@ def _check_shapes(q, k, v, enable_gqa: bool) -> None:
 
 
 def _check_mask(attn_mask, q, shape, is_causal: bool) -> torch.Tensor:
-    """The mask broadcast to `shape` (a view), after torch's checks. A mask broadcast along the keys (stride 0 there)
-    has that dim made dense, its other broadcast dims kept: read through a key stride of 0, the kernels gave a bf16
-    forward 94% off and an out-of-range access in the fp16 backward on the H200 (Triton 3.6; make fuzz-gpu)."""
+    """The mask broadcast to `shape` (a view), after torch's checks."""
     if is_causal:
         raise RuntimeError("attention: explicit 'attn_mask' should not be set when is_causal=True")
     if attn_mask.dtype not in (torch.bool, torch.float32, q.dtype):
@@ -429,14 +427,10 @@ def _check_mask(attn_mask, q, shape, is_causal: bool) -> torch.Tensor:
     if attn_mask.requires_grad and torch.is_grad_enabled():
         raise RuntimeError("attention: argument 'attn_mask' requires grad; dropin has no gradient for the mask")
     try:
-        mask = attn_mask.expand(shape)
+        return attn_mask.expand(shape)
     except RuntimeError as e:
         raise RuntimeError(f"attention: argument 'attn_mask' of shape {tuple(attn_mask.shape)} does not "
                            f"broadcast to the attention shape {tuple(shape)}") from e
-    if mask.shape[-1] > 1 and mask.stride(-1) == 0:
-        mask = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.stride()[:-1])]
-        mask = mask.contiguous().expand(shape)
-    return mask
 
 
 _shortcuts = Shortcuts(differentiable=True)
