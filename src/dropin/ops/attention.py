@@ -103,13 +103,17 @@ def _block_d(head_dim: int) -> int:
     return max(16, _runtime.next_power_of_2(head_dim))
 
 
-def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, masked: bool, chunk: int = 0,
-                reduced: str = "") -> list:
+def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, masked: bool, chunk: int,
+                reduced: str) -> list:
     """The table's list for this dtype and head dim, less tiles larger than the bucketed lengths (the
     smallest candidate if none fits); with `tma`, each with TMA loads first, then with pointer loads.
-    chunk > 0: only tiles whose `reduced` block (the one the kernel's tile products sum over) is at most chunk.
+    reduced: the block the kernel's tile products sum over, and its walk steps by ("BLOCK_N": over the keys,
+    "BLOCK_M": over the queries). chunk > 0: only tiles whose reduced block is at most chunk.
     masked: at most 2 stages where the head dim is 128 or more (the mask tiles take shared memory too: the
-    3-stage 128x128 bf16 tile asks 234 KB of the H200's 227 KB: the untuned default would not launch)."""
+    3-stage 128x128 bf16 tile asks 234 KB of the H200's 227 KB: the untuned default would not launch).
+    A walk of at most two tiles is unpipelined (1 stage): pipelining gains nothing there, and on such walks Triton
+    3.6's pipelined build of the DELTA pass read shared memory out of range (compute-sanitizer, H200; suspected in
+    the fuzz suite's other few-key findings: probes/fuzz_repro.py 58, 61, 62)."""
     configs = table[(min(q.element_size(), 4), max(64, _block_d(q.shape[-1])))]
     if masked and _block_d(q.shape[-1]) >= 128:
         configs = [dict(c, num_stages=min(c["num_stages"], 2)) for c in configs]
@@ -117,6 +121,8 @@ def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, maske
     configs = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn] or configs[-1:]
     if chunk:
         configs = [c for c in configs if c[reduced] <= chunk]
+    walk = Lk if reduced == "BLOCK_N" else Lq
+    configs = [dict(c, num_stages=1) if walk <= 2 * c[reduced] else c for c in configs]
     return [dict(c, TMA=True) for c in configs if tma] + [dict(c, TMA=False) for c in configs]
 
 
