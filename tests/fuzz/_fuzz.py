@@ -49,10 +49,19 @@ GROW = 3 if ON_GPU else 1
 _SPECIAL = (1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 64, 65, 127, 128)
 
 
+# The first failing case's message in this process: hypothesis replays a failing case to report it, and after a CUDA
+# error (sticky: every later CUDA call raises it) the replay fails at its first CUDA call, the seeding in `start`.
+_first_failure: list = []
+
+
 def start(op: str, seed: int) -> None:
     """Counts one case of `op` and seeds torch for its tensors."""
     CASES[op] += 1
-    torch.manual_seed(seed)
+    try:
+        torch.manual_seed(seed)
+    except RuntimeError as e:  # (torch.AcceleratorError is one)
+        first = _first_failure[0] if _first_failure else "none recorded"
+        raise RuntimeError(f"{e}\n[this process's first failing case raised: {first}]") from e
 
 
 def sizes(lo: int = 1, hi: int = 8) -> st.SearchStrategy:
@@ -127,4 +136,9 @@ def compare(op, ref_op, leaves: dict, **kwargs) -> None:
     kwargs.setdefault("positive", min(*numels, *(v.numel() for v in leaves.values())) < _check.FEW)
     if all(name in kwargs.get("constant", ()) for name in leaves):  # no leaf with a gradient: forward alone
         kwargs["backward"] = False
-    _check.check(op, ref_op, leaves, **kwargs)
+    try:
+        _check.check(op, ref_op, leaves, **kwargs)
+    except Exception as e:
+        if not _first_failure:
+            _first_failure.append(f"{type(e).__name__}: {str(e)[:1500]}")
+        raise
