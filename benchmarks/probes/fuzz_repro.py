@@ -5,7 +5,7 @@ or LEFT OUT where the harness now rejects the draw; every error check's (dropin'
 float64 is kept, and a failure shows its last. The fp32 products whose 2x-rule failures are on sums of few terms
 (`SPREAD`) also run 24 more seeds: the median and worst ratio of dropin's error to PyTorch's tell a summation order's
 noise (median <= 2) from a kernel less accurate than cuBLAS (median > 2). The attention cases noted DELTA print
-their gradients' errors with the backward's delta exact (`attention_delta`); sparse_linear its forward error per
+their gradients' errors beside torch's over more seeds (`attention_delta`); sparse_linear its forward error per
 route (`sparse_routes`). An error raised (not a check's) prints its traceback.
 Usage: PYTHONPATH=src python3 benchmarks/probes/fuzz_repro.py [case index or test name ...] [--cpu]
 (--cpu: under Triton's interpreter, bf16 cases left out: a dry run of the probe, other tensors than the GPU's)"""
@@ -176,53 +176,34 @@ def sparse_routes(module, test, dtype, case, seed) -> str:
 
 def attention_delta(dtype, case) -> str:
     """An attention case's q and k gradient errors against float64, medians over SPREAD_SEEDS draws of positive
-    tensors (the harness's `positive`; a mask of all True): dropin's; dropin's with delta = rowsum(dO * O) from
-    the float64 O (written over the delta kernel's, which reads the stored 16-bit O); torch's on the call as given
-    (3-D: its math backend, which computes fp16 / bf16 in fp32) and on its 4-D view (a fused kernel on the GPU,
-    delta from the 16-bit O as dropin's). dropin with the exact delta near torch's 3-D error: the stored O's
-    rounding, cancelling in dp - delta, is the cause."""
-    from dropin.ops import _dispatch
+    tensors (the harness's `positive`; a mask of all True): dropin's (key ranges of at most `attention.SHORT_KEYS`
+    in 16 bits take delta = rowsum(P * dP) from the scores, not rowsum(dO * O) from the stored 16-bit O, whose
+    rounding cancelling in dp - delta was the cause of these cases); torch's on the call as given (3-D: its math
+    backend, which computes fp16 / bf16 in fp32) and on its 4-D view (a fused kernel on the GPU)."""
     from dropin.ops.attention import attention_ref
-    from dropin.ops.attention_kernels import delta_kernel
-    device, exact, launch = ("cpu" if CPU else "cuda"), {}, _dispatch.Launch.__call__
-
-    def launch_exact(self, *args):
-        launch(self, *args)
-        if self.kernel is delta_kernel and "delta" in exact:
-            args[2].copy_(exact["delta"].reshape(args[2].shape))
-
-    rows = {name: [] for name in ("dropin", "dropin, exact delta", "torch", "torch 4-D view")}
+    device = "cpu" if CPU else "cuda"
+    rows = {name: [] for name in ("dropin", "torch", "torch 4-D view")}
     failures = {}
-    _dispatch.Launch.__call__ = launch_exact
-    try:
-        for seed in range(SPREAD_SEEDS):
-            g = torch.Generator(device).manual_seed(seed)
-            q, k, v, do = (torch.randn(shape, generator=g, device=device).abs().clamp_min(0.25).to(dtype)
-                           for shape in (case["q"], case["kv"], case["kv"], case["q"]))
-            mask = None if case["mask"] is None else torch.ones(case["mask_shape"], dtype=torch.bool, device=device)
-            leaves = [t.cpu().double().requires_grad_() for t in (q, k, v)]
-            o64 = attention_ref(*leaves, attn_mask=None if mask is None else mask.cpu(), scale=case["scale"])
-            ref = torch.autograd.grad(o64, leaves[:2], do.cpu().double())
+    for seed in range(SPREAD_SEEDS):
+        g = torch.Generator(device).manual_seed(seed)
+        q, k, v, do = (torch.randn(shape, generator=g, device=device).abs().clamp_min(0.25).to(dtype)
+                       for shape in (case["q"], case["kv"], case["kv"], case["q"]))
+        mask = None if case["mask"] is None else torch.ones(case["mask_shape"], dtype=torch.bool, device=device)
+        leaves = [t.cpu().double().requires_grad_() for t in (q, k, v)]
+        o64 = attention_ref(*leaves, attn_mask=None if mask is None else mask.cpu(), scale=case["scale"])
+        ref = torch.autograd.grad(o64, leaves[:2], do.cpu().double())
 
-            def errors(fn, view=lambda t: t, delta=None):
-                exact.clear()
-                if delta is not None:
-                    exact["delta"] = delta
-                ins = [t.clone().requires_grad_() for t in (q, k, v)]
-                out = fn(*(view(t) for t in ins), attn_mask=mask, scale=case["scale"])
-                return [rel_err(gr, r.to(gr.device)) for gr, r in zip(torch.autograd.grad(out, ins[:2], view(do)), ref)]
-            exact_delta = (do.cpu().double() * o64.detach()).sum(-1).float().to(device)
-            rows["dropin"].append(errors(dropin.ops.attention))
-            rows["dropin, exact delta"].append(errors(dropin.ops.attention, delta=exact_delta))
-            for name, view in (("torch", lambda t: t), ("torch 4-D view",
-                                                          lambda t: t.unsqueeze(1) if t.dim() == 3 else t)):
-                try:  # (the fuzz test's peer backends: cuDNN's backward raised a misaligned address on case 49)
-                    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-                        rows[name].append(errors(F.scaled_dot_product_attention, view=view))
-                except RuntimeError as e:
-                    failures[name] = str(e).splitlines()[0][:100]
-    finally:
-        _dispatch.Launch.__call__ = launch
+        def errors(fn, view=lambda t: t):
+            ins = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = fn(*(view(t) for t in ins), attn_mask=mask, scale=case["scale"])
+            return [rel_err(gr, r.to(gr.device)) for gr, r in zip(torch.autograd.grad(out, ins[:2], view(do)), ref)]
+        rows["dropin"].append(errors(dropin.ops.attention))
+        for name, view in (("torch", lambda t: t), ("torch 4-D view", lambda t: t.unsqueeze(1) if t.dim() == 3 else t)):
+            try:  # (the fuzz test's peer backends: cuDNN's backward raised a misaligned address on case 49)
+                with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+                    rows[name].append(errors(F.scaled_dot_product_attention, view=view))
+            except RuntimeError as e:
+                failures[name] = str(e).splitlines()[0][:100]
     return "; ".join(f"{name} dq {statistics.median(e[0] for e in r):.2e} dk {statistics.median(e[1] for e in r):.2e}"
                      if r else f"{name} raised: {failures[name]}" for name, r in rows.items())
 
