@@ -117,11 +117,12 @@ def attention_cases():
                               (attention_kernels.dq_kernel, {}), (attention_kernels.dq_kernel, dict(DELTA=True))):
             report(f"attention {kernel.fn.__name__} {dtype} {precision} float mask {extra}",
                    lambda: compiled(kernel, pointers, dict(common, **extra), dict(num_warps=4, num_stages=2), floats))
-        decode = dict(GROUP=4, HEAD_DIM=64, MASK="float", PRECISION=precision, BLOCK_G=16, BLOCK_N=64, BLOCK_D=64,
-                      CHUNK=32 if dtype == "fp32" else 0)
-        report(f"attention decode split {dtype} {precision} float mask",
-               lambda: compiled(attention_decode._split_kernel, dict(pointers, part_ptr="fp32"), decode,
-                                dict(num_warps=4), ("scale",)))
+        for head_dim in (64, 256):  # (the chunked fp32 sums' loop unrolled took 290-377 KB at 256)
+            decode = dict(GROUP=4, HEAD_DIM=head_dim, MASK="float", PRECISION=precision, BLOCK_G=16, BLOCK_N=64,
+                          BLOCK_D=head_dim, CHUNK=32 if dtype == "fp32" else 0)
+            report(f"attention decode split {dtype} {precision} float mask head dim {head_dim}",
+                   lambda: compiled(attention_decode._split_kernel, dict(pointers, part_ptr="fp32"), decode,
+                                    dict(num_warps=4 if head_dim <= 64 else 8), ("scale",)))
     report("attention decode combine fp32", lambda: compiled(
         attention_decode._combine_kernel, dict(part_ptr="fp32", stats_ptr="fp32", o_ptr="fp32"),
         dict(HEAD_DIM=64, BLOCK_S=16, BLOCK_D=64), dict(num_warps=4)))

@@ -298,6 +298,46 @@ def test_strided_views(view, dtype):
     check(leaves, build=build, is_causal=True)
 
 
+HEAD_DIM_STRIDES = {  # id -> (q, k, v: (storage shape, view) each; mask: (storage, view, kind) or None; kwargs)
+    # the attention fuzz run's GPU failures (H200, Triton 3.6): forwards 0.9 off, illegal addresses in the backward
+    "k-expanded": (((1, 4, 53, 18), None), ((1, 1, 1, 1), lambda t: t.expand(1, 1, 49, 18)), ((1, 1, 49, 18), None),
+                   ((49, 53), lambda t: t.t(), "bool"), dict(enable_gqa=True)),
+    "k-permuted-3d": (((3, 33, 28), None), ((33, 28, 3), lambda t: t.permute(2, 0, 1)), ((3, 33, 28), None),
+                      ((1, 1, 1), lambda t: t.expand(1, 1, 33), "q"), dict(scale=-0.82)),
+    "v-permuted": (((5, 3, 27, 53), lambda t: t[:, 1::2]), ((5, 1, 21, 53), None),
+                   ((1, 21, 53, 5), lambda t: t.permute(3, 0, 1, 2)), ((1, 1, 1), lambda t: t.expand(1, 1, 21), "q"),
+                   dict(scale=-0.17)),
+    "v-head-expanded": (((1, 2, 2, 56), None), ((33, 56, 1, 1), lambda t: t.permute(2, 3, 0, 1)),
+                        ((1, 1, 33, 1), lambda t: t.expand(1, 1, 33, 56)), None, dict(enable_gqa=True)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:])
+@pytest.mark.parametrize("case", HEAD_DIM_STRIDES)
+def test_head_dim_not_unit_stride(case, dtype, monkeypatch):
+    """q, k or v whose head dim has a stride other than 1 (permuted, sliced, expanded): right results, and the
+    kernels' plans see unit-stride copies (`attention._readable`); the gradients still reach the leaves."""
+    *operands, mask_spec, kwargs = HEAD_DIM_STRIDES[case]
+    leaves = {name: randn(*storage, dtype=dtype) for name, (storage, _) in zip("qkv", operands)}
+    views = [view or (lambda t: t) for _, view in operands]
+    mask = None
+    if mask_spec is not None:
+        storage, view, kind = mask_spec
+        mask = view(torch.rand(storage, device=DEVICE) > 0.25 if kind == "bool" else randn(*storage, dtype=dtype))
+    seen = []
+    for name, operands in (("_fwd_plan", 3), ("_bwd_plan", 4)):  # (q, k, v; dO, q, k, v)
+        def record(*args, _plan=getattr(attn, name), _operands=operands, **kw):
+            seen.extend(args[:_operands])
+            return _plan(*args, **kw)
+        monkeypatch.setattr(attn, name, record)
+
+    def build(q, k, v):
+        return tuple(view(t) for view, t in zip(views, (q, k, v)))
+
+    check(leaves, build=build, attn_mask=mask, **kwargs)
+    assert seen and all(t.stride(-1) == 1 for t in seen), [t.stride() for t in seen]
+
+
 def test_unbatched_3d():
     """(N, L, E) operands, as torch takes them, with a (Lq, Lk) mask."""
     check({"q": randn(3, 9, 32), "k": randn(3, 20, 32), "v": randn(3, 20, 32)},

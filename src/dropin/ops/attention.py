@@ -183,6 +183,19 @@ def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta: dict, args:
     return launcher(_autotune.pick(name, key, configs, prepare))
 
 
+def _unit_head_stride(t: torch.Tensor) -> bool:
+    """Whether the kernels read `t` as it lies: its head dim (the last) of stride 1 (or of size 1)."""
+    return t.stride(-1) == 1 or t.shape[-1] == 1
+
+
+def _readable(*tensors) -> tuple:
+    """The tensors as the kernels read them: one whose head dim has another stride (a transposed, sliced or expanded
+    head dim) as a contiguous copy. On Triton 3.6's Hopper tensor-core path, tiles of such a tensor went into the
+    products from shared memory wrongly: forwards 0.9 off and the DELTA pass's reads out of range
+    (probes/attention_variants.py; dense copies of the same values pass)."""
+    return tuple(t if _unit_head_stride(t) else t.contiguous() for t in tensors)
+
+
 def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float, traced: bool = False):
     """(out, stats) for 4-D q [B, H, Lq, E], k / v [B, HK, Lk, E], mask None or [B, H, Lq, Lk] (any strides).
     out is [B, H, Lq, E] stored as [B, Lq, H, E] (as torch's flash attention stores it). traced: under
@@ -193,6 +206,7 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float, traced: bool = False
     stats = torch.empty((B, H, 2, Lq), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return out, stats
+    q, k, v = _readable(q, k, v)
     run, mask_t, qk_scale = _fwd_plan(q, k, v, mask, out, stats, is_causal, scale, traced)
     run(q, k, v, mask_t, out, stats, qk_scale)
     return out, stats
@@ -254,6 +268,7 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
     dq, dk, dv, delta = _bwd_buffers(q, k, v)
     if dq.numel() == 0 or k.shape[2] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    grad_out, q, k, v = _readable(grad_out, q, k, v)
     run, mask_t, qk_scale = _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal, scale, traced)
     run(grad_out, q, k, v, mask_t, out, stats, delta, dq, dk, dv, qk_scale, scale)
     return dq, dk, dv
@@ -387,6 +402,7 @@ class _AttentionShortcut(Differentiable):
     def backward(self, ctx, grad_out):
         q, k, v, mask, out, stats = ctx.saved_tensors
         dq, dk, dv, delta = _bwd_buffers(q, k, v)
+        grad_out, = _readable(grad_out)
         run = self.backward_plan((grad_out,), lambda: _bwd_plan(grad_out, q, k, v, None, out, stats, delta, dq, dk,
                                                                 dv, self.is_causal, self.scale, False)[0])
         run(grad_out, q, k, v, q, out, stats, delta, dq, dk, dv, self.qk_scale, self.scale)
@@ -480,9 +496,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
         attn_mask = _check_mask(attn_mask, q, shape, is_causal)
         attn_mask = attn_mask.unsqueeze(1) if unbatched else attn_mask
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    # (shortcuts run their plans on the tensors as given: none for those read from copies, `_readable`)
+    shortcut_ok = not unbatched and all(_unit_head_stride(t) for t in (q, k, v))
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out = _AttentionFunction.apply(q, k, v, attn_mask, bool(is_causal), scale)
-        if attn_mask is None and not unbatched:
+        if attn_mask is None and shortcut_ok:
             _shortcuts.keep(key, lambda: _AttentionShortcut.make(q, k, v, out, bool(is_causal), scale), grad=True)
     elif Lq == 1 and not is_causal:
         out = decode(q, k, v, attn_mask, scale)  # a decoding step: keys split over programs
@@ -490,6 +508,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
             _shortcuts.keep(key, lambda: decode_shortcut(q, k, v, attn_mask, scale))
     else:
         out, stats = _fwd(q, k, v, attn_mask, bool(is_causal), scale)
-        if attn_mask is None and not unbatched:
+        if attn_mask is None and shortcut_ok:
             _shortcuts.keep(key, lambda: _fwd_shortcut(q, k, v, out, stats, bool(is_causal), scale))
     return out.squeeze(1) if unbatched else out
