@@ -8,7 +8,8 @@ recomputes the probabilities from them; a mask's wholly blocked tiles skipped: `
 Masks: `is_causal` (top-left aligned as in torch), or `attn_mask`, boolean (True: attend) or additive float,
 read through strides with stride 0 over broadcast dims. With an additive mask the scores stay in natural
 units (exp instead of exp2): HF's finfo.min masks then keep torch's meaning, which scaling by log2 e would
-overflow to -inf.
+overflow to -inf. float32's scores are in natural units too: log2 e rounded into the scale would put a relative
+error of |score| * 2^-24 on every probability, as large as torch's whole error.
 One query row per head, no causal mask and no gradient (a decoding step) takes `attention_decode` instead.
 Rows that attend to no key give 0, as torch does (its math backend, torch >= 2.5), with 0 gradients.
 float32 follows torch's rule for matmuls: tf32 when `torch.backends.cuda.matmul.allow_tf32`, otherwise true
@@ -94,9 +95,13 @@ def _attention_precision(q: torch.Tensor, Lk: int) -> str:
     return _gemm.precision(q.dtype, k=min(q.shape[2], q.shape[3], Lk))
 
 
-def _chunk(precision: str) -> int:
-    """The longest MMA chain of a product (CHUNK; 0: unbounded): 32 for tf32x3, as `_gemm.max_k`."""
-    return 32 if precision == "tf32x3" else 0
+def _chunk(q: torch.Tensor, precision: str) -> int:
+    """The longest chain of a true-fp32 product's sums (CHUNK; 0: unbounded): 32 for tf32x3 (as `_gemm.max_k`) and
+    for the FMAs ("ieee") over a head-dim tile past 32 (one chain over a head dim of 80 took the fuzz suite's fp32
+    gradients to 3.1x torch's error), as the decode kernels' (`attention_decode._CHUNK`)."""
+    if precision == "tf32x3" or (precision == "ieee" and q.dtype == torch.float32 and _block_d(q.shape[-1]) > 32):
+        return 32
+    return 0
 
 
 def _block_d(head_dim: int) -> int:
@@ -111,9 +116,8 @@ def _candidates(table: dict, q: torch.Tensor, Lq: int, Lk: int, tma: bool, maske
     "BLOCK_M": over the queries). chunk > 0: only tiles whose reduced block is at most chunk.
     masked: at most 2 stages where the head dim is 128 or more (the mask tiles take shared memory too: the
     3-stage 128x128 bf16 tile asks 234 KB of the H200's 227 KB: the untuned default would not launch).
-    A walk of at most two tiles is unpipelined (1 stage): pipelining gains nothing there, and on such walks Triton
-    3.6's pipelined build of the DELTA pass read shared memory out of range (compute-sanitizer, H200; suspected in
-    the fuzz suite's other few-key findings: probes/fuzz_repro.py 58, 61, 62)."""
+    A walk of at most two tiles is unpipelined (1 stage): pipelining gains nothing there (CvT-13's bf16 forward
+    + backward: 0.071 ms a call in a CUDA graph against 0.085 before; H200, two sessions)."""
     configs = table[(min(q.element_size(), 4), max(64, _block_d(q.shape[-1])))]
     if masked and _block_d(q.shape[-1]) >= 128:
         configs = [dict(c, num_stages=min(c["num_stages"], 2)) for c in configs]
@@ -183,6 +187,12 @@ def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta: dict, args:
     return launcher(_autotune.pick(name, key, configs, prepare))
 
 
+def _scores_scale(q: torch.Tensor, mask_kind: str, scale: float) -> float:
+    """The scale the kernels take the scores in: natural units with an additive mask and in float32
+    (`attention_kernels._exp`), else log2 units (scale * log2 e: exp2, one instruction)."""
+    return scale if mask_kind == "float" or q.dtype == torch.float32 else scale * math.log2(math.e)
+
+
 def _unit_head_stride(t: torch.Tensor) -> bool:
     """Whether the kernels read `t` as it lies: its head dim (the last) of stride 1 (or of size 1)."""
     return t.stride(-1) == 1 or t.shape[-1] == 1
@@ -219,7 +229,7 @@ def _fwd_plan(q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: 
     HK, Lk = k.shape[1], k.shape[2]
     mask_t, mask_strides, mask_kind = _mask_args(mask, q, traced)
     precision = _attention_precision(q, Lk)
-    qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
+    qk_scale = _scores_scale(q, mask_kind, scale)
 
     def make():  # sizes and strides are fixed by the plan's key: computed once
         fixed = (B, H, HK, Lq, Lk)
@@ -227,7 +237,7 @@ def _fwd_plan(q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: 
         summary = Summary(mask if masked else None, mask_kind, traced)
         strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *summary.strides, *out.stride())
         tma = _tma_ok(q, k, v, traced=traced)
-        chunk = _chunk(precision)
+        chunk = _chunk(q, precision)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, FOLD=qk_scale > 0, HEAD_DIM=E,
                     BLOCK_D=_block_d(E), CHUNK=chunk, RANGE_ROWS=RANGE_ROWS)
         configs = _candidates(_FWD_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
@@ -281,7 +291,7 @@ def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal:
     HK, Lk = k.shape[1], k.shape[2]
     mask_t, mask_strides, mask_kind = _mask_args(mask, q, traced)
     precision = _attention_precision(q, Lk)
-    qk_scale = scale if mask_kind == "float" else scale * math.log2(math.e)
+    qk_scale = _scores_scale(q, mask_kind, scale)
 
     def make():  # sizes and strides are fixed by the plan's key: computed once
         fixed = (B, H, HK, Lq, Lk)
@@ -292,7 +302,7 @@ def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal:
         strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides)
         delta_fixed = (H, Lq, *out.stride(), *grad_out.stride())
         tma = _tma_ok(q, k, v, grad_out, traced=traced)
-        chunk = _chunk(precision)
+        chunk = _chunk(q, precision)
         meta = dict(MASK=mask_kind, CAUSAL=is_causal, PRECISION=precision, HEAD_DIM=E, BLOCK_D=_block_d(E),
                     CHUNK=chunk, RANGE_ROWS=RANGE_ROWS)
         key = _tune_key(q, k, mask_kind, is_causal, precision, tma)
@@ -310,8 +320,7 @@ def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal:
                                               *fixed, qk_scale, scale, *dq_strides), traced=traced)
         if q.element_size() == 2 and Lk <= SHORT_KEYS:
             # the dQ pass's tiles and warps (the same P and dP bit for bit: a row of one key gets dS = 0 exactly),
-            # unpipelined: a range this short has a tile or two, and compute-sanitizer found the pipelined build
-            # reading shared memory out of range on the H200 (Triton 3.6; probes/fuzz_repro.py 57)
+            # unpipelined: a range this short has a tile or two
             scores_delta = Launch(dq_kernel, launch_dq.grid, dict(launch_dq.constexprs, DELTA=True, num_stages=1),
                                   scratch=launch_dq.scratch, traced=traced)
 

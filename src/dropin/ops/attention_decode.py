@@ -72,7 +72,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, part_ptr, stats_ptr,
         kv_mask = n_ok[:, None] & d_ok[None, :]
         if CHUNK:
             s = tl.zeros((BLOCK_G, BLOCK_N), tl.float32)
-            for d0 in tl.range(0, BLOCK_D, CHUNK):  # (not unrolled: each unrolled chunk takes shared memory)
+            for d0 in tl.range(0, HEAD_DIM, CHUNK):  # (not unrolled: each unrolled chunk takes shared memory)
                 dc = d0 + tl.arange(0, CHUNK)
                 qc = tl.load(q_ptr + b64 * s_qb + h[:, None] * s_qh + dc[None, :] * s_qd,
                              mask=g_ok[:, None] & (dc < HEAD_DIM)[None, :], other=0.0)

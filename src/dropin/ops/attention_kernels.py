@@ -10,9 +10,9 @@ dQ), with the tile helpers they share.
 Tiles that lie inside both sequences and (causal) below the diagonal skip all per-entry masking; only the tiles on
 the diagonal and at the ends of the sequences pay for it (EDGE). With a mask, its summary (`attention_ranges`) tells
 each walk which tiles it blocks wholly (skipped), which it attends wholly (no mask read) and which to read it on
-(EDGE). With a float mask the scores stay in natural units (`natural_exp`, also the decode kernels'). q, k, v and dO
-are read with TMA tensor descriptors (Hopper, 16-bit, aligned strides: rows past the end read 0) or with pointers
-(any strides: rows past the end read the last row); either way such rows are masked out of the scores.
+(EDGE). With a float mask or in fp32 the scores stay in natural units (`natural_exp`, also the decode kernels').
+q, k, v and dO are read with TMA tensor descriptors (Hopper, 16-bit, aligned strides: rows past the end read 0) or
+with pointers (any strides: rows past the end read the last row); either way such rows are masked out of the scores.
 """
 import triton
 import triton.language as tl
@@ -86,7 +86,7 @@ def _dot_t(a, a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, b, b_ptr, b_b, b_
     dot_acc's); else the tiles a and b as they are."""
     if CHUNK:  # (a loop, not unrolled: each unrolled chunk's operands take shared memory of their own)
         c = tl.zeros((a.shape[0], b.shape[0]), dtype=tl.float32)
-        for d0 in tl.range(0, BLOCK_D, CHUNK):
+        for d0 in tl.range(0, HEAD_DIM, CHUNK):  # (to HEAD_DIM: `_cols` reads a multiple of CHUNK unmasked)
             c = c - dot(-_cols(a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, d0, HEAD_DIM, CHUNK),
                         tl.trans(_cols(b_ptr, b_b, b_h, b_rows, sb_b, sb_h, sb_l, sb_d, d0, HEAD_DIM, CHUNK)),
                         PRECISION)
@@ -100,7 +100,7 @@ def _scores(qk, qi, kj, Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
             MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr):
     """Scores of one tile from qk = q . k; qi / kj: the query / key index of each entry (broadcasting to the
     tile, in either orientation). Log2 units (qk_scale = scale * log2 e), natural units with an additive
-    mask (qk_scale = scale). -inf where the mask says no, and (EDGE) past Lq or Lk or above the diagonal."""
+    mask or in fp32 (qk_scale = scale). -inf where the mask says no, and (EDGE) past Lq or Lk or above the diagonal."""
     s = qk * qk_scale
     if MASK != "none":
         # bounds as the load's mask (constant along runs of 16 keys: vector loads), not as clamped indices
@@ -137,8 +137,8 @@ def natural_exp(x, FP32: tl.constexpr):
 
 @triton.jit
 def _exp(x, MASK: tl.constexpr, FP32: tl.constexpr):
-    """exp of a difference of scores, in their units."""
-    if MASK == "float":
+    """exp of a difference of scores, in their units (natural with a float mask or in fp32)."""
+    if MASK == "float" or FP32:
         y = natural_exp(x, FP32)
     else:
         y = tl.math.exp2(x)
