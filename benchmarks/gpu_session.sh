@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call of a session: a list of steps, each logged; everything tarred into $OUT/all.tgz as it goes
 # (a timeout loses nothing already done). Usage: benchmarks/gpu_session.sh 'STEP' ['STEP' ...]
-# where a STEP is a shell command run from the repository root with PYTHONPATH=src.
+# where a STEP is a shell command run from the repository root with PYTHONPATH=src. COPY_TO=DIR (the device's
+# $OUT, with OUT a folder of its own): all.tgz and summary.txt copied there after each step, so that a call cut by
+# its time limit still returns the steps done.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -18,4 +20,5 @@ for step in "$@"; do
   slug=$(python3 -c "import dropin._runtime as r; print(r.gpu_slug())" 2>/dev/null)
   mkdir -p "$OUT/results"; cp benchmarks/results/"$slug"/*.json benchmarks/results/"$slug"/*.png "$OUT/results/" 2>/dev/null
   archive=$(mktemp) && tar czf "$archive" -C "$OUT" --exclude all.tgz . && mv "$archive" "$OUT/all.tgz"
+  if [ -n "${COPY_TO:-}" ]; then cp "$OUT/all.tgz" "$OUT/summary.txt" "$COPY_TO/"; fi
 done
