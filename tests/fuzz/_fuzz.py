@@ -26,12 +26,14 @@ PARTS = int(os.environ.get("DROPIN_FUZZ_PARTS", 3 if ON_GPU else 1))
 PER_TEST = max(1, math.ceil(EXAMPLES / ((3 if ON_GPU else 2) * PARTS)))
 
 # The GPU target explores (fresh draws each run, DROPIN_FUZZ_EXAMPLES to widen it); on the CPU (`make test`, CI) the
-# few cases are a fixed smoke run (derandomized), so that a new draw's finding never turns an unrelated change red.
+# few cases are a fixed smoke run (derandomized), so that a new draw's finding never turns an unrelated change red;
+# DROPIN_FUZZ_RANDOM=1 draws afresh there too (a CPU bug hunt: with DROPIN_FUZZ_EXAMPLES=30 and more).
 # On the GPU a failing case is reported as drawn, unshrunk (its seed replays it): shrinking took minutes a failing
 # test and cut the 10-minute run short. DROPIN_FUZZ_SHRINK=1 shrinks as hypothesis does by default.
 SHRINK = not ON_GPU or os.environ.get("DROPIN_FUZZ_SHRINK") == "1"
 PHASES = tuple(Phase) if SHRINK else (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
-FUZZ = settings(max_examples=PER_TEST, deadline=None, derandomize=not ON_GPU, database=None, print_blob=True,
+RANDOM = ON_GPU or os.environ.get("DROPIN_FUZZ_RANDOM") == "1"
+FUZZ = settings(max_examples=PER_TEST, deadline=None, derandomize=not RANDOM, database=None, print_blob=True,
                 phases=PHASES,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 # Attention draws half an op's cases: most of its cases compile kernels anew (its head dim, mask kind, causal flag and
