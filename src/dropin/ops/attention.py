@@ -97,8 +97,8 @@ def _attention_precision(q: torch.Tensor, Lk: int) -> str:
 
 def _chunk(q: torch.Tensor, precision: str) -> int:
     """The longest chain of a true-fp32 product's sums (CHUNK; 0: unbounded): 32 for tf32x3 (as `_gemm.max_k`) and
-    for the FMAs ("ieee") over a head-dim tile past 32 (one chain over a head dim of 80 took the fuzz suite's fp32
-    gradients to 3.1x torch's error), as the decode kernels' (`attention_decode._CHUNK`)."""
+    for the FMAs ("ieee") over a head-dim tile past 32, as the decode kernels' (`attention_decode._CHUNK`: one chain
+    over a head dim of 128 left their one-query case at 2.5x torch's error, chains of 32 within 2x)."""
     if precision == "tf32x3" or (precision == "ieee" and q.dtype == torch.float32 and _block_d(q.shape[-1]) > 32):
         return 32
     return 0
@@ -200,9 +200,9 @@ def _unit_head_stride(t: torch.Tensor) -> bool:
 
 def _readable(*tensors) -> tuple:
     """The tensors as the kernels read them: one whose head dim has another stride (a transposed, sliced or expanded
-    head dim) as a contiguous copy. On Triton 3.6's Hopper tensor-core path, tiles of such a tensor went into the
-    products from shared memory wrongly: forwards 0.9 off and the DELTA pass's reads out of range
-    (probes/attention_variants.py; dense copies of the same values pass)."""
+    head dim) as a contiguous copy. Triton 3.6's Hopper tensor-core path takes tiles of such a tensor into the
+    products from shared memory wrongly at 4 warps and 64-row tiles: forwards 0.9 off, reads out of range in the
+    backward (probes/attention_variants.py: dense copies of the same values pass)."""
     return tuple(t if _unit_head_stride(t) else t.contiguous() for t in tensors)
 
 
