@@ -338,6 +338,15 @@ def test_head_dim_not_unit_stride(case, dtype, monkeypatch):
     assert seen and all(t.stride(-1) == 1 for t in seen), [t.stride() for t in seen]
 
 
+def test_gradient_layouts_of_copied_operands():
+    """A k read from a copy (its head dim permuted) and then a contiguous k of the same shape: the same operands
+    for the kernels, gradients of different layouts; each call's gradients right (the backward's plan is keyed by
+    them too: a plan of the first call's dk strides wrote the second's dk 1.4 off)."""
+    for k_storage, view in (((2, 3, 16, 9), lambda t: t.transpose(-1, -2)), ((2, 3, 9, 16), lambda t: t)):
+        leaves = {"q": randn(2, 3, 11, 16), "k": randn(*k_storage), "v": randn(2, 3, 9, 16)}
+        check(leaves, build=lambda q, k, v: (q, view(k), v))
+
+
 def test_unbatched_3d():
     """(N, L, E) operands, as torch takes them, with a (Lq, Lk) mask."""
     check({"q": randn(3, 9, 32), "k": randn(3, 20, 32), "v": randn(3, 20, 32)},

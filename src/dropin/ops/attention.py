@@ -341,7 +341,9 @@ def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal:
             launch_dq(q, k, v, m, summary, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *dq_strides)
         return run
 
-    plan_key = ("bwd", _signature(grad_out, q, k, v, mask, out, traced=traced), q.device, is_causal, precision)
+    # (the gradients' layouts too: q, k and v may be copies, `_readable`, with the gradients laid out as the originals)
+    plan_key = ("bwd", _signature(grad_out, q, k, v, mask, out, dq, dk, dv, traced=traced), q.device, is_causal,
+                precision)
     return plan(_plans, plan_key, make, traced=traced), mask_t, qk_scale
 
 
