@@ -1,12 +1,16 @@
-"""Probe: the attention fuzz findings that only the GPU shows (a bf16 forward ~0.9 off, CUDA illegal addresses in
-the backward's DELTA pass), each case run in variants, each variant in a process of its own (an illegal address
-poisons its process): which change of dtype, layout, mask or launch config makes the failure go.
+"""Probe: the attention fuzz findings that only the GPU showed (forwards ~0.9 off, CUDA illegal addresses in the
+backward), each case run in variants, each variant in a process of its own (an illegal address poisons its
+process): which change of dtype, layout, mask or launch config makes the failure go. Found (H200, Triton 3.6): every
+case has q, k or v whose head dim is not unit-stride; attention now reads such tensors from copies
+(`attention._readable`), so `asis` runs the fix and the other variants run without it (`raw`: no copies, as found);
+the live question is whether a newer Triton still fails `raw` (then the copies can go).
 
 Answers per (case, variant): the relative errors (float64 reference) of the forward and of dq / dk / dv beside
 torch's own in the same dtype, or the error raised; and the launches the variant built (kernel, tiles, warps,
-stages). Variants: asis; fp16 / bf16 (the other 16-bit dtype); dense (q, k, v and the mask as contiguous copies);
-nomask; short0 (attention.SHORT_KEYS = 0: no DELTA pass); fwd_s1 / fwd_s2 / fwd_w4 / fwd_w8 (the forward launch's
-num_stages / num_warps); delta_w4 / delta_w8 / delta_m16 (the DELTA launch's warps, BLOCK_M 16).
+stages). Variants: asis (with the copies); raw; fp16 / bf16 (the other 16-bit dtype); dense (q, k, v and the mask
+as contiguous copies); nomask; short0 (attention.SHORT_KEYS = 0: no DELTA pass); fwd_s1 / fwd_s2 / fwd_w4 / fwd_w8
+(the forward launch's num_stages / num_warps); delta_w4 / delta_w8 / delta_m16 (the DELTA launch's warps, BLOCK_M
+16).
 
 Usage: PYTHONPATH=src python3 benchmarks/probes/attention_variants.py [CASE ...] [--variants V,V,...] [--jobs N]
        (N children at once, default 8; one child: ... --one CASE VARIANT)
@@ -44,8 +48,8 @@ CASES = {
     "d62": (torch.bfloat16, (4, 6, 38), (4, 6, 38), "q", (6, 1), C, -0.8453484047775788, False,
             (S(1), T((0, 1, 2)), T((1, 2, 0))), True),
 }
-VARIANTS = ["asis", "other16", "dense", "nomask", "short0", "fwd_s1", "fwd_s2", "fwd_w4", "fwd_w8", "delta_w4",
-            "delta_w8", "delta_m16"]
+VARIANTS = ["asis", "raw", "other16", "dense", "nomask", "short0", "fwd_s1", "fwd_s2", "fwd_w4", "fwd_w8",
+            "delta_w4", "delta_w8", "delta_m16"]
 OVERRIDES = {"fwd_s1": ("fwd_kernel", dict(num_stages=1)), "fwd_s2": ("fwd_kernel", dict(num_stages=2)),
              "fwd_w4": ("fwd_kernel", dict(num_warps=4)), "fwd_w8": ("fwd_kernel", dict(num_warps=8)),
              "delta_w4": ("DELTA", dict(num_warps=4)), "delta_w8": ("DELTA", dict(num_warps=8)),
@@ -82,6 +86,8 @@ def one(case: str, variant: str) -> None:
         dtype = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
     if variant == "short0":
         attention_module.SHORT_KEYS = 0
+    if variant != "asis":  # (every variant but asis without the copies: the fault as found)
+        attention_module._readable = lambda *tensors: tensors
     attention_lq[0] = q_shape[-2]
     patch_launches(attention_module, variant)
     torch.manual_seed(0)
