@@ -26,7 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .. import _runtime
 from . import _autotune, _gemm
 from ._dispatch import Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op
-from .attention_decode import decode, decode_shortcut
+from .attention_decode import decode, decode_shortcut, fp32_chunk
 from .attention_kernels import delta_kernel, dkdv_kernel, dq_kernel, fwd_kernel
 from .attention_ranges import RANGE_ROWS, Summary
 
@@ -96,12 +96,9 @@ def _attention_precision(q: torch.Tensor, Lk: int) -> str:
 
 
 def _chunk(q: torch.Tensor, precision: str) -> int:
-    """The longest chain of a true-fp32 product's sums (CHUNK; 0: unbounded): 32 for tf32x3 (as `_gemm.max_k`) and
-    for the FMAs ("ieee") over a head-dim tile past 32, as the decode kernels' (`attention_decode._CHUNK`: one chain
-    over a head dim of 128 left their one-query case at 2.5x torch's error, chains of 32 within 2x)."""
-    if precision == "tf32x3" or (precision == "ieee" and q.dtype == torch.float32 and _block_d(q.shape[-1]) > 32):
-        return 32
-    return 0
+    """The longest chain of a true-fp32 product's sums (CHUNK; 0: unbounded): the decode kernels' rule
+    (`attention_decode.fp32_chunk`: 32 over head-dim tiles past 32; tf32x3 as `_gemm.max_k`, its head dim 256)."""
+    return fp32_chunk(q.dtype, precision, _block_d(q.shape[-1]))
 
 
 def _block_d(head_dim: int) -> int:

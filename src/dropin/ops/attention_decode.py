@@ -24,7 +24,14 @@ from ._gemm import dot
 from .attention_kernels import natural_exp
 
 BLOCK_N = 64
-_CHUNK = 32  # the longest fp32 chain of the scores' sums (`_split_kernel`'s CHUNK)
+
+
+def fp32_chunk(dtype: torch.dtype, precision: str, block_d: int) -> int:
+    """The longest chain of true fp32's sums over the head dim (CHUNK; 0: one chain), for these kernels and the
+    flash kernels (`attention._chunk`): 32 over head-dim tiles past 32. One chain over a head dim of 128 took the
+    fuzz suite's one-query fp32 cases to 2.5x torch's error (median over 24 seeds; probes/fuzz_repro.py 51), chains
+    of 32 within 2x."""
+    return 32 if dtype == torch.float32 and precision in ("ieee", "tf32x3") and block_d > 32 else 0
 
 
 # --- 1. Reference --------------------------------------------------------------------------------------------
@@ -167,12 +174,9 @@ def _decode_plan(q, k, v, mask: Optional[torch.Tensor], scale: float, traced: bo
 
     def make():
         block_d = max(16, _runtime.next_power_of_2(E))
-        # true fp32's scores in chains of 32 terms: one chain over a head dim of 128 took the fuzz suite's one-query
-        # fp32 cases to 2.5x torch's error (median over 24 seeds; probes/fuzz_repro.py 51)
-        chunk = _CHUNK if q.dtype == torch.float32 and precision in ("ieee", "tf32x3") and block_d > _CHUNK else 0
         meta = dict(GROUP=group, HEAD_DIM=E, MASK=kind, PRECISION=precision,
                     BLOCK_G=max(16, _runtime.next_power_of_2(group)), BLOCK_N=BLOCK_N, BLOCK_D=block_d,
-                    CHUNK=chunk, num_warps=4 if block_d <= 64 else 8)
+                    CHUNK=fp32_chunk(q.dtype, precision, block_d), num_warps=4 if block_d <= 64 else 8)
         split = Launch(_split_kernel, (B * HK, splits), meta, traced=traced)
         combine = Launch(_combine_kernel, (B * H,), dict(HEAD_DIM=E, BLOCK_D=block_d, num_warps=4,
                                                           BLOCK_S=max(2, _runtime.next_power_of_2(splits))),
