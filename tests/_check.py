@@ -141,7 +141,7 @@ def holds_few_numbers(ref_op, leaves: dict, build=None) -> bool:
 
 def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtype=None, positive=False,
           peer=None, upstream_contiguous=False, grad_layout="format", zero_grad_degree=None, autocast=None,
-          sources=None):
+          sources=None, ambiguous=None):
     """Checks op(*build(**leaves)) forward and, with backward, the gradient of every floating leaf not in
     `constant`.
 
@@ -161,6 +161,10 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
       a product of a few numbers (a lone sum of random signs can cancel to ~0, a product of a few small ones
       underflow fp16 (seed 635607544: 3e-8), where any rounding is a large relative error, PyTorch's too).
     - sources: the 2x rule's samples where fewer than the results' distinct values (`_tol.samples_2x`).
+    - ambiguous: a function of the float64 leaves (a dict) giving a boolean mask over the first output: the
+      elements whose derivative jumps within the rounding of what they are computed from (a fused activation's
+      kink), where a result rounded to the dtype, torch's as dropin's, lands on either side by chance. Their
+      upstream gradient is 0 (for all three backward passes alike).
     - zero_grad_degree: a gradient that is 0 in exact arithmetic (its reference at most 1e-12 * scale, with
       scale = max |upstream gradient| * max |differentiated leaf| ** zero_grad_degree) must be rounding-small
       (at most the backward tolerance * scale), as no relative error applies.
@@ -212,6 +216,8 @@ def check(op, ref_op, leaves: dict, build=None, backward=True, constant=(), dtyp
     grads_in = [torch.randn(ref.shape, device=DEVICE, dtype=out_t.dtype) for ref, out_t in zip(refs, outs_t)]
     if positive:
         grads_in = [g.abs().clamp_min(0.25) for g in grads_in]
+    if ambiguous is not None:
+        grads_in[0] = grads_in[0].masked_fill(ambiguous({k: v.detach() for k, v in ins_64.items()}).to(DEVICE), 0)
     if not upstream_contiguous:
         grads_in = [g.contiguous(memory_format=CL) if _channels_last(o) else g for g, o in zip(grads_in, outs_t)]
     grads = torch.autograd.grad(outs, [ins[k] for k in names], grads_in, allow_unused=True)

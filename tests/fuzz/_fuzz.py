@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 import _check
-from _tol import DEVICE, ON_GPU
+from _tol import DEVICE, ON_GPU, UNIT_ROUNDOFF, tolerance_key
 
 EXAMPLES = int(os.environ.get("DROPIN_FUZZ_EXAMPLES", 700 if ON_GPU else 4))
 # Each test runs one dtype: an op's cases split over its dtype tests (bf16's is skipped on the CPU), and over
@@ -49,6 +49,25 @@ SEEDS = st.integers(0, 2**31 - 1)
 # Sizes grow on the GPU, where a case costs milliseconds; the interpreter keeps them small.
 GROW = 3 if ON_GPU else 1
 _SPECIAL = (1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 64, 65, 127, 128)
+
+
+# Where the activations' derivatives jump (torch's): relu's and leaky_relu's 0, relu6's 0 and 6, hardswish's and
+# hardsigmoid's -3 and 3, selu's 0 (elu's and celu's alpha is 1: no jump; the others are smooth).
+KINKS = {"relu": (0.0,), "leaky_relu": (0.0,), "relu6": (0.0, 6.0), "hardswish": (-3.0, 3.0),
+         "hardsigmoid": (-3.0, 3.0), "selu": (0.0,)}
+
+
+def near_kinks(activation, preact, magnitude, dtype):
+    """A check's `ambiguous` mask for a fused activation: the elements whose float64 pre-activation lies within
+    16 unit roundoffs of the dtype (relative to `magnitude`, the sum of the absolute terms it adds up: its rounding
+    error is relative to those) of one of the activation's kinks. A pre-activation rounded to the dtype (fp16 rounds
+    3 - 2^-12 to 3.0, where hardsigmoid's derivative is 0 and not 1/6) lands on either side by chance, torch's
+    (rounded after the product, then after the residual's add) as dropin's (once)."""
+    slack = 16 * UNIT_ROUNDOFF[tolerance_key(dtype)] * magnitude
+    mask = torch.zeros(preact.shape, dtype=torch.bool)
+    for kink in KINKS.get(activation, ()):
+        mask |= (preact - kink).abs() <= slack
+    return mask
 
 
 # The first failing case's message in this process: hypothesis replays a failing case to report it, and after a CUDA

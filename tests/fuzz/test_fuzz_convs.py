@@ -8,7 +8,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import dropin
-from _fuzz import CONTIGUOUS, FUZZ, SEEDS, compare, layouts, sizes, start
+from _fuzz import CONTIGUOUS, FUZZ, KINKS, SEEDS, compare, layouts, near_kinks, sizes, start
 from _tol import DEVICE, DTYPES
 from dropin.ops.activations import ACTIVATIONS
 from dropin.ops.conv1d import conv1d_ref
@@ -83,6 +83,19 @@ def conv_call(fn, case):
     return lambda t: fn(t["x"], t["w"], t.get("b"), *args, t.get("r"))
 
 
+def conv_kinks(case, dtype, ref_fn):
+    """The check's `ambiguous` mask for the case's activation (None where it has no kink): its pre-activation,
+    conv + bias + residual, against the same sum of absolute values (`near_kinks`)."""
+    if case["activation"] not in KINKS:
+        return None
+    args = (case["stride"], case["padding"], case["dilation"], case["groups"])
+
+    def preact(t, f):
+        z = ref_fn(f(t["x"]), f(t["w"]), f(t["b"]) if "b" in t else None, *args)
+        return z + f(t["r"]) if "r" in t else z
+    return lambda t: near_kinks(case["activation"], preact(t, lambda v: v), preact(t, torch.abs), dtype)
+
+
 def as_dict(**leaves):
     """A check's `build`: the op gets its leaves as one dict (optional ones absent)."""
     return (leaves,)
@@ -97,6 +110,7 @@ def test_conv2d(dtype, case, seed):
     # are free: an unbatched conv's output rows of one pixel)
     compare(conv_call(dropin.ops.conv2d, case), conv_call(conv2d_ref, case), conv_leaves(case, dtype, F.conv2d),
             build=as_dict, upstream_contiguous=True, backward=case["backward"],
+            ambiguous=conv_kinks(case, dtype, F.conv2d),
             grad_layout={"x": "input", "w": "input", "b": "input", "r": "format"})
 
 
@@ -115,7 +129,8 @@ def conv1d_cases(draw):
 def test_conv1d(dtype, case, seed):
     start("conv1d", seed)
     compare(conv_call(dropin.ops.conv1d, case), conv_call(conv1d_ref, case), conv_leaves(case, dtype, F.conv1d),
-            build=as_dict, upstream_contiguous=True, backward=case["backward"])
+            build=as_dict, upstream_contiguous=True, backward=case["backward"],
+            ambiguous=conv_kinks(case, dtype, F.conv1d))
 
 
 @st.composite
