@@ -1,18 +1,20 @@
 """The GPU suites' selection (Makefile: test-gpu, test-gpu-quick, test-gpu-slow) stays valid as tests change."""
+import functools
 import os
 import subprocess
 import sys
 
-from _suites import QUICK
+from _suites import QUICK, SLOWEST_FIRST
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _collected(marker: str) -> list[str]:
+@functools.lru_cache
+def _collected(marker: str) -> tuple:
     run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
                           marker, "tests"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return [line for line in run.stdout.splitlines() if "::" in line]
+    return tuple(line for line in run.stdout.splitlines() if "::" in line)
 
 
 def test_quick_names_collected_tests():
@@ -23,3 +25,9 @@ def test_quick_names_collected_tests():
 def test_slow_marks_only_a_part():
     slow = _collected("slow")
     assert slow and all("::" in s for s in slow)
+
+
+def test_slowest_first_names_slow_tests():
+    """Every entry of _suites.SLOWEST_FIRST is the prefix of a collected slow test (the slow suite's order)."""
+    slow = _collected("slow")
+    assert all(any(test.startswith(prefix) for test in slow) for prefix in SLOWEST_FIRST), SLOWEST_FIRST
