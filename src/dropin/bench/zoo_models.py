@@ -46,8 +46,11 @@ HF_SDPA = {"llama", "mistral", "qwen2", "gemma", "gpt2", "bert", "vit"}
 
 # Inputs: images [batch, 3, size, size], token ids [batch, seq]; --tiny's in the second entry.
 IMAGE_BATCH, IMAGE_SIZE, TEXT_BATCH, TEXT_SEQ = (8, 2), (224, 32), (2, 2), (512, 16)
-# torchvision models whose expected image size is not 224, or whose smallest is above the tiny 32 (full, tiny).
-TORCHVISION_SIZE = {"inception_v3": (299, 75), "alexnet": (224, 64)}
+# torchvision models whose expected image size is not 224, or whose smallest is above the tiny 32 (full, tiny):
+# MaxViT's window and grid partitions of 7 at strides 4 to 32 take multiples of 224 only, the ViTs their
+# image_size (224) alone.
+TORCHVISION_SIZE = {"inception_v3": (299, 75), "alexnet": (224, 64), "maxvit_t": (224, 224),
+                    **{vit: (224, 224) for vit in ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")}}
 
 
 class Unavailable(Exception):
