@@ -247,10 +247,12 @@ def test_functional_layers():
 
 def test_unsupported_modules_and_root_are_reported():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), nn.Dropout(0.5),
-                          nn.BatchNorm2d(4), nn.Identity(), nn.PReLU(), nn.ConvTranspose2d(4, 4, 1)).to(DEVICE).eval()
+                          nn.BatchNorm2d(4), nn.Identity(), nn.Sequential(), nn.PReLU(),
+                          nn.ConvTranspose2d(4, 4, 1)).to(DEVICE).eval()
     left = {e.name: e.reason for e in dropin.inject_(model, verify=False).left}
-    assert set(left) == {"0", "4", "5"}  # eval Dropout and Identity compute nothing; BatchNorm: its own kernel
-    assert "padding_mode 'reflect'" in left["0"] and "no PReLU kernel" in left["4"]
+    assert set(left) == {"0", "5", "6"}  # eval Dropout, Identity and an empty Sequential compute nothing; BatchNorm:
+    # its own kernel
+    assert "padding_mode 'reflect'" in left["0"] and "no PReLU kernel" in left["5"]
     model.train()
     assert "1" in {e.name for e in dropin.inject_(model, verify=False).left}  # training Dropout computes
     report = dropin.inject_(nn.Linear(4, 4).to(DEVICE), verify=False)

@@ -20,6 +20,7 @@ from ..ops.activations import ACTIVATIONS
 from .registry import computes_as, fusion_roles, passive, register
 
 passive(nn.Identity, nn.Flatten, nn.Unflatten, dnn.Derived)
+passive(nn.Sequential, when=lambda m: len(m) == 0)  # (the identity: ShuffleNetV2's stride-1 branch1)
 passive(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
         when=lambda m: not m.training or m.p == 0)
 
