@@ -112,3 +112,25 @@ def test_resnet_stem_is_a_chain():
     assert report.replaced[1].kernel == "max_pool2d"
     assert report.replaced[2].covers == 5 and report.replaced[3].covers == 7  # block, block with downsample
     assert isinstance(model.bn1, dnn.Folded) and isinstance(model.relu, dnn.Folded)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_swin_window_attention_routed(version):
+    """torchvision's shifted-window attention (F.linear on its children's weights, matmuls and softmax in its own
+    forward) runs under dropin's route: its products and softmax in dropin's ops, the output and gradients of
+    torch's in float64, the state_dict keys and tensors unchanged; revert_ puts the same module back."""
+    swin = pytest.importorskip("torchvision.models.swin_transformer")
+    block = {"v1": swin.SwinTransformerBlock, "v2": swin.SwinTransformerBlockV2}[version]
+    model = nn.Sequential(block(16, 2, [4, 4], [2, 2])).to(DEVICE)
+    original, attention = copy.deepcopy(model), model[0].attn
+    dropin.inject_(model, verify=False)
+    assert isinstance(model[0].attn, dnn.Routed) and model[0].attn.original is attention
+    assert_same_state(model, original.state_dict())
+    x = torch.randn(2, 8, 8, 16, device=DEVICE)
+    dropin.route_report(reset=True)
+    check_forward(model, original, x)
+    report = dropin.route_report(reset=True)
+    assert {"F.linear", "matmul / @", "F.softmax"} <= set(report.routed), report
+    check_backward(model, original, x)
+    dropin.revert_(model)
+    assert model[0].attn is attention

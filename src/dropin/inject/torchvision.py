@@ -1,5 +1,6 @@
 """Handlers for torchvision models: ResNet's BasicBlock and Bottleneck -> nn.ResidualBlock (eval mode); ResNet's
-stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses it."""
+stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses it; Swin's shifted-window attention
+(functional code on its children's weights) -> nn.Routed."""
 from torch import nn
 
 from .. import nn as dnn
@@ -27,6 +28,7 @@ def _block_reason(block: nn.Module, pairs: list, config):
 
 try:
     from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+    from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
 except ImportError:  # torchvision is optional: no handlers without it
     pass
 else:
@@ -41,3 +43,7 @@ else:
         if reason:
             return f"{reason}: not fused as a block; its modules are injected one by one"
         return dnn.ResidualBlock(block, pairs, "downsample" if block.downsample is not None else None)
+
+    @register(ShiftedWindowAttention, ShiftedWindowAttentionV2, op="attention")
+    def swin_attention(module: nn.Module, site):
+        return dnn.Routed(module)

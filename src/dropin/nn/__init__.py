@@ -3,7 +3,7 @@ from .attention import CvtSelfAttention, RotaryAttention
 from .causal_lm import CausalLMForward
 from .conv import Conv2d, ConvBNAct
 from .conv1d import Conv1d
-from .functional import Op
+from .functional import Op, Routed
 from .group_norm import GroupNorm
 from .linear import Linear, TransposedLinear
 from .module import Adopted, Derived, DropinModule, Folded

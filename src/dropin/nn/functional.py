@@ -1,8 +1,10 @@
-"""Drop-in for the modules that are one functional op: pooling, norms, standalone activations."""
+"""Drop-ins for modules whose forward is functional code: one dropin op (pooling, norms, standalone activations), or
+the original's forward under dropin's route."""
 from typing import Callable
 
 import torch
 
+from .. import route
 from .module import DropinModule
 
 
@@ -16,3 +18,22 @@ class Op(DropinModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fn(self, x)
+
+
+class Routed(DropinModule):
+    """A module whose forward computes with torch functions on its own tensors (torchvision's shifted-window
+    attention: F.linear on its children's weights, matmuls, softmax), not by calling children: the original's
+    forward runs under dropin's route (`dropin.route.use()`), so those calls run dropin's ops where dropin supports
+    them and torch's otherwise (counted in `dropin.route_report()`). The original's children stay registered under
+    their names (state_dict keys, parameters) and are not injected: the forward reads their tensors."""
+
+    kernel = "its forward under dropin's route (F.linear, matmul, softmax, ...)"
+
+    def __init__(self, original: torch.nn.Module):
+        super().__init__(original)
+        for name, child in original.named_children():
+            self.add_module(name, child)
+
+    def forward(self, *args, **kwargs):
+        with route.use():
+            return self.original(*args, **kwargs)
