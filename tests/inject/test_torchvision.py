@@ -120,10 +120,12 @@ def test_swin_window_attention_routed(version):
     forward) runs under dropin's route: its products and softmax in dropin's ops, the output and gradients of
     torch's in float64, the state_dict keys and tensors unchanged; revert_ puts the same module back."""
     swin = pytest.importorskip("torchvision.models.swin_transformer")
+    from torchvision.ops.misc import Permute
+
     block = {"v1": swin.SwinTransformerBlock, "v2": swin.SwinTransformerBlockV2}[version]
-    model = nn.Sequential(block(16, 2, [4, 4], [2, 2])).to(DEVICE)
+    model = nn.Sequential(block(16, 2, [4, 4], [2, 2]), Permute([0, 3, 1, 2])).to(DEVICE)
     original, attention = copy.deepcopy(model), model[0].attn
-    dropin.inject_(model, verify=False)
+    assert not dropin.inject_(model, verify=False).left  # (torchvision's Permute, a view, is passive)
     assert isinstance(model[0].attn, dnn.Routed) and model[0].attn.original is attention
     assert_same_state(model, original.state_dict())
     x = torch.randn(2, 8, 8, 16, device=DEVICE)

@@ -1,11 +1,11 @@
 """Handlers for torchvision models: ResNet's BasicBlock and Bottleneck -> nn.ResidualBlock (eval mode); ResNet's
 stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses it; Swin's shifted-window attention
-(functional code on its children's weights) -> nn.Routed."""
+(functional code on its children's weights) -> nn.Routed; torchvision's Permute (a view) is passive."""
 from torch import nn
 
 from .. import nn as dnn
 from .generic import activation_name, conv_reason, fold_reason, sparse_layers_reason
-from .registry import chain, register
+from .registry import chain, passive, register
 
 
 def _block_reason(block: nn.Module, pairs: list, config):
@@ -29,10 +29,12 @@ def _block_reason(block: nn.Module, pairs: list, config):
 try:
     from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
     from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
+    from torchvision.ops.misc import Permute
 except ImportError:  # torchvision is optional: no handlers without it
     pass
 else:
     chain(ResNet, "conv1", "bn1", "relu")
+    passive(Permute)  # (a view: Swin's and ConvNeXt's layout changes)
     _PAIRS = {BasicBlock: [("conv1", "bn1"), ("conv2", "bn2")],
               Bottleneck: [("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")]}
 
