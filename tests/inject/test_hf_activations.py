@@ -95,3 +95,18 @@ def test_hf_activation_with_a_forward_replaced_on_the_instance_stays_torch():
     injected, original, report = injected_pair(lambda: nn.Sequential(act, nn.Linear(8, 4)).to(DEVICE), verify=False)
     assert [(e.name, e.type) for e in report.left] == [("0", "GELUActivation")]
     check_forward(injected, original, torch.randn(4, 8, device=DEVICE))
+
+
+@pytest.mark.parametrize("data_format", ["channels_first", "channels_last"])
+@pytest.mark.parametrize("family", ["convnext", "convnextv2"])
+def test_hf_convnext_layer_norm(family, data_format):
+    """HF ConvNeXt's (and V2's) LayerNorm, channels first ([N, C, H, W]) or last, runs dropin's layer_norm."""
+    module = pytest.importorskip(f"transformers.models.{family}.modeling_{family}")
+    norm = {"convnext": "ConvNextLayerNorm", "convnextv2": "ConvNextV2LayerNorm"}[family]
+    make = lambda: getattr(module, norm)(6, eps=1e-6, data_format=data_format).to(DEVICE)  # noqa: E731
+    model, original, report = injected_pair(lambda: nn.Sequential(make()), verify=False)
+    assert not report.left and model[0].kernel.startswith("layer_norm")
+    x = torch.randn(2, 6, 5, 7, device=DEVICE)
+    x = x if data_format == "channels_first" else x.permute(0, 2, 3, 1)
+    check_forward(model, original, x)
+    check_backward(model, original, x)

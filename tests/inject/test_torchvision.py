@@ -136,3 +136,18 @@ def test_swin_window_attention_routed(version):
     check_backward(model, original, x)
     dropin.revert_(model)
     assert model[0].attn is attention
+
+
+def test_convnext_layer_norm_2d():
+    """torchvision's LayerNorm2d (a LayerNorm subclass normalizing the channels of NCHW) runs dropin's layer_norm:
+    output and gradients against float64, nothing left to torch."""
+    convnext = pytest.importorskip("torchvision.models.convnext")
+    model, original, report = injected_pair(lambda: nn.Sequential(convnext.LayerNorm2d(6), nn.Conv2d(6, 4, 1)).to(
+        DEVICE), verify=False)
+    assert not report.left and model[0].kernel == "layer_norm (channels first)"
+    with torch.no_grad():
+        model[0].weight.uniform_(0.5, 1.5), model[0].bias.uniform_(-0.5, 0.5)
+    original.load_state_dict(model.state_dict())
+    x = torch.randn(2, 6, 5, 7, device=DEVICE)
+    check_forward(model, original, x)
+    check_backward(model, original, x)

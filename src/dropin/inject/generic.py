@@ -206,6 +206,16 @@ def _layer_norm(m, x):
     return ops.layer_norm(x, o.normalized_shape, parameters.get("weight"), parameters.get("bias"), o.eps)
 
 
+def _layer_norm_channels_first(m, x):
+    return _layer_norm(m, x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def channels_first_layer_norm(module: nn.LayerNorm) -> dnn.Op:
+    """The drop-in of a LayerNorm subclass whose forward normalizes dim 1 of [N, C, H, W] by permuting it last and
+    back (torchvision's LayerNorm2d, HF ConvNeXt's channels_first LayerNorm)."""
+    return dnn.Op(module, "layer_norm (channels first)", _layer_norm_channels_first)
+
+
 @register(nn.BatchNorm2d, op="batch_norm")
 def batch_norm2d(module: nn.BatchNorm2d, site):
     return dnn.Op(module, "batch_norm", _batch_norm)

@@ -1,12 +1,13 @@
 """Handlers for the HF modules that many families share: transformers.activations' activation modules, mapped to
 dropin's activations by what each forward computes (GELUActivation, GELUTanh / PytorchGELUTanh, NewGELUActivation,
 FastGELUActivation, AccurateGELUActivation, SiLUActivation, MishActivation); those without a dropin kernel
-(QuickGELUActivation, ...) are named with the reason, and LinearActivation (the identity) is passive."""
+(QuickGELUActivation, ...) are named with the reason, and LinearActivation (the identity) is passive; ConvNeXt's (and
+ConvNeXt V2's) LayerNorm, channels last or first, runs dropin's layer_norm."""
 import functools
 
 import torch.nn.functional as F
 
-from .generic import activation_module, activation_without_kernel
+from .generic import activation_module, activation_without_kernel, channels_first_layer_norm, layer_norm
 from .registry import passive, register, when_imported
 
 _TANH_FORMULAS = ("NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation")  # 0.5 x (1 + tanh(...))
@@ -49,3 +50,21 @@ def _register():
             activation_module(getattr(hf, name), _own_forward(fn))
     register(*(getattr(hf, n) for n in _WITHOUT_KERNEL if hasattr(hf, n)), op=None)(activation_without_kernel)
     passive(hf.LinearActivation)
+
+
+def _convnext_layer_norm(module, site):
+    return channels_first_layer_norm(module) if module.data_format == "channels_first" else layer_norm(module, site)
+
+
+@when_imported("transformers.models.convnext.modeling_convnext")
+def _register_convnext():
+    from transformers.models.convnext import modeling_convnext
+
+    register(modeling_convnext.ConvNextLayerNorm, op="layer_norm")(_convnext_layer_norm)
+
+
+@when_imported("transformers.models.convnextv2.modeling_convnextv2")
+def _register_convnextv2():
+    from transformers.models.convnextv2 import modeling_convnextv2
+
+    register(modeling_convnextv2.ConvNextV2LayerNorm, op="layer_norm")(_convnext_layer_norm)

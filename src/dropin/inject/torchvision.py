@@ -1,10 +1,11 @@
 """Handlers for torchvision models: ResNet's BasicBlock and Bottleneck -> nn.ResidualBlock (eval mode); ResNet's
 stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses it; Swin's shifted-window attention
-(functional code on its children's weights) -> nn.Routed; torchvision's Permute (a view) is passive."""
+(functional code on its children's weights) -> nn.Routed; ConvNeXt's LayerNorm2d (channels first) -> dropin
+layer_norm; torchvision's Permute (a view) is passive."""
 from torch import nn
 
 from .. import nn as dnn
-from .generic import activation_name, conv_reason, fold_reason, sparse_layers_reason
+from .generic import activation_name, channels_first_layer_norm, conv_reason, fold_reason, sparse_layers_reason
 from .registry import chain, passive, register
 
 
@@ -27,6 +28,7 @@ def _block_reason(block: nn.Module, pairs: list, config):
 
 
 try:
+    from torchvision.models.convnext import LayerNorm2d
     from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
     from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
     from torchvision.ops.misc import Permute
@@ -49,3 +51,7 @@ else:
     @register(ShiftedWindowAttention, ShiftedWindowAttentionV2, op="attention")
     def swin_attention(module: nn.Module, site):
         return dnn.Routed(module)
+
+    @register(LayerNorm2d, op="layer_norm")
+    def layer_norm_2d(module: nn.LayerNorm, site):
+        return channels_first_layer_norm(module)
