@@ -151,3 +151,21 @@ def test_convnext_layer_norm_2d():
     x = torch.randn(2, 6, 5, 7, device=DEVICE)
     check_forward(model, original, x)
     check_backward(model, original, x)
+
+
+def test_swin_window_attention_routed_under_compile():
+    """torch.compile(fullgraph=True) traces the routed window attention: its graph holds dropin's softmax (the
+    attention's alone: the route decides at trace time), and the compiled output is the eager one's."""
+    swin = pytest.importorskip("torchvision.models.swin_transformer")
+    model = nn.Sequential(swin.SwinTransformerBlock(16, 2, [4, 4], [2, 2])).to(DEVICE).eval()
+    dropin.inject_(model, verify=False)
+    targets = set()
+
+    def backend(graph_module, example_inputs):
+        targets.update(str(n.target) for n in graph_module.graph.nodes if n.op == "call_function")
+        return graph_module.forward
+    x = torch.randn(2, 8, 8, 16, device=DEVICE)
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend, fullgraph=True)(x)
+        assert "dropin.softmax.default" in targets, sorted(targets)
+        torch.testing.assert_close(out, model(x))
