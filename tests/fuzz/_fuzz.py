@@ -57,16 +57,22 @@ KINKS = {"relu": (0.0,), "leaky_relu": (0.0,), "relu6": (0.0, 6.0), "hardswish":
          "hardsigmoid": (-3.0, 3.0), "selu": (0.0,)}
 
 
-def near_kinks(activation, preact, magnitude, dtype):
-    """A check's `ambiguous` mask for a fused activation: the elements whose float64 pre-activation lies within
-    16 unit roundoffs of the dtype (relative to `magnitude`, the sum of the absolute terms it adds up: its rounding
-    error is relative to those) of one of the activation's kinks. A pre-activation rounded to the dtype (fp16 rounds
-    3 - 2^-12 to 3.0, where hardsigmoid's derivative is 0 and not 1/6) lands on either side by chance, torch's
-    (rounded after the product, then after the residual's add) as dropin's (once)."""
-    slack = 16 * UNIT_ROUNDOFF[tolerance_key(dtype)] * magnitude
-    mask = torch.zeros(preact.shape, dtype=torch.bool)
-    for kink in KINKS.get(activation, ()):
-        mask |= (preact - kink).abs() <= slack
+def kink_mask(activation, preact, dtype):
+    """A check's `ambiguous` argument for a fused activation (None where the activation has no kink): the elements
+    whose float64 pre-activation, preact(leaves, lambda v: v), lies within 16 unit roundoffs of the dtype of one of
+    its kinks, relative to preact(leaves, torch.abs), the sum of the absolute terms it adds up (its rounding error is
+    relative to those). A pre-activation rounded to the dtype (fp16 rounds 3 - 2^-12 to 3.0, where hardsigmoid's
+    derivative is 0 and not 1/6) lands on either side by chance, torch's (rounded after the product, then after the
+    residual's add) as dropin's (once)."""
+    if activation not in KINKS:
+        return None
+
+    def mask(leaves):
+        z, slack = preact(leaves, lambda v: v), 16 * UNIT_ROUNDOFF[tolerance_key(dtype)] * preact(leaves, torch.abs)
+        near = torch.zeros(z.shape, dtype=torch.bool)
+        for kink in KINKS[activation]:
+            near |= (z - kink).abs() <= slack
+        return near
     return mask
 
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dropin
-from _fuzz import CONTIGUOUS, FUZZ, FUZZ_HALF, KINKS, SEEDS, compare, layouts, near_kinks, sizes, start
+from _fuzz import CONTIGUOUS, FUZZ, FUZZ_HALF, SEEDS, compare, kink_mask, layouts, sizes, start
 from _tol import DTYPES
 from dropin.ops.activations import ACTIVATIONS
 from dropin.ops.matmul import linear_ref
@@ -83,13 +83,11 @@ def test_linear(dtype, case, seed):
     if case["bias"] is not None:
         leaves["bias"] = CONTIGUOUS.tensor(case["bias"], dtype)
     act = case["activation"]
-
-    def kinks(t):  # (the pre-activation x @ weight.T + bias: `near_kinks`)
-        return near_kinks(act, F.linear(t["x"], t["weight"], t.get("bias")),
-                          F.linear(t["x"].abs(), t["weight"].abs(), t["bias"].abs() if "bias" in t else None), dtype)
+    kinks = kink_mask(act, lambda t, f: F.linear(f(t["x"]), f(t["weight"]), f(t["bias"]) if "bias" in t else None),
+                      dtype)  # (the pre-activation x @ weight.T + bias)
     compare(lambda x, weight, bias=None: dropin.ops.linear(x, weight, bias, act),
             lambda x, weight, bias=None: linear_ref(x, weight, bias, act), leaves, backward=case["backward"],
-            ambiguous=kinks if act in KINKS else None)
+            ambiguous=kinks)
 
 
 @st.composite

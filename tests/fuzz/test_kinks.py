@@ -1,4 +1,4 @@
-"""The fuzz checker's `ambiguous` mask (`_fuzz.near_kinks`): a fused activation's derivative taken at a
+"""The fuzz checker's `ambiguous` mask (`_fuzz.kink_mask`): a fused activation's derivative taken at a
 pre-activation rounded onto the other side of a kink fails the 2x rule without the mask and passes with it; a wrong
 derivative away from the kinks fails with the mask too. Torch ops alone (no kernels): every machine runs them."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import _check
-from _fuzz import near_kinks
+from _fuzz import kink_mask
 from _tol import DEVICE
 
 GRID = 2.0 ** -6  # the pre-activation's rounding in the stand-in op: coarser than fp16's at 3 (2^-9)
@@ -35,8 +35,7 @@ def leaves():
     return {"x": x.half()}
 
 
-def kinks(t):
-    return near_kinks("hardsigmoid", t["x"], t["x"].abs(), torch.float16)
+kinks = kink_mask("hardsigmoid", lambda t, f: f(t["x"]), torch.float16)
 
 
 def test_a_rounding_onto_a_kink_fails_without_the_mask_and_passes_with_it():

@@ -4,6 +4,7 @@ FastGELUActivation, AccurateGELUActivation, SiLUActivation, MishActivation); tho
 (QuickGELUActivation, ...) are named with the reason, and LinearActivation (the identity) is passive; ConvNeXt's (and
 ConvNeXt V2's) LayerNorm, channels last or first, runs dropin's layer_norm."""
 import functools
+import importlib
 
 import torch.nn.functional as F
 
@@ -56,15 +57,10 @@ def _convnext_layer_norm(module, site):
     return channels_first_layer_norm(module) if module.data_format == "channels_first" else layer_norm(module, site)
 
 
-@when_imported("transformers.models.convnext.modeling_convnext")
-def _register_convnext():
-    from transformers.models.convnext import modeling_convnext
-
-    register(modeling_convnext.ConvNextLayerNorm, op="layer_norm")(_convnext_layer_norm)
+def _register_convnext(module_name: str, class_name: str) -> None:
+    register(getattr(importlib.import_module(module_name), class_name), op="layer_norm")(_convnext_layer_norm)
 
 
-@when_imported("transformers.models.convnextv2.modeling_convnextv2")
-def _register_convnextv2():
-    from transformers.models.convnextv2 import modeling_convnextv2
-
-    register(modeling_convnextv2.ConvNextV2LayerNorm, op="layer_norm")(_convnext_layer_norm)
+for _module_name, _class_name in (("transformers.models.convnext.modeling_convnext", "ConvNextLayerNorm"),
+                                  ("transformers.models.convnextv2.modeling_convnextv2", "ConvNextV2LayerNorm")):
+    when_imported(_module_name)(functools.partial(_register_convnext, _module_name, _class_name))

@@ -31,8 +31,7 @@ class Routed(DropinModule):
 
     def __init__(self, original: torch.nn.Module):
         super().__init__(original)
-        for name, child in original.named_children():
-            self.add_module(name, child)
+        self._adopt_children()  # (not `walks_children`: inject_ leaves them as they are)
 
     def forward(self, *args, **kwargs):
         with route.use():
