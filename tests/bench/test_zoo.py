@@ -95,6 +95,26 @@ def test_budget_leaves_a_model_for_the_next_run(tmp_path, fakes):
     assert not path.exists() or not rows_of(path)
 
 
+def test_runs_side_by_side_share_the_file(tmp_path):
+    """Two zoo runs writing one result file at once (one a GPU) keep every row of both: each row merges into the
+    file as it is on disk, under a lock; a row of the same key replaces the old one."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "zoo.json"
+    writer = ("import sys; from pathlib import Path; from dropin.bench.zoo import save_row\n"
+              "for i in range(40): save_row(Path(sys.argv[1]), {}, {'model': sys.argv[2] + str(i), 'dtype': 'bf16', "
+              "'versions': {}, 'n': 1})")
+    runs = [subprocess.Popen([sys.executable, "-c", writer, str(path), name]) for name in ("a", "b")]
+    assert [run.wait(timeout=120) for run in runs] == [0, 0]
+    assert set(rows_of(path)) == {(name + str(i), "bf16") for name in ("a", "b") for i in range(40)}
+    from dropin.bench.zoo import save_row
+
+    save_row(path, {}, {"model": "a0", "dtype": "bf16", "versions": {}, "n": 2})
+    rows = rows_of(path)
+    assert len(rows) == 80 and rows["a0", "bf16"]["n"] == 2 and rows["b0", "bf16"]["n"] == 1
+
+
 def row(model, dtype, status="ok", **fields):
     base = {"model": model, "dtype": dtype, "versions": {}, "status": status, "error": None, "note": None,
             "verified": True, "left_modules": []}

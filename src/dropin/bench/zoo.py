@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import fcntl
 import fnmatch
 import importlib.metadata
 import json
@@ -235,13 +236,19 @@ def load_rows(path: Path) -> list[dict]:
     return json.loads(path.read_text())["rows"] if path.exists() else []
 
 
-def save(path: Path, env: dict, rows: list[dict]) -> None:
-    """Writes the result file atomically (a temporary file beside it, then renamed)."""
+def save_row(path: Path, env: dict, row: dict) -> None:
+    """Merges `row` into the result file (replacing the row of its key) as it is on disk now, under a lock, and
+    writes it atomically (a temporary file beside it, then renamed): runs side by side (one a GPU, other models)
+    share one file and lose none of each other's rows."""
     from . import harness
 
-    scratch = path.with_name(path.name + ".partial")
-    harness.write_json(scratch, {"env": env, "rows": rows})
-    os.replace(scratch, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = [r for r in load_rows(path) if row_key(r) != row_key(row)]
+        scratch = path.with_name(path.name + ".partial")
+        harness.write_json(scratch, {"env": env, "rows": rows + [row]})
+        os.replace(scratch, path)
 
 
 def result_path(args) -> Path:
@@ -291,14 +298,13 @@ def run(args) -> int:
         print("\n".join(f"{name}  {dtype}" for name, dtype in tasks))
         return 0
     stamp = versions()
-    rows = load_rows(path)
+    done = {row_key(r) for r in load_rows(path)}
     env = harness.environment("zoo", " ".join(["dropin", *args.argv]), {})
-    index = {row_key(r): i for i, r in enumerate(rows)}
     deadline = time.monotonic() + args.budget if args.budget else None
     for i, (name, dtype) in enumerate(tasks, 1):
         label = f"[zoo {i}/{len(tasks)}] {name} {dtype}"
         key = row_key(new_row(name, dtype, stamp))
-        if key in index and not args.rerun:
+        if key in done and not args.rerun:
             print(f"{label}: has a row (--rerun runs it again)", file=sys.stderr)
             continue
         limit_s = args.time_limit
@@ -320,14 +326,9 @@ def run(args) -> int:
             row = {**new_row(name, dtype, stamp), "status": "timeout" if ran_out else "crashed",
                    "error": f"ran out of its time limit ({limit_s:g} s)" if ran_out else row["error"],
                    "seconds": time.perf_counter() - started}
-        if key in index:
-            rows[index[key]] = row
-        else:
-            index[key] = len(rows)
-            rows.append(row)
-        save(path, env, rows)
+        save_row(path, env, row)
         print(f"{label}: {progress(row)} ({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
-    print(f"dropin zoo: {len(rows)} row(s) in {path}", file=sys.stderr)
+    print(f"dropin zoo: {len(load_rows(path))} row(s) in {path}", file=sys.stderr)
     return 0
 
 
