@@ -36,13 +36,14 @@ test-gpu-quick:   # each public op, injector handler and execution mode once (un
 	$(GPU_PYTEST) -m quick --junitxml=$(or $(REPORT),test-gpu-quick.xml) tests
 
 test-gpu-slow:    # the sweeps test-gpu leaves out: every kernel config, long fp32 attention, full-size CLI runs;
-                  # PART=1 test_attention.py's alone, PART=2 the others (a run each, for runs under 10 minutes);
+                  # PART=1 test_attention.py's and the full-size CLI runs (its longest tests, ~5 min each beside
+                  # the attention sweeps), PART=2 the others (a run each, for runs under 10 minutes);
                   # items handed out in order (--dist load), the longest tests first (tests/_suites.py)
 	$(GPU_PYTEST) --dist load -m slow --junitxml=$(or $(REPORT),test-gpu-slow.xml) $(SLOW_TESTS_$(or $(PART),ALL))
 
 SLOW_TESTS_ALL = tests
-SLOW_TESTS_1 = tests/ops/test_attention.py
-SLOW_TESTS_2 = tests --ignore=tests/ops/test_attention.py
+SLOW_TESTS_1 = tests/ops/test_attention.py tests/test_cli_inject.py
+SLOW_TESTS_2 = tests --ignore=tests/ops/test_attention.py --ignore=tests/test_cli_inject.py
 
 fuzz-gpu:         # tests/fuzz's hypothesis suite, DROPIN_FUZZ_EXAMPLES cases an op (default 700: ~11,500 in all);
                   # items handed out in order (--dist load), the slowest tests' first (tests/fuzz/conftest.py)

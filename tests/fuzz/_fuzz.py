@@ -69,7 +69,7 @@ def kink_mask(activation, preact, dtype):
 
     def mask(leaves):
         z, slack = preact(leaves, lambda v: v), 16 * UNIT_ROUNDOFF[tolerance_key(dtype)] * preact(leaves, torch.abs)
-        near = torch.zeros(z.shape, dtype=torch.bool)
+        near = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
         for kink in KINKS[activation]:
             near |= (z - kink).abs() <= slack
         return near

@@ -704,8 +704,8 @@ def test_true_fp32_on_split_copies(chain, copies, monkeypatch):
     monkeypatch.setattr(_mm_module, "split_copies_pay", lambda M, N: True)
     monkeypatch.setattr(_mm_module, "copied_operands", lambda batch, M, K, N, parts, a_aligned=False: copies)
     real_precision = _gemm.precision
-    monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None, mn=None:
-                        "tf32x3" if dtype == torch.float32 else real_precision(dtype, allow_tf32, k, mn))
+    monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None, macs=None:
+                        "tf32x3" if dtype == torch.float32 else real_precision(dtype, allow_tf32, k, macs))
     real_pick = _mm_module._autotune.pick
     monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare, **timing: dict(
         configs[0], CORRECTION_CHAIN=chain) if key[2].startswith("tf32x3_split") else real_pick(

@@ -58,25 +58,27 @@ def test_every_config(kernel, cfg, dtype, layout, forced):
 
 
 def test_true_fp32_rule(monkeypatch):
-    """Which true fp32 a product takes on the GPU: tf32x3 for reductions of at least TF32X3_MIN_K into outputs at
-    least TF32X3_MIN_MN wide both ways, FMAs otherwise (a [7, 7] weight gradient of 441 terms among them); tf32 where
-    torch allows it; the product's own sizes decide."""
+    """Which true fp32 a product takes on the GPU: tf32x3 for reductions of at least TF32X3_MIN_K in products of at
+    least TF32X3_MIN_MACS multiply-adds, FMAs otherwise (a [7, 7] weight gradient of 441 terms among them); tf32
+    where torch allows it; the product's own sizes decide, batch included."""
     monkeypatch.setattr(_gemm._runtime, "INTERPRET", False)
     monkeypatch.setattr(_gemm._runtime, "tf32_allowed", lambda op: False)
-    fp32, min_k, min_mn = torch.float32, _gemm.TF32X3_MIN_K, _gemm.TF32X3_MIN_MN
-    assert _gemm.precision(fp32, k=min_k, mn=min_mn) == "tf32x3" and _gemm.precision(fp32, k=min_k) == "tf32x3"
-    assert _gemm.precision(fp32, k=min_k - 1, mn=4096) == "ieee" and _gemm.precision(fp32, k=441, mn=7) == "ieee"
-    assert _gemm.precision(fp32, True, k=441, mn=7) == "tf32" and _gemm.precision(torch.bfloat16, k=441) == "ieee"
-    chosen = [mm._operand_copies(torch.ones(1, m, 441), torch.ones(1, 441, n), False, False)[0]
-              for m, n in ((7, 4096), (4096, min_mn - 1), (min_mn, 4096))]
-    assert chosen == ["ieee", "ieee", "tf32x3"]
+    fp32, min_k, min_macs = torch.float32, _gemm.TF32X3_MIN_K, _gemm.TF32X3_MIN_MACS
+    assert _gemm.precision(fp32, k=min_k, macs=min_macs) == "tf32x3" and _gemm.precision(fp32, k=min_k) == "tf32x3"
+    assert _gemm.precision(fp32, k=min_k - 1, macs=1 << 40) == "ieee"
+    assert _gemm.precision(fp32, k=441, macs=7 * 7 * 441) == "ieee"
+    assert _gemm.precision(fp32, True, k=441, macs=7) == "tf32" and _gemm.precision(torch.bfloat16, k=441) == "ieee"
+    chosen = [mm._operand_copies(torch.empty(batch, m, k), torch.empty(batch, k, n), False, False)[0]
+              for batch, m, n, k in ((1, 7, 7, 441), (1, 256, 255, 256), (1, 256, 256, 256), (2, 128, 256, 256),
+                                     (1, 50000, 10, 784))]
+    assert chosen == ["ieee", "ieee", "tf32x3", "tf32x3", "tf32x3"]
 
 
 @pytest.mark.parametrize("kernel", ["tma", "ptr"])
 def test_tf32x3(kernel, monkeypatch):
     """True fp32 as three tf32 products (the GPU's default for fp32 without TF32): the split of each operand
     into rounded tf32 halves, with values across the exponent range, the largest finite ones, inf and nan."""
-    monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None, mn=None: "tf32x3")
+    monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None, macs=None: "tf32x3")
     mm._plans.clear()
     M, N, K = 40, 24, 72
     a = torch.randn(M, K, device=DEVICE) * torch.logspace(-30, 30, K, device=DEVICE)

@@ -161,10 +161,11 @@ def dot_acc(acc, a, b, PRECISION: tl.constexpr):
 # exactly: a 10-term weight gradient 1.1x over the bound at 32-long K tiles), on long ones torch's own error grows
 # and tf32x3 stays well within (docs/perf-notes.md).
 TF32X3_MIN_K = 256
-# ... and only for products with at least this many rows and columns: a narrower one reads >= 4 bytes for each
-# multiply-add pair of its rows, so the FMAs keep up with memory, and cuBLAS sums its few outputs' long reductions
-# in pieces (a [7, 7] gradient of 441 terms: tf32x3's truncating chains 3.6x torch's error, docs/perf-notes.md).
-TF32X3_MIN_MN = 16
+# ... and only for products of at least this many multiply-adds: a smaller one costs a few microseconds either way,
+# and FMAs sum its reductions as near exactly as cuBLAS does (a [7, 7] gradient of 441 terms: tf32x3's truncating
+# chains 3.6x torch's error). Not a rule on the output's width: FMAs ran 50000 x 784 @ 784 x 10 at half tf32x3's
+# speed (docs/perf-notes.md).
+TF32X3_MIN_MACS = 1 << 24
 
 
 def tf32_key(t, op: str = "matmul") -> Optional[bool]:
@@ -177,18 +178,18 @@ def tf32_key(t, op: str = "matmul") -> Optional[bool]:
 
 
 def precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional[int] = None,
-              mn: Optional[int] = None) -> str:
+              macs: Optional[int] = None) -> str:
     """tl.dot's input precision for `dtype` (ignored for 16-bit operands): tf32 where torch allows it
     (allow_tf32, default torch's rule for matmuls, `_runtime.tf32_allowed`), else true fp32: "tf32x3" on the GPU
     (three tf32 tensor-core products, 1.1-3.5x faster than the FMAs) for a reduction of length `k` >= TF32X3_MIN_K
-    (None: the caller bounds its chains itself, conv2d; attention cuts its head-dim products into chunks too) into
-    an output whose smaller side `mn` (None: not known to be narrow) is >= TF32X3_MIN_MN; else
+    (None: the caller bounds its chains itself, conv2d; attention cuts its head-dim products into chunks too) in a
+    product of `macs` (None: not known to be small) >= TF32X3_MIN_MACS multiply-adds; else
     "ieee" (fp32 FMAs; under the interpreter always: the same numbers at a third of the dots). See
     docs/perf-notes.md."""
     if dtype == torch.float32 and (_runtime.tf32_allowed("matmul") if allow_tf32 is None else allow_tf32):
         return "tf32"
     if dtype == torch.float32 and not _runtime.INTERPRET and (k is None or k >= TF32X3_MIN_K) \
-            and (mn is None or mn >= TF32X3_MIN_MN):
+            and (macs is None or macs >= TF32X3_MIN_MACS):
         return "tf32x3"
     return "ieee"
 

@@ -160,7 +160,7 @@ def _operand_copies(a, b, tma: Optional[bool], traced: bool):
     (`matmul_operands`: rounded to tf32, split into two tf32 parts for true fp32, or aligned for the TMA kernel),
     operand_copy's (round_tf32, split, negate); None for one read as it lies. Decided from the layouts alone."""
     K = a.shape[2]
-    precision = _gemm.precision(a.dtype, k=K, mn=min(_runtime.size_hint(a.shape[1]), _runtime.size_hint(b.shape[2])))
+    precision = _gemm.precision(a.dtype, k=K, macs=math.prod(map(_runtime.size_hint, (*a.shape, b.shape[2]))))
     if precision == "tf32" and K > 0 and tf32_copies_pay(a.shape[1], b.shape[2]):
         # tf32 MMAs read operands K-major, and Hopper's drop the low 13 bits: one pass makes K-major copies
         # rounded to tf32 (cheaper than transposed tiles or rounding every tile in the kernel: 0.38x cuBLAS)
