@@ -64,12 +64,12 @@ def check_forward(injected: nn.Module, original: nn.Module, x: torch.Tensor, ref
 
 
 def check_backward(injected: nn.Module, original: nn.Module, x: torch.Tensor) -> None:
-    """Output, input gradient and every parameter's gradient against the original's in float64 for a random
+    """Output, input gradient and every trainable parameter's gradient against the original's in float64 for a random
     upstream gradient. The original runs too: in training mode each model updates its own BatchNorm statistics."""
     runs = []
     for model, dtype in ((injected, x.dtype), (original, x.dtype), (copy.deepcopy(original).double(), torch.float64)):
         xi = x.to(dtype).requires_grad_()
-        names, params = zip(*sorted(model.named_parameters()))
+        names, params = zip(*sorted((n, p) for n, p in model.named_parameters() if p.requires_grad))
         runs.append((model(xi), [xi, *params]))
     grad = torch.randn_like(runs[0][0])
     (out, grads), _, (ref, grads_64) = [(out, torch.autograd.grad(out, leaves, grad.to(out.dtype)))

@@ -1,5 +1,6 @@
 """inject_ on torchvision ResNet blocks: BasicBlock and Bottleneck as one ResidualBlock of fused convs (eval)."""
 import copy
+import importlib
 
 import pytest
 import torch
@@ -114,28 +115,62 @@ def test_resnet_stem_is_a_chain():
     assert isinstance(model.bn1, dnn.Folded) and isinstance(model.relu, dnn.Folded)
 
 
-@pytest.mark.parametrize("version", ["v1", "v2"])
-def test_swin_window_attention_routed(version):
-    """torchvision's shifted-window attention (F.linear on its children's weights, matmuls and softmax in its own
-    forward) runs under dropin's route: its products and softmax in dropin's ops, the output and gradients of
-    torch's in float64, the state_dict keys and tensors unchanged; revert_ puts the same module back."""
+def _swin_blocks(version, frozen_bias=False):
+    """Two torchvision Swin blocks (dim 16, 2 heads, 4 x 4 windows): unshifted, then shifted by 2; the bias table
+    (V1) or bias MLP (V2) frozen where asked."""
     swin = pytest.importorskip("torchvision.models.swin_transformer")
     from torchvision.ops.misc import Permute
 
     block = {"v1": swin.SwinTransformerBlock, "v2": swin.SwinTransformerBlockV2}[version]
-    model = nn.Sequential(block(16, 2, [4, 4], [2, 2]), Permute([0, 3, 1, 2])).to(DEVICE)
-    original, attention = copy.deepcopy(model), model[0].attn
+    model = nn.Sequential(block(16, 2, [4, 4], [0, 0]), block(16, 2, [4, 4], [2, 2]), Permute([0, 3, 1, 2]))
+    for attn in (model[0].attn, model[1].attn):
+        with torch.no_grad():  # (V1's table starts near zero: a bias that counts)
+            getattr(attn, "relative_position_bias_table", torch.empty(0)).normal_()
+        (attn.cpb_mlp if version == "v2" else attn.relative_position_bias_table).requires_grad_(not frozen_bias)
+    return model.to(DEVICE)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("size", [(8, 8), (7, 10)])  # (7 x 10: padded to whole windows)
+def test_swin_window_attention(version, size, monkeypatch):
+    """torchvision's shifted-window attention (F.linear on its children's weights, matmuls and softmax in its own
+    forward) as one dropin attention a window (bias and shift mask its mask) between dropin linears: output against
+    torch's in float64, with windows padded and shifted; in grad mode with a trainable bias (no mask gradient in
+    dropin attention) the original's forward under dropin's route, gradients against float64; the state_dict keys
+    and tensors unchanged; revert_ puts the same modules back."""
+    model = _swin_blocks(version)
+    original, attentions = copy.deepcopy(model), [model[0].attn, model[1].attn]
     assert not dropin.inject_(model, verify=False).left  # (torchvision's Permute, a view, is passive)
-    assert isinstance(model[0].attn, dnn.Routed) and model[0].attn.original is attention
+    assert [type(m.attn) for m in model[:2]] == [dnn.WindowAttention] * 2
+    assert [m.attn.original for m in model[:2]] == attentions
     assert_same_state(model, original.state_dict())
-    x = torch.randn(2, 8, 8, 16, device=DEVICE)
+    calls = []
+    swin_module = importlib.import_module("dropin.nn.swin")
+    monkeypatch.setattr(swin_module, "attention", lambda *a, **kw: calls.append(a[3].shape) or dropin.attention(
+        *a, **kw))
+    x = torch.randn(2, *size, 16, device=DEVICE)
     dropin.route_report(reset=True)
     check_forward(model, original, x)
-    report = dropin.route_report(reset=True)
-    assert {"F.linear", "matmul / @", "F.softmax"} <= set(report.routed), report
+    windows = 2 * 2 * 3 if size == (7, 10) else 2 * 2 * 2
+    assert calls == [(1, 2, 16, 16), (windows, 2, 16, 16)]  # (unshifted: the bias alone, broadcast)
+    assert set(dropin.route_report(reset=True).routed) <= {"F.linear"}  # (V2's bias MLP)
+    calls.clear()
     check_backward(model, original, x)
+    assert not calls and {"F.linear", "matmul / @", "F.softmax"} <= set(dropin.route_report(reset=True).routed)
     dropin.revert_(model)
-    assert model[0].attn is attention
+    assert [m.attn for m in model[:2]] == attentions
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_swin_window_attention_frozen_bias_trains(version):
+    """With the bias frozen (no gradient asked of the mask), a training forward runs dropin attention too: the
+    input's and every trainable parameter's gradient against float64."""
+    model = _swin_blocks(version, frozen_bias=True)
+    original = copy.deepcopy(model)
+    dropin.inject_(model, verify=False)
+    dropin.route_report(reset=True)
+    check_backward(model, original, torch.randn(2, 8, 8, 16, device=DEVICE))
+    assert "F.softmax" not in dropin.route_report(reset=True).routed
 
 
 def test_convnext_layer_norm_2d():
@@ -153,11 +188,13 @@ def test_convnext_layer_norm_2d():
     check_backward(model, original, x)
 
 
-def test_swin_window_attention_routed_under_compile():
-    """torch.compile(fullgraph=True) traces the routed window attention: its graph holds dropin's softmax (the
-    attention's alone: the route decides at trace time), and the compiled output is the eager one's."""
-    swin = pytest.importorskip("torchvision.models.swin_transformer")
-    model = nn.Sequential(swin.SwinTransformerBlock(16, 2, [4, 4], [2, 2])).to(DEVICE).eval()
+@pytest.mark.parametrize("grad", [False, True])
+def test_swin_window_attention_under_compile(grad):
+    """torch.compile(fullgraph=True) traces the window attention: without grad its graph holds dropin's attention;
+    with a trainable bias in grad mode the original's forward under the route (the route decides at trace time:
+    dropin's differentiable products and softmax in the graph, as autograd functions); the compiled output is the
+    eager one's."""
+    model = _swin_blocks("v1")[1:2].eval()
     dropin.inject_(model, verify=False)
     targets = set()
 
@@ -165,7 +202,8 @@ def test_swin_window_attention_routed_under_compile():
         targets.update(str(n.target) for n in graph_module.graph.nodes if n.op == "call_function")
         return graph_module.forward
     x = torch.randn(2, 8, 8, 16, device=DEVICE)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         out = torch.compile(model, backend=backend, fullgraph=True)(x)
-        assert "dropin.softmax.default" in targets, sorted(targets)
+        assert ("autograd_function_apply" in targets) == grad, sorted(targets)
+        assert ("dropin.attention.default" in targets) != grad, sorted(targets)
         torch.testing.assert_close(out, model(x))

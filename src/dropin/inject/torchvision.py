@@ -1,7 +1,7 @@
 """Handlers for torchvision models: ResNet's BasicBlock and Bottleneck -> nn.ResidualBlock (eval mode); ResNet's
 stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses it; Swin's shifted-window attention
-(functional code on its children's weights) -> nn.Routed; ConvNeXt's LayerNorm2d (channels first) -> dropin
-layer_norm; torchvision's Permute (a view) is passive."""
+(functional code on its children's weights) -> nn.WindowAttention (one dropin attention a window); ConvNeXt's
+LayerNorm2d (channels first) -> dropin layer_norm; torchvision's Permute (a view) is passive."""
 from torch import nn
 
 from .. import nn as dnn
@@ -50,7 +50,7 @@ else:
 
     @register(ShiftedWindowAttention, ShiftedWindowAttentionV2, op="attention")
     def swin_attention(module: nn.Module, site):
-        return dnn.Routed(module)
+        return dnn.WindowAttention(module)
 
     @register(LayerNorm2d, op="layer_norm")
     def layer_norm_2d(module: nn.LayerNorm, site):

@@ -11,10 +11,11 @@ from .resnet import ResidualBlock
 from .rms_norm import RMSNorm
 from .sparse import SparseConv2d, SparseLinear, SparsifiedConv2d, SparsifiedLinear
 from .swiglu import SwiGLUMLP
+from .swin import WindowAttention
 from .traced import TracedBlock
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = ["Adopted", "CausalLMForward", "Conv1d", "Conv2d", "ConvBNAct", "CvtSelfAttention", "Derived", "DropinModule", "Folded",
            "GroupNorm", "Linear", "MultiheadAttention", "ResidualBlock", "RMSNorm", "RotaryAttention", "SparseConv2d",
            "SparseLinear", "SparsifiedConv2d", "SparsifiedLinear", "SwiGLUMLP", "TracedBlock", "TransformerEncoder",
-           "TransformerEncoderLayer", "TransposedLinear"]
+           "TransformerEncoderLayer", "TransposedLinear", "WindowAttention"]
