@@ -131,7 +131,8 @@ def _swin_blocks(version, frozen_bias=False):
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
-@pytest.mark.parametrize("size", [(8, 8), (7, 10)])  # (7 x 10: padded to whole windows)
+# (7 x 10 and 4 x 10 padded to whole windows; 4 rows are one window: no shift along them)
+@pytest.mark.parametrize("size", [(8, 8), (7, 10), (4, 10)])
 def test_swin_window_attention(version, size, monkeypatch):
     """torchvision's shifted-window attention (F.linear on its children's weights, matmuls and softmax in its own
     forward) as one dropin attention a window (bias and shift mask its mask) between dropin linears: output against
@@ -151,7 +152,7 @@ def test_swin_window_attention(version, size, monkeypatch):
     x = torch.randn(2, *size, 16, device=DEVICE)
     dropin.route_report(reset=True)
     check_forward(model, original, x)
-    windows = 2 * 2 * 3 if size == (7, 10) else 2 * 2 * 2
+    windows = 2 * -(-size[0] // 4) * -(-size[1] // 4)
     assert calls == [(1, 2, 16, 16), (windows, 2, 16, 16)]  # (unshifted: the bias alone, broadcast)
     assert set(dropin.route_report(reset=True).routed) <= {"F.linear"}  # (V2's bias MLP)
     calls.clear()
