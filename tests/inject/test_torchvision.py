@@ -162,6 +162,32 @@ def test_swin_window_attention(version, size, monkeypatch):
     assert [m.attn for m in model[:2]] == attentions
 
 
+def _torchvision_shift_mask(padded_h, padded_w, window, shift):
+    """torchvision's construction of the mask (slices of region counts), as `shifted_window_attention` writes it."""
+    ids = torch.zeros(padded_h, padded_w)
+    count = 0
+    for h in ((0, -window[0]), (-window[0], -shift[0]), (-shift[0], None)):
+        for w in ((0, -window[1]), (-window[1], -shift[1]), (-shift[1], None)):
+            ids[h[0]:h[1], w[0]:w[1]] = count
+            count += 1
+    ids = ids.view(padded_h // window[0], window[0], padded_w // window[1], window[1]).permute(0, 2, 1, 3)
+    ids = ids.reshape(-1, window[0] * window[1])
+    diff = ids.unsqueeze(1) - ids.unsqueeze(2)
+    return diff.masked_fill(diff != 0, -100.0).masked_fill(diff == 0, 0.0)
+
+
+@pytest.mark.parametrize("sizes", [(8, 8, [4, 4], [2, 2]), (8, 12, [4, 4], [0, 2]), (14, 21, [7, 7], [3, 3]),
+                                   (6, 9, [3, 3], [1, 2])])
+def test_swin_shift_mask(sizes):
+    """The shift mask from region ids per axis equals torchvision's slice-built one (a zero shift along an axis
+    too), and an eager call's mask is kept for the next."""
+    from dropin.nn.swin import shift_mask
+
+    mask = shift_mask(*sizes, DEVICE)
+    torch.testing.assert_close(mask.cpu(), _torchvision_shift_mask(*sizes), rtol=0, atol=0)
+    assert shift_mask(*sizes, DEVICE) is mask
+
+
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_swin_window_attention_frozen_bias_trains(version):
     """With the bias frozen (no gradient asked of the mask), a training forward runs dropin attention too: the

@@ -5,15 +5,25 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import route
+from .. import _runtime, route
 from ..ops import attention, linear
 from .functional import Routed
 
 
+_SHIFT_MASKS: dict = {}
+
+
 def shift_mask(padded_h: int, padded_w: int, window: list, shift: list, device) -> torch.Tensor:
-    """torchvision's mask of a shifted window ([windows, tokens, tokens]: 0 within a region, -100 across): the
-    cyclic shift brings up to three regions of each axis into the last windows (rows [0, H - window), [H - window,
-    H - shift), [H - shift, H) before the shift), whose tokens must not attend to each other."""
+    """torchvision's mask of a shifted window ([windows, tokens, tokens] float32: 0 within a region, -100 across):
+    the cyclic shift brings up to three regions of each axis into the last windows (rows [0, H - window), [H -
+    window, H - shift), [H - shift, H) before the shift), whose tokens must not attend to each other. A function of
+    its sizes alone: kept per sizes and device for eager calls (a dozen launches each time otherwise); made anew
+    while torch.compile traces or a CUDA graph captures (the graph makes it in each replay)."""
+    key = (padded_h, padded_w, *window, *shift, torch.device(device))
+    kept = not torch.compiler.is_compiling() and not _runtime.capturing()
+    if kept and key in _SHIFT_MASKS:
+        return _SHIFT_MASKS[key]
+
     def region(size, window_size, shift_size):
         index = torch.arange(size, device=device)
         return (index >= size - window_size).long() + (index >= size - shift_size).long()
@@ -21,7 +31,10 @@ def shift_mask(padded_h: int, padded_w: int, window: list, shift: list, device) 
     ids = region(padded_h, window[0], shift[0])[:, None] * 3 + region(padded_w, window[1], shift[1])[None, :]
     ids = ids.view(padded_h // window[0], window[0], padded_w // window[1], window[1]).permute(0, 2, 1, 3)
     ids = ids.reshape(-1, window[0] * window[1])
-    return (ids[:, None, :] != ids[:, :, None]) * -100.0
+    mask = (ids[:, None, :] != ids[:, :, None]) * -100.0
+    if kept:
+        _SHIFT_MASKS[key] = mask
+    return mask
 
 
 class WindowAttention(Routed):
