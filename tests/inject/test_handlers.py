@@ -178,17 +178,35 @@ class _ScaledLinear(nn.Linear):
         return super().forward(x) * 2
 
 
+class _ScriptCastLinear(nn.Linear):
+    """timm's Linear: a forward of its own that casts the weight only when TorchScript runs it."""
+
+    def forward(self, x):
+        if torch.jit.is_scripting():
+            return F.linear(x, self.weight.to(dtype=x.dtype), bias=self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+class _BiaslessLinear(nn.Linear):
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+
 def test_subclasses_that_keep_the_forward_are_handled_as_their_base():
+    """Subclasses that keep their base's forward, or (Linear) whose own forward calls F.linear on the input and their
+    own weight and bias alone, are handled as the base; one that computes more, or leaves out its bias, stays torch."""
     def model():
         return randomize_batchnorms(nn.Sequential(
             _KeptConv(3, 4, 3, padding=1), nn.BatchNorm2d(4), _KeptReLU(), nn.Flatten(),
-            _KeptLinear(4 * 4 * 4, 8), nn.ReLU(), _ScaledLinear(8, 4))).to(DEVICE).eval()
+            _KeptLinear(4 * 4 * 4, 8), nn.ReLU(), _ScriptCastLinear(8, 8), _BiaslessLinear(8, 6),
+            _BiaslessLinear(6, 5, bias=False), _ScaledLinear(5, 4))).to(DEVICE).eval()
     x = torch.randn(2, 3, 4, 4, device=DEVICE)
     injected, original, report = injected_pair(model, example_inputs=x)
     assert [(r.name, r.original, r.kernel) for r in report.replaced] == [
-        ("0", "_KeptConv", "conv2d+bn+relu"), ("4", "_KeptLinear", "linear+relu")]
-    assert [(e.name, e.type) for e in report.left] == [("6", "_ScaledLinear")]
-    assert "forward of its own" in report.left[0].reason
+        ("0", "_KeptConv", "conv2d+bn+relu"), ("4", "_KeptLinear", "linear+relu"),
+        ("6", "_ScriptCastLinear", "linear"), ("8", "_BiaslessLinear", "linear")]
+    assert [(e.name, e.type) for e in report.left] == [("7", "_BiaslessLinear"), ("9", "_ScaledLinear")]
+    assert all("forward of its own" in e.reason for e in report.left)
     check_forward(injected, original, x)
 
 

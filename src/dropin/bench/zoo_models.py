@@ -92,7 +92,8 @@ def _timm(name: str) -> ZooModel:
         if not timm.is_model(name):
             raise Unavailable(f"timm {timm.__version__} has no model '{name}'")
         model = timm.create_model(name, pretrained=False)
-        return model, images(tiny, None if tiny else model.pretrained_cfg["input_size"][-1])
+        config = model.pretrained_cfg  # (its image size; ViTs, Swin and Mixer take that one alone: fixed_input_size)
+        return model, images(tiny, None if tiny and not config.get("fixed_input_size") else config["input_size"][-1])
     return ZooModel(f"timm/{name}", True, build)
 
 

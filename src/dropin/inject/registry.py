@@ -224,9 +224,44 @@ _FORWARDS = ("forward", "_conv_forward")  # the methods through which torch.nn's
 
 def computes_as(module: torch.nn.Module, base: type) -> bool:
     """Whether `module` is a `base` whose class keeps base's forward (and the helper it calls: Conv2d's
-    _conv_forward), e.g. nn.MultiheadAttention's NonDynamicallyQuantizableLinear for nn.Linear."""
+    _conv_forward), e.g. nn.MultiheadAttention's NonDynamicallyQuantizableLinear for nn.Linear; for nn.Linear also
+    a forward of its own that computes `F.linear(input, self.weight, self.bias)` alone (`_forwards_as_linear`)."""
     kind = type(module)
-    return isinstance(module, base) and all(getattr(kind, f, None) is getattr(base, f, None) for f in _FORWARDS)
+    if not isinstance(module, base):
+        return False
+    return all(getattr(kind, f, None) is getattr(base, f, None) for f in _FORWARDS) or (
+        base is torch.nn.Linear and _forwards_as_linear(module))
+
+
+class _TorchCalls(torch.overrides.TorchFunctionMode):
+    """Records the torch functions called under it instead of running them (each returns an empty meta tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, args, kwargs or {}))
+        return torch.empty(0, device="meta")
+
+
+def _forwards_as_linear(module: torch.nn.Linear) -> bool:
+    """Whether a Linear subclass's own forward calls `F.linear(input, self.weight, self.bias)` and no other torch
+    function (timm's Linear, which casts its weight only when TorchScript runs it): its forward run once on a meta
+    input with every torch call recorded, not run."""
+    x = torch.empty(2, module.in_features, device="meta")
+    recorder = _TorchCalls()
+    try:
+        with recorder:
+            module.forward(x)
+    except Exception:  # noqa: BLE001 (a forward that cannot run so does not compute as nn.Linear's)
+        return False
+    if len(recorder.calls) != 1:
+        return False
+    func, args, kwargs = recorder.calls[0]
+    operands = list(args) + [kwargs.get(name) for name in ("input", "weight", "bias")[len(args):]]
+    return func is torch.nn.functional.linear and len(operands) == 3 and set(kwargs) <= {"input", "weight", "bias"} \
+        and operands[0] is x and operands[1] is module.weight and operands[2] is module.bias
 
 
 @functools.lru_cache(maxsize=None)
