@@ -210,6 +210,43 @@ def test_subclasses_that_keep_the_forward_are_handled_as_their_base():
     check_forward(injected, original, x)
 
 
+class _FastPathLayerNorm(nn.LayerNorm):
+    """timm's LayerNorm: a forward of its own with a fast path that is off by default."""
+
+    def __init__(self, *args, fast=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fast = fast
+
+    def forward(self, x):
+        if self.fast:
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps).clone()
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class _OtherEpsLayerNorm(nn.LayerNorm):
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, 1e-3)
+
+
+def test_layer_norm_subclasses_and_softmax_modules():
+    """A LayerNorm subclass whose forward makes F.layer_norm's call on its own settings alone runs dropin's
+    layer_norm (one on a path that computes more, or with another eps, stays torch); nn.Softmax and nn.LogSoftmax
+    with a dim run dropin's kernels, output and gradients against float64; without a dim (torch picks it from the
+    rank) they stay torch, named."""
+    def model():
+        return nn.Sequential(_FastPathLayerNorm(6), _FastPathLayerNorm(6, fast=True), _OtherEpsLayerNorm(6),
+                             nn.Softmax(dim=-1), nn.LogSoftmax(dim=1), nn.Softmax()).to(DEVICE)
+    x = torch.randn(3, 5, 6, device=DEVICE)
+    injected, original, report = injected_pair(model, example_inputs=x)
+    assert [(r.name, r.kernel) for r in report.replaced] == [("0", "layer_norm"), ("3", "softmax"),
+                                                             ("4", "log_softmax")]
+    assert [(e.name, e.type) for e in report.left] == [("1", "_FastPathLayerNorm"), ("2", "_OtherEpsLayerNorm"),
+                                                       ("5", "Softmax")]
+    assert "forward of its own" in report.left[0].reason and "dim=None" in report.left[2].reason
+    check_forward(injected, original, x)
+    check_backward(injected, original, x)
+
+
 class _SelfAttention(nn.Module):
     def __init__(self):
         super().__init__()

@@ -3,8 +3,9 @@ conv2d's kernels), GroupNorm (+ activation), and the layers that are one functio
 training mode, or not after a conv), the activations (ReLU, ReLU6 and Hardtanh(0, 6), GELU, SiLU, Hardswish,
 Hardsigmoid, Sigmoid, LeakyReLU(0.01), Tanh, Mish, ELU(alpha=1), SELU, CELU(alpha=1), Softplus(beta=1, threshold=20);
 inplace=True too, whose result they return without writing their input; the others, and other parameters, are named
-with the reason they stay torch), max / average / adaptive average pooling, LayerNorm. Subclasses that keep their
-base's forward are handled as the base.
+with the reason they stay torch), max / average / adaptive average pooling, LayerNorm, Softmax and LogSoftmax.
+Subclasses that keep their base's forward (or make its one functional call alone: `registry.computes_as`) are
+handled as the base.
 
 Fusions take the siblings that run next on a module's output alone: in an nn.Sequential, a declared chain, or a
 chain that tracing the parent's forward finds (see Site.following).
@@ -262,3 +263,14 @@ def adaptive_avg_pool2d(module: nn.AdaptiveAvgPool2d, site):
 @register(nn.LayerNorm, op="layer_norm")
 def layer_norm(module: nn.LayerNorm, site):
     return dnn.Op(module, "layer_norm", _layer_norm)
+
+
+def _softmax(m, x):
+    return (ops.log_softmax if isinstance(m.original, nn.LogSoftmax) else ops.softmax)(x, m.original.dim)
+
+
+@register(nn.Softmax, nn.LogSoftmax, op="softmax")
+def softmax(module: nn.Module, site):
+    if module.dim is None:
+        return "dim=None: torch picks the dim from the input's rank (deprecated); dropin's softmax takes a dim"
+    return dnn.Op(module, "log_softmax" if isinstance(module, nn.LogSoftmax) else "softmax", _softmax)

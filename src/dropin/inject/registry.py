@@ -224,13 +224,24 @@ _FORWARDS = ("forward", "_conv_forward")  # the methods through which torch.nn's
 
 def computes_as(module: torch.nn.Module, base: type) -> bool:
     """Whether `module` is a `base` whose class keeps base's forward (and the helper it calls: Conv2d's
-    _conv_forward), e.g. nn.MultiheadAttention's NonDynamicallyQuantizableLinear for nn.Linear; for nn.Linear also
-    a forward of its own that computes `F.linear(input, self.weight, self.bias)` alone (`_forwards_as_linear`)."""
+    _conv_forward), e.g. nn.MultiheadAttention's NonDynamicallyQuantizableLinear for nn.Linear; for nn.Linear and
+    nn.LayerNorm also a forward of its own that makes base's one functional call alone (`_calls_as`)."""
     kind = type(module)
     if not isinstance(module, base):
         return False
     return all(getattr(kind, f, None) is getattr(base, f, None) for f in _FORWARDS) or (
-        base is torch.nn.Linear and _forwards_as_linear(module))
+        base in _FUNCTIONAL and _calls_as(module, *_FUNCTIONAL[base]))
+
+
+# base -> (its functional form, that function's parameter names, the arguments base's forward passes it after the
+# input, the shape of an input)
+_FUNCTIONAL = {
+    torch.nn.Linear: (torch.nn.functional.linear, ("input", "weight", "bias"), lambda m: (m.weight, m.bias),
+                      lambda m: (2, m.in_features)),
+    torch.nn.LayerNorm: (torch.nn.functional.layer_norm, ("input", "normalized_shape", "weight", "bias", "eps"),
+                         lambda m: (tuple(m.normalized_shape), m.weight, m.bias, m.eps),
+                         lambda m: (2, *m.normalized_shape)),
+}
 
 
 class _TorchCalls(torch.overrides.TorchFunctionMode):
@@ -245,23 +256,27 @@ class _TorchCalls(torch.overrides.TorchFunctionMode):
         return torch.empty(0, device="meta")
 
 
-def _forwards_as_linear(module: torch.nn.Linear) -> bool:
-    """Whether a Linear subclass's own forward calls `F.linear(input, self.weight, self.bias)` and no other torch
-    function (timm's Linear, which casts its weight only when TorchScript runs it): its forward run once on a meta
-    input with every torch call recorded, not run."""
-    x = torch.empty(2, module.in_features, device="meta")
+def _calls_as(module: torch.nn.Module, function, parameters: tuple, arguments, input_shape) -> bool:
+    """Whether a subclass's own forward calls `function(input, *arguments(module))` and no other torch function
+    (timm's Linear, which casts its weight only when TorchScript runs it; timm's LayerNorm off its fast path): its
+    forward run once on a meta input with every torch call recorded, not run. Tensors must be the module's own,
+    other arguments equal."""
+    x = torch.empty(input_shape(module), device="meta")
     recorder = _TorchCalls()
     try:
         with recorder:
             module.forward(x)
-    except Exception:  # noqa: BLE001 (a forward that cannot run so does not compute as nn.Linear's)
+    except Exception:  # noqa: BLE001 (a forward that cannot run so does not compute as its base's)
         return False
-    if len(recorder.calls) != 1:
+    if len(recorder.calls) != 1 or recorder.calls[0][0] is not function:
         return False
-    func, args, kwargs = recorder.calls[0]
-    operands = list(args) + [kwargs.get(name) for name in ("input", "weight", "bias")[len(args):]]
-    return func is torch.nn.functional.linear and len(operands) == 3 and set(kwargs) <= {"input", "weight", "bias"} \
-        and operands[0] is x and operands[1] is module.weight and operands[2] is module.bias
+    _, args, kwargs = recorder.calls[0]
+    if len(args) > len(parameters) or not set(kwargs) <= set(parameters[len(args):]):
+        return False
+    given = list(args) + [kwargs.get(name) for name in parameters[len(args):]]
+    expected = (x, *arguments(module))
+    return all(g is e if isinstance(e, torch.Tensor) or e is None else
+               (tuple(g) if isinstance(g, (list, torch.Size)) else g) == e for g, e in zip(given, expected))
 
 
 @functools.lru_cache(maxsize=None)
