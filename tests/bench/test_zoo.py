@@ -77,6 +77,16 @@ def test_tiny_run_rows_resume_and_failures(tmp_path, capsys, fakes):
     assert all(merged[k] == rows[k] for k in rows)
 
 
+def test_zero_initialized_parameters_are_drawn(tmp_path, fakes):
+    """A parameter that the model's init leaves all zero (timm's heads) is drawn at random: the output is not zeros,
+    so that the check against float64 can fail (torch's own error is then above zero)."""
+    path = tmp_path / "zoo.json"
+    assert main(["zoo", "--tiny", "--no-speed", "--dtype", "float32", "--file", str(path), "--models",
+                 "zoo_fakes:zero_head"]) == 0
+    row = rows_of(path)["zoo_fakes:zero_head", "float32"]
+    assert row["status"] == "ok" and row["torch_err_vs_fp64"] > 0 and row["err_vs_fp64"] > 0, row
+
+
 def test_time_limit_stops_a_model(tmp_path, fakes):
     path = tmp_path / "zoo.json"
     start = time.monotonic()

@@ -29,3 +29,10 @@ def slow(tiny: bool):
     """A model that takes a minute to build."""
     time.sleep(60)
     return nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),)
+
+
+def zero_head(tiny: bool):
+    """An MLP whose last layer starts at zero, as timm's classifier heads do."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10))
+    nn.init.zeros_(model[2].weight), nn.init.zeros_(model[2].bias)
+    return model, (torch.randn(4, 16),)

@@ -1,6 +1,7 @@
-"""`dropin zoo`: every model of the zoo (dropin.bench.zoo_models) built with random weights, injected, verified
-against float64, its coverage measured and timed beside the original; one row per (model, dtype) in
-RESULTS_DIR/<gpu>/zoo.json (zoo-tiny.json with --tiny).
+"""`dropin zoo`: every model of the zoo (dropin.bench.zoo_models) built with random weights (a parameter its init
+leaves all zero drawn from N(0, 0.02), so that no output is zeros), injected, verified against float64, its
+coverage measured and timed beside the original; one row per (model, dtype) in RESULTS_DIR/<gpu>/zoo.json
+(zoo-tiny.json with --tiny).
 
 Each model runs in a process of its own (`python -m dropin.bench.zoo TASK ROW_PATH`), stopped at its time limit,
 so that no model (a hang, a crash, a poisoned CUDA context) stops the run. A run resumes by itself: rows are keyed
@@ -137,6 +138,10 @@ def measure(task: dict) -> dict:
         entry = zoo_models.entry(task["model"])
         dtype = getattr(torch, task["dtype"])
         model, inputs = entry.build(task["tiny"])
+        with torch.no_grad():  # (timm's heads start at zero: an output of zeros would verify nothing)
+            for parameter in model.parameters():
+                if parameter.numel() and not parameter.any():
+                    parameter.normal_(0.0, 0.02)
         model = model.eval().to(_runtime.KERNEL_DEVICE, dtype)
         inputs = _on_device(inputs, dtype)
         row["input"] = ", ".join("x".join(map(str, t.shape)) for t in inputs if isinstance(t, torch.Tensor))
