@@ -124,8 +124,9 @@ def _swin_blocks(version, frozen_bias=False):
     block = {"v1": swin.SwinTransformerBlock, "v2": swin.SwinTransformerBlockV2}[version]
     model = nn.Sequential(block(16, 2, [4, 4], [0, 0]), block(16, 2, [4, 4], [2, 2]), Permute([0, 3, 1, 2]))
     for attn in (model[0].attn, model[1].attn):
-        with torch.no_grad():  # (V1's table starts near zero: a bias that counts)
-            getattr(attn, "relative_position_bias_table", torch.empty(0)).normal_()
+        if version == "v1":
+            with torch.no_grad():  # (the table starts near zero: a bias that counts)
+                attn.relative_position_bias_table.normal_()
         (attn.cpb_mlp if version == "v2" else attn.relative_position_bias_table).requires_grad_(not frozen_bias)
     return model.to(DEVICE)
 

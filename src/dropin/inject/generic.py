@@ -265,12 +265,13 @@ def layer_norm(module: nn.LayerNorm, site):
     return dnn.Op(module, "layer_norm", _layer_norm)
 
 
-def _softmax(m, x):
-    return (ops.log_softmax if isinstance(m.original, nn.LogSoftmax) else ops.softmax)(x, m.original.dim)
+def _softmax(m, x, fn):
+    return fn(x, m.original.dim)
 
 
 @register(nn.Softmax, nn.LogSoftmax, op="softmax")
 def softmax(module: nn.Module, site):
     if module.dim is None:
         return "dim=None: torch picks the dim from the input's rank (deprecated); dropin's softmax takes a dim"
-    return dnn.Op(module, "log_softmax" if isinstance(module, nn.LogSoftmax) else "softmax", _softmax)
+    name = "log_softmax" if isinstance(module, nn.LogSoftmax) else "softmax"
+    return dnn.Op(module, name, functools.partial(_softmax, fn=getattr(ops, name)))
