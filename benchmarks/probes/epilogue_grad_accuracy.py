@@ -1,11 +1,15 @@
-"""How often a linear with an activation epilogue gives an fp32 input gradient over the 2x rule, and which part
-of its chain carries the excess (the GPU suite's rare failures: celu / selu in tests/inject/test_handlers.py, gelu
-in tests/test_checkpoint.py). Per trial, fresh inputs at the tests' shapes; the relative errors against float64 of
+"""How often a linear with an activation epilogue gives an fp32 input or weight gradient over the 2x rule, and which
+part of its chain carries the excess (the GPU suite's rare failures: celu / selu / tanh in
+tests/inject/test_handlers.py, gelu in tests/test_checkpoint.py). Per trial, fresh inputs at the tests' shapes; the
+relative errors against float64 of
   full: the input gradient, dropin's whole chain against torch's;
+  full_w: the weight gradient, the same;
   z: the pre-activation (forward product + bias);
   gz: the activation's gradient dy * act'(z), each side from its own z;
-  dgrad: gz @ w alone, both sides from torch's fp32 gz.
-Prints quantiles of dropin/torch per part and the share of trials over 2x + noise (as tests/_tol.py)."""
+  dgrad: gz @ w alone, both sides from torch's fp32 gz;
+  wgrad: gz^T @ x alone, the same.
+Prints quantiles of dropin/torch per part and the share of trials over 2x + noise (as tests/_tol.py).
+Usage: PYTHONPATH=src python benchmarks/probes/epilogue_grad_accuracy.py [TRIALS [ACTIVATION ...]]"""
 import sys
 
 import torch
@@ -13,7 +17,7 @@ import torch.nn.functional as F
 
 import dropin
 
-ACTS = {"gelu": F.gelu, "celu": F.celu, "selu": F.selu, "silu": F.silu}
+ACTS = {"gelu": F.gelu, "celu": F.celu, "selu": F.selu, "silu": F.silu, "tanh": torch.tanh}
 SHAPES = [((5, 16), 8, 2.0), ((15, 24), 10, 1.0)]  # (x shape, out features, x scale)
 NOISE = 2 * 2.0 ** -24  # tests/_tol.py NOISE_ULPS unit roundoffs
 
@@ -31,14 +35,15 @@ def trial(act_name, x_shape, n_out, scale):
     x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
     z64 = F.linear(x64, w64, b64)
     y64 = act(z64)
-    gx64, gz64 = torch.autograd.grad(y64, (x64, z64), dy.double())
+    gx64, gw64, gz64 = torch.autograd.grad(y64, (x64, w64, z64), dy.double())
     out = {}
     y_d = dropin.linear(x, w, b, activation=act_name)
-    gx_d, = torch.autograd.grad(y_d, x, dy)
+    gx_d, gw_d = torch.autograd.grad(y_d, (x, w), dy)
     z_t = F.linear(x, w, b)
     y_t = act(z_t)
-    gx_t, gz_t = torch.autograd.grad(y_t, (x, z_t), dy)
+    gx_t, gw_t, gz_t = torch.autograd.grad(y_t, (x, w, z_t), dy)
     out["full"] = (rel(gx_d, gx64), rel(gx_t, gx64))
+    out["full_w"] = (rel(gw_d, gw64), rel(gw_t, gw64))
     z_d = dropin.linear(x.detach(), w.detach(), b.detach())
     out["z"] = (rel(z_d, z64), rel(z_t, z64))
     zd = z_d.detach().requires_grad_()
@@ -46,12 +51,14 @@ def trial(act_name, x_shape, n_out, scale):
     out["gz"] = (rel(gz_d, gz64), rel(gz_t, gz64))
     ref = gz_t.double() @ w64.detach()
     out["dgrad"] = (rel(dropin.matmul(gz_t, w.detach()), ref), rel(gz_t @ w.detach(), ref))
+    ref = gz_t.double().T @ x64.detach()
+    out["wgrad"] = (rel(dropin.matmul(gz_t.T, x.detach()), ref), rel(gz_t.T @ x.detach(), ref))
     return out
 
 
-def main(trials):
+def main(trials, names):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    for act_name in ACTS:
+    for act_name in names or ACTS:
         for x_shape, n_out, scale in SHAPES:
             rows = [trial(act_name, x_shape, n_out, scale) for _ in range(trials)]
             line = [f"{act_name:5s} x{x_shape} w{(n_out, x_shape[1])}"]
@@ -64,4 +71,4 @@ def main(trials):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 300, sys.argv[2:])

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import dropin  # noqa: F401
-from dropin.ops import _gemm
+from dropin.ops import _autotune, _gemm
+from dropin.ops.swiglu import swiglu_mlp_ref
 from _tol import DEVICE, ON_GPU, assert_close, slow
 
 mm = __import__("dropin.ops.matmul", fromlist=["_make_plan"])
@@ -72,6 +73,45 @@ def test_true_fp32_rule(monkeypatch):
               for batch, m, n, k in ((1, 7, 7, 441), (1, 256, 255, 256), (1, 256, 256, 256), (2, 128, 256, 256),
                                      (1, 50000, 10, 784))]
     assert chosen == ["ieee", "ieee", "tf32x3", "tf32x3", "tf32x3"]
+
+
+def test_fma_chain(monkeypatch):
+    """True fp32's FMA dots ("ieee": K under TF32X3_MIN_K) sum at most FMA_CHAIN terms in a chain: every candidate
+    that fp32 products of matmul (wide and at most 16 columns), swiglu_mlp and linear_cross_entropy's weight
+    gradient offer the tuner has BLOCK_K <= FMA_CHAIN (a fallback tile cut to it); one token's swiglu_mlp takes
+    one-row tiles alone (their K tiles summed as trees: on constant rows, where a chain of FMAs went to 4x the fp32
+    tolerance). The results match float64."""
+    monkeypatch.setattr(_gemm._runtime, "tf32_allowed", lambda op: False)
+    offered, pick = [], _autotune.pick
+    monkeypatch.setattr(_autotune, "pick", lambda name, key, configs, prepare, **timing: (
+        offered.append((name, configs)), pick(name, key, configs, prepare, **timing))[1])
+    x = torch.randn(37, 67, device=DEVICE)
+    for n in (29, 9):  # (9: the CUDA-core kernel's narrow candidates beside the tiles)
+        w = torch.randn(n, 67, device=DEVICE)
+        assert_close(dropin.ops.linear(x, w), x.double() @ w.double().T, torch.float32, "fwd", torch_out=x @ w.T)
+    weights = [torch.randn(53, 67, device=DEVICE) / 8, torch.randn(53, 67, device=DEVICE) / 8,
+               torch.randn(67, 53, device=DEVICE) / 8]
+    assert_close(dropin.ops.swiglu_mlp(x, *weights), swiglu_mlp_ref(x.double(), *(w.double() for w in weights)),
+                 torch.float32, "fwd", torch_out=swiglu_mlp_ref(x, *weights))
+    hidden = torch.randn(11, 67, device=DEVICE, requires_grad=True)
+    weight = torch.randn(41, 67, device=DEVICE, requires_grad=True)
+    dropin.ops.linear_cross_entropy(hidden, weight, torch.randint(0, 41, (11,), device=DEVICE)).backward()
+    assert weight.grad.isfinite().all()  # (its values: test_linear_cross_entropy)
+    assert {name for name, _ in offered} >= {"matmul", "swiglu", "linear_cross_entropy"}, offered
+    long_k = [(name, c) for name, configs in offered for c in configs if c.get("BLOCK_K", 0) > _gemm.FMA_CHAIN
+              and c.get("BLOCK_M") != 1]  # (the vector kernels' one-row tiles sum their K tile as a tree)
+    assert not long_k, long_k
+    assert _gemm.fits([_autotune.config(64, 64, 2 * _gemm.FMA_CHAIN, 4, 3)], 64, 64, 64, _gemm.FMA_CHAIN) == \
+        [_autotune.config(64, 64, _gemm.FMA_CHAIN, 4, 3)]
+    offered.clear()
+    token = torch.randn(1, device=DEVICE).expand(33)  # (the fuzz suite's constant rows: one value each)
+    weights = [torch.randn(1, 1, device=DEVICE).expand(33, 33) for _ in range(3)]
+    torch_out = swiglu_mlp_ref(token, *weights, activation="gelu")
+    out = dropin.ops.swiglu_mlp(token, *weights, activation="gelu")
+    assert_close(out, swiglu_mlp_ref(token.double(), *(w.double() for w in weights), activation="gelu"),
+                 torch.float32, "fwd", torch_out=torch_out)
+    swiglu_tiles = [c for name, configs in offered if name == "swiglu" for c in configs]
+    assert swiglu_tiles and all(c["BLOCK_M"] == 1 for c in swiglu_tiles), swiglu_tiles
 
 
 @pytest.mark.parametrize("kernel", ["tma", "ptr"])

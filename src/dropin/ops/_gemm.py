@@ -194,25 +194,44 @@ def precision(dtype: torch.dtype, allow_tf32: Optional[bool] = None, k: Optional
     return "ieee"
 
 
-def max_k(precision: str, size: int, tf32x3_k: int = 32) -> int:
-    """The largest BLOCK_K, which bounds the inner sum of dot_acc's two-level sum in true fp32: 64 for the FMAs;
-    for tf32x3 (its parts split in the kernel or copied: "tf32x3_split", B's alone: "tf32x3_split_b") `tf32x3_k`,
-    since every step of the MMA chain truncates its fp32 sum (at 64 a matmul gradient went 1.02x over the 2x rule;
-    conv2d keeps 64, its fp32 tests' worst at 0.69x of the bound); 256 otherwise."""
+# The longest FMA chain of true fp32's "ieee" dots (their BLOCK_K, the inner level of dot_acc's two-level sum).
+# Chains of 16 brought one-token fp32 products' error closer to cuBLAS's (a 56-term sum: median 1.5-1.7x torch's
+# error over 24 seeds, 0.8-1.1x at 16) but slowed the FMA products they tile (fp32 swiglu_mlp, 192-wide: 1.44x the
+# time; 64 x 441 @ 441 x 64: 1.63x); one token takes the vector kernels' tree sums instead (docs/perf-notes.md).
+# A variable of the module: probes/ieee_block_k.py sets it.
+FMA_CHAIN = 64
+
+
+def max_k(precision: str, size: int, chain: Optional[int] = None) -> int:
+    """The largest BLOCK_K, which bounds the inner sum of dot_acc's two-level sum in true fp32: `chain` where
+    given (conv2d: 64, its fp32 tests' worst at 0.69x of the 2x rule), else FMA_CHAIN for the FMAs and 32 for
+    tf32x3 (its parts split in the kernel or copied: "tf32x3_split", B's alone: "tf32x3_split_b"), since every
+    step of the MMA chain truncates its fp32 sum (at 64 a matmul gradient went 1.02x over the 2x rule); 256
+    otherwise."""
     if size != 4 or precision not in ("ieee", "tf32x3", "tf32x3_split", "tf32x3_split_b"):
         return 256
-    return 64 if precision == "ieee" else tf32x3_k
+    return chain or (FMA_CHAIN if precision == "ieee" else 32)
+
+
+def cap_k(configs, max_k: int) -> list:
+    """configs with their K tiles cut to max_k (duplicates dropped, order kept)."""
+    out = []
+    for cfg in configs:
+        cfg = dict(cfg, BLOCK_K=min(cfg["BLOCK_K"], max_k))
+        if cfg not in out:
+            out.append(cfg)
+    return out
 
 
 def fits(configs, M, N, K, max_k=256, min_m=16):
     """Drops candidates whose tile is larger than the bucketed problem, K tiles over max_k, and K splits for
-    short K; keeps the smallest if none fits. A choice that only tunes: symbolic sizes count by their traced
-    value, without a guard."""
+    short K; keeps the smallest, its K tile cut to max_k, if none fits. A choice that only tunes: symbolic sizes
+    count by their traced value, without a guard."""
     bm, bn = max(min_m, _autotune.bucket(M)), _autotune.bucket(N)
     long_k = _runtime.size_hint(K) >= 1024
     fitting = [c for c in configs if c["BLOCK_M"] <= bm and c["BLOCK_N"] <= bn and c["BLOCK_K"] <= max_k
                and (long_k or "SPLIT_K" not in c)]
-    return fitting or configs[-1:]
+    return fitting or cap_k(configs[-1:], max_k)
 
 
 def autocast(*tensors):

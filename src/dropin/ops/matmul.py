@@ -400,7 +400,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     if M == 1 and tuned and not split:
         configs = [dict(cfg, KERNEL="fma") for cfg in _gemm.fits(_FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
     elif N <= 16 and tuned and not split:
-        configs += [dict(cfg, KERNEL="fma") for cfg in _FMA_CONFIGS["narrow"]]
+        configs += [dict(cfg, KERNEL="fma") for cfg in _gemm.cap_k(_FMA_CONFIGS["narrow"], max_k)]
     skinny = M <= 16 and size == 2 and tuned and _runtime.size_hint(K) <= _gemm.ACC_K.value  # (its one accumulator)
     if skinny:
         configs = _skinny_configs(N, K) + configs

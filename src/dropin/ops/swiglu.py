@@ -76,8 +76,13 @@ def _gate_up_tile(x_ptr, g_ptr, u_ptr, pid_m, pid_n, M, N, K,
             a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
             u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            acc_g = dot_acc(acc_g, a, g, PRECISION)
-            acc_u = dot_acc(acc_u, a, u, PRECISION)
+            if BLOCK_M == 1:  # one row (VECTOR_CONFIGS): broadcast products summed as a tree over the K tile
+                a = tl.reshape(a.to(tl.float32), (BLOCK_K, 1))
+                acc_g += tl.sum(a * g.to(tl.float32), axis=0)[None, :]
+                acc_u += tl.sum(a * u.to(tl.float32), axis=0)[None, :]
+            else:
+                acc_g = dot_acc(acc_g, a, g, PRECISION)
+                acc_u = dot_acc(acc_u, a, u, PRECISION)
         x_ptrs += BLOCK_K * stride_xk
         g_ptrs += BLOCK_K * stride_gk
         u_ptrs += BLOCK_K * stride_uk
@@ -180,7 +185,7 @@ def _swiglu_tma_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_pt
 
 _cfg = _autotune.config
 # Two accumulators per tile: a 128 x 128 tile holds as many fp32 numbers as matmul's 128 x 256. The
-# smallest last (_gemm.fits keeps it when nothing else fits); true fp32 needs BLOCK_K <= 64 (see dot_acc).
+# smallest last (_gemm.fits keeps it when nothing else fits); true fp32 cuts BLOCK_K (`_gemm.max_k`, dot_acc).
 # SWAP: the few-rows tile (decoding), first among the candidates where M <= 16.
 _CONFIGS = {
     2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 128, 32, 8, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
@@ -189,6 +194,10 @@ _CONFIGS = {
     4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4), _cfg(64, 64, 32, 4, 4),
         _cfg(16, 64, 64, 4, 3, SWAP=True), _cfg(16, 64, 64, 4, 3), _cfg(16, 32, 32, 4, 2)],
 }
+# One row in true fp32's FMAs ("ieee"): one-row tiles whose products are summed as a tree over each K tile, as
+# cuBLAS sums a vector's few terms (a chain of FMAs over a tile went to 3.3x torch's error on a 56-term sum, and
+# to 4x the fp32 tolerance on constant rows: docs/perf-notes.md); the only candidates there, smallest last.
+VECTOR_CONFIGS = [_cfg(1, 64, 64, 4, 1), _cfg(1, 128, 32, 4, 1), _cfg(1, 32, 128, 4, 1)]
 _TMA_CONFIGS = {  # _swiglu_tma_kernel's (persistent, a program an SM)
     2: [_cfg(128, 128, 64, 8, 3, WARP_SPECIALIZE=False), _cfg(128, 128, 64, 8, 3, WARP_SPECIALIZE=True),
         _cfg(128, 128, 64, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 64, 64, 4, 4, WARP_SPECIALIZE=False),
@@ -242,6 +251,8 @@ def _make_plan(ptrs, backward, saved, save, act, precision, tma, traced: bool):
     max_k = _gemm.max_k(precision, x.element_size())
     if saved:  # elementwise, in place: not tuned (the best of 7 tiles on the H200: 3.1 TB/s)
         configs, kinds = [dict(_cfg(32, 128, 16, 4, 1), TMA=False)], ()
+    elif _runtime.size_hint(M) == 1 and precision == "ieee" and x.dtype == torch.float32 and tma is None:
+        configs, kinds = [dict(cfg, TMA=False) for cfg in _gemm.fits(VECTOR_CONFIGS, 1, N, K, min_m=1)], ("vector",)
     else:
         if tma is None:
             used = ptrs[:4] + (ptrs[4:6] if backward else ()) + (ptrs[6:] if save else ())

@@ -307,7 +307,7 @@ def _fit(cfg: dict, m: int, n: int, k: int, size: int, precision: str) -> dict:
     cfg = dict(cfg)
     for name, extent in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
         cfg[name] = max(16, min(cfg[name], _runtime.next_power_of_2(max(extent, 1))))
-    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], _gemm.max_k(precision, size, tf32x3_k=64))
+    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], _gemm.max_k(precision, size, chain=64))
     return cfg
 
 

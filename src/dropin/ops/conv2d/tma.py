@@ -221,7 +221,7 @@ def wgrad_configs(dz, x, stride, groups: int, precision: str, traced: bool) -> l
     size, cout = dz.element_size(), dz.shape[1]  # (dz's layout checked in w's place)
     if not (fwd_configs(x, dz, stride, groups, traced) and cout >= 16 and cout * size % 16 == 0):
         return []
-    pixels = _gemm.max_k(precision, size, tf32x3_k=64)
+    pixels = _gemm.max_k(precision, size, chain=64)
     fitting = [dict(c, KERNEL="tma", TH=min(c["TH"], max(1, pixels // c["TW"]))) for c in WGRAD_CONFIGS
                if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
     return staged(fitting, lambda c: c["TH"] * c["TW"] * (c["BLOCK_M"] + c["BLOCK_N"]) * size)
