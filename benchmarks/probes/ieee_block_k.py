@@ -27,8 +27,9 @@ torch = fuzz_repro.torch
 CHAIN = int(sys.argv[1])
 # (M, K, N) products under TF32X3_MIN_K, and one of few multiply-adds over it
 PRODUCTS = [(65536, 128, 128), (16384, 64, 256), (4096, 200, 4096), (8192, 255, 1024), (64, 441, 64)]
-# (tokens, model dim, hidden) one-layer SwiGLU MLPs in fp32 with a short reduction
-MLPS = [(8192, 128, 344), (4096, 192, 512)]
+# (tokens, model dim, hidden) one-layer SwiGLU MLPs in fp32 with a short reduction, and one token (swiglu's one-row
+# tiles; 1024 wide: FMAs by its few multiply-adds)
+MLPS = [(8192, 128, 344), (4096, 192, 512), (1, 192, 512), (1, 1024, 2816)]
 
 
 def speed():
