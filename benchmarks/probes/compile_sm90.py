@@ -2,7 +2,8 @@
 GPU? Triton compiles for a named target with the ptxas its wheel bundles; the kernels are not run.
 
 Answers, for matmul's TMA kernel in each layout and precision and every config of `_TMA_CONFIGS` /
-`_TMA_ROUNDED_CONFIGS` / `_TMA_SPLIT_CONFIGS`, and for the depthwise walk and input gradient: compiles or not, the
+`_TMA_ROUNDED_CONFIGS` / `_TMA_SPLIT_CONFIGS`, for the depthwise walk and input gradient, the attention kernels and
+swiglu's fp32 FMA tiles (one token's one-row tiles among them): compiles or not, the
 shared memory the compiled kernel takes (over 232,448 bytes a launch fails: the tuner times such a config as
 infinite), the waits for MMA results in the PTX (`wgmma.wait_group`: where a sum reads them in registers), and reads
 back from shared memory (`ld.shared` in the PTX: operand tiles taken into registers, as tf32x3's split in
@@ -32,6 +33,7 @@ matmul_kernels = importlib.import_module("dropin.ops.matmul_kernels")
 depthwise = importlib.import_module("dropin.ops.conv2d.depthwise")
 attention_kernels = importlib.import_module("dropin.ops.attention_kernels")
 attention_decode = importlib.import_module("dropin.ops.attention_decode")
+swiglu = importlib.import_module("dropin.ops.swiglu")
 
 TARGET = GPUTarget("cuda", 90, 32)
 SHARED_LIMIT = 232448  # bytes of shared memory a block may take on sm_90
@@ -128,6 +130,18 @@ def attention_cases():
         dict(HEAD_DIM=64, BLOCK_S=16, BLOCK_D=64), dict(num_warps=4)))
 
 
+def swiglu_cases():
+    """_swiglu_kernel in true fp32's FMAs, forward and backward: one token's one-row tiles (VECTOR_CONFIGS: tree
+    sums over each K tile) and the first 16-row tile."""
+    pointers = dict.fromkeys(("x_ptr", "g_ptr", "u_ptr", "h_ptr", "dh_ptr", "du_ptr", "zg_ptr", "zu_ptr"), "fp32")
+    for cfg, backward in itertools.product(swiglu.VECTOR_CONFIGS + swiglu._CONFIGS[4][:1], (False, True)):
+        tiles = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+        constexprs = dict(BACKWARD=backward, SAVE=False, SAVED=False, ACT="silu", PRECISION="ieee", SWAP=False,
+                          GROUP_M=8, **tiles)
+        report(f"swiglu fp32 ieee {'bwd' if backward else 'fwd'} {tiles}",
+               lambda: compiled(swiglu._swiglu_kernel, pointers, constexprs, cfg))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -136,6 +150,7 @@ def main():
     matmul_cases(args.quick, args.match)
     depthwise_cases(args.quick)
     attention_cases()
+    swiglu_cases()
 
 
 if __name__ == "__main__":
