@@ -185,7 +185,7 @@ def _swiglu_tma_kernel(x_ptr, g_ptr, u_ptr, h_ptr, dh_ptr, du_ptr, zg_ptr, zu_pt
 
 _cfg = _autotune.config
 # Two accumulators per tile: a 128 x 128 tile holds as many fp32 numbers as matmul's 128 x 256. The
-# smallest last (_gemm.fits keeps it when nothing else fits); true fp32 cuts BLOCK_K (`_gemm.max_k`, dot_acc).
+# smallest last (_gemm.fits keeps it when nothing else fits); true fp32 takes BLOCK_K <= `_gemm.max_k` (dot_acc).
 # SWAP: the few-rows tile (decoding), first among the candidates where M <= 16.
 _CONFIGS = {
     2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 128, 32, 8, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
