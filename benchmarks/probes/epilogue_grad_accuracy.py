@@ -18,7 +18,8 @@ import torch.nn.functional as F
 import dropin
 
 ACTS = {"gelu": F.gelu, "celu": F.celu, "selu": F.selu, "silu": F.silu, "tanh": torch.tanh}
-SHAPES = [((5, 16), 8, 2.0), ((15, 24), 10, 1.0)]  # (x shape, out features, x scale)
+SHAPES = [((5, 16), 8, 2.0, 0.5), ((15, 24), 10, 1.0, 0.5), ((33, 48), 24, 2.0, 48 ** -0.5 * 2)]
+# (x shape, out features, x scale, w scale): the tests' sizes, test_handlers' now the last
 NOISE = 2 * 2.0 ** -24  # tests/_tol.py NOISE_ULPS unit roundoffs
 
 
@@ -26,10 +27,10 @@ def rel(o, r):
     return ((o.double() - r).norm() / r.norm()).item()
 
 
-def trial(act_name, x_shape, n_out, scale):
+def trial(act_name, x_shape, n_out, scale, w_scale):
     act = ACTS[act_name]
     x = (torch.randn(x_shape, device="cuda") * scale).requires_grad_()
-    w = (torch.randn(n_out, x_shape[1], device="cuda") / 2).requires_grad_()
+    w = (torch.randn(n_out, x_shape[1], device="cuda") * w_scale).requires_grad_()
     b = torch.randn(n_out, device="cuda").requires_grad_()
     dy = torch.randn(x_shape[0], n_out, device="cuda")
     x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
@@ -59,8 +60,8 @@ def trial(act_name, x_shape, n_out, scale):
 def main(trials, names):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     for act_name in names or ACTS:
-        for x_shape, n_out, scale in SHAPES:
-            rows = [trial(act_name, x_shape, n_out, scale) for _ in range(trials)]
+        for x_shape, n_out, scale, w_scale in SHAPES:
+            rows = [trial(act_name, x_shape, n_out, scale, w_scale) for _ in range(trials)]
             line = [f"{act_name:5s} x{x_shape} w{(n_out, x_shape[1])}"]
             for part in rows[0]:
                 ratios = sorted(d / t for d, t in (r[part] for r in rows))

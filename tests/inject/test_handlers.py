@@ -95,14 +95,18 @@ def test_activation_against_torch_at_its_kinks(name):
 
 @pytest.mark.parametrize("name", list(TORCH_ACTIVATIONS))
 def test_activation_epilogues_of_linear_and_conv(name):
+    """Each activation as the epilogue of a linear and of a conv, forward and backward in fp32; pre-activations of
+    standard deviation ~4 (the tails and the middle). Sums of 30-45 terms: with 5-term sums the ratio of dropin's
+    error to torch's varied so much that a rare draw went over the 2x rule (celu, selu, tanh, one each in three
+    GPU suites; `probes/epilogue_grad_accuracy.py` at those sizes: none over in 600 draws, median ratio 0.8-1.0)."""
     act = TORCH_ACTIVATIONS[name]
     check(lambda x, w, b: ops.linear(x, w, b, activation=name), lambda x, w, b: act(F.linear(x, w, b)),
-          {"x": torch.randn(5, 16, device=DEVICE) * 2, "w": torch.randn(8, 16, device=DEVICE) / 2,
-           "b": torch.randn(8, device=DEVICE)})
+          {"x": torch.randn(33, 48, device=DEVICE) * 2, "w": torch.randn(24, 48, device=DEVICE) * 48 ** -0.5 * 2,
+           "b": torch.randn(24, device=DEVICE)})
     check(lambda x, w, b: ops.conv2d(x, w, b, padding=1, activation=name),
           lambda x, w, b: act(F.conv2d(x, w, b, padding=1)),
-          {"x": torch.randn(2, 3, 5, 5, device=DEVICE) * 2, "w": torch.randn(4, 3, 3, 3, device=DEVICE) / 2,
-           "b": torch.randn(4, device=DEVICE)})
+          {"x": torch.randn(3, 5, 7, 7, device=DEVICE) * 2,
+           "w": torch.randn(6, 5, 3, 3, device=DEVICE) * 45 ** -0.5 * 2, "b": torch.randn(6, device=DEVICE)})
 
 
 def test_mobilenet_v3_style_hardswish_fused_into_conv_and_linear():
