@@ -14,6 +14,7 @@ job() {  # job GPU LETTER STEP...
   local gpu=$1 letter=$2; shift 2
   [ $# -gt 0 ] || return 0
   mkdir -p "$out_dev/$letter"
+  rm -rf "/tmp/gpu_pair_$letter"  # (a warm machine keeps the previous call's: its summary would run on)
   CUDA_VISIBLE_DEVICES=$gpu GPU_WORKERS=$workers COPY_TO=$out_dev/$letter OUT=/tmp/gpu_pair_$letter \
     "$(dirname "$0")/gpu_session.sh" "$@"
 }
