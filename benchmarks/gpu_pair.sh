@@ -14,7 +14,8 @@ job() {  # job GPU LETTER STEP...
   local gpu=$1 letter=$2; shift 2
   [ $# -gt 0 ] || return 0
   mkdir -p "$out_dev/$letter"
-  rm -rf "/tmp/gpu_pair_$letter"  # (a warm machine keeps the previous call's: its summary would run on)
+  # a warm machine keeps the previous call's folder: its files go, its tuning cache (tune/) stays
+  find "/tmp/gpu_pair_$letter" -mindepth 1 -maxdepth 1 ! -name tune -exec rm -rf {} + 2>/dev/null
   CUDA_VISIBLE_DEVICES=$gpu GPU_WORKERS=$workers COPY_TO=$out_dev/$letter OUT=/tmp/gpu_pair_$letter \
     "$(dirname "$0")/gpu_session.sh" "$@"
 }
