@@ -49,6 +49,21 @@ def test_bench_bmm_files_and_filter(tmp_path, capsys):
     assert rc == (1 if "[FAILED]" in out else 0)
 
 
+def test_bench_providers(tmp_path, capsys):
+    """--providers keeps the named providers' rows alone, with --no-save only (the result file holds every
+    provider); an unknown name lists the suite's."""
+    rc = main(["bench", "bmm", "--quick", "--cases", "fp16", "--providers", "dropin,torch", "--no-save",
+               "--results-dir", str(tmp_path), "--json", str(tmp_path / "r.json"), *FAST])
+    assert rc == (1 if "[FAILED]" in capsys.readouterr().out else 0)
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert rows and {r["provider"] for r in rows} == {"dropin", "torch"}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert main(["bench", "bmm", "--quick", "--providers", "dropin"]) == 2
+    assert "--no-save" in capsys.readouterr().err
+    assert main(["bench", "bmm", "--quick", "--providers", "dropin,cublas", "--no-save"]) == 2
+    assert "no provider cublas; its providers: dropin, torch, torch_compile" in capsys.readouterr().err
+
+
 def test_bench_no_matching_case_lists_the_cases(capsys):
     assert main(["bench", "matmul", "--quick", "--no-save", "--cases", "no-such-case"]) == 2
     err = capsys.readouterr().err

@@ -3,6 +3,7 @@
 torch and dropin's kernels are imported by the commands that use them, so that `--help` and `--version` are quick.
 """
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -208,6 +209,10 @@ def _bench(args) -> int:
     from dropin import _runtime
     from dropin.bench import harness
 
+    if args.providers and (args.suite in RUNNERS or not args.no_save):
+        print(f"dropin bench: --providers needs --no-save (the result file holds every provider) and a suite of "
+              f"cases (not {', '.join(RUNNERS)})", file=sys.stderr)
+        return 2
     if args.suite in RUNNERS:
         module, function = RUNNERS[args.suite].split(":")
         return getattr(importlib.import_module(module), function)(args)
@@ -220,6 +225,16 @@ def _bench(args) -> int:
         return 2
     cases = [c for c in known if (args.cases is None or args.cases in c.name)
              and args.shape_class in (None, c.group)]
+    if args.providers:
+        wanted = args.providers.split(",")
+        offered = list(dict.fromkeys(name for c in known for name in c.providers))
+        if not set(wanted) <= set(offered):
+            print(f"dropin bench: suite '{args.suite}' has no provider {', '.join(sorted(set(wanted) - set(offered)))};"
+                  f" its providers: {', '.join(offered)}", file=sys.stderr)
+            return 2
+        cases = [dataclasses.replace(c, providers={k: f for k, f in c.providers.items() if k in wanted})
+                 for c in cases]
+        cases = [c for c in cases if c.providers]
     if not cases:
         names = "\n  ".join(c.name for c in known)
         print(f"dropin bench: no case of suite '{args.suite}' matches --cases {args.cases!r}; the suite's "
@@ -564,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="small cases only (always on without a GPU)")
     bench.add_argument("--results-dir", default="benchmarks/results", help="default: %(default)s")
     bench.add_argument("--no-save", action="store_true", help="do not write the result file")
+    bench.add_argument("--providers", metavar="NAMES", help="only these providers, comma-separated (e.g. "
+                       "dropin,torch: a re-measurement without torch.compile's compile times); with --no-save "
+                       "(the result file holds every provider; --json writes this run's rows)")
     bench.add_argument("--update", action="store_true", help="merge into the result file: this run's cases "
                        "replace their rows there, the others are kept (a suite measured in parts: --class)")
     bench.add_argument("--json", metavar="PATH", help="also write the result JSON to PATH")
