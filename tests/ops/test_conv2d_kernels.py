@@ -251,17 +251,28 @@ def test_depthwise_3x3_weight_gradient_inf_rows(stride):
     _check.check(dropin_conv(**kw), torch_conv(**kw), inputs, upstream_contiguous=True)
 
 
-def test_depthwise_weight_changed():
-    """The direct kernels read a copy of the weight with the output channel innermost (_co_major), kept while the
-    weight lives: an in-place change of the weight, or new data under it, must reach the next call."""
+@pytest.mark.parametrize("trainable", [False, True], ids=["frozen", "trainable"])
+def test_depthwise_weight_changed(trainable, monkeypatch):
+    """The direct forward reads a frozen weight (requires_grad off) as a copy with the output channel innermost
+    (_co_major), kept while the weight lives: an in-place change of the weight, or new data under it, must reach
+    the next call. A trainable one (whose copy would be made on every call) it reads where it lies, no copy: in a
+    channels_last layout too."""
+    made = []
+    real_derived = depthwise.derived
+    monkeypatch.setattr(depthwise, "derived", lambda w, kind, make, traced: real_derived(
+        w, kind, lambda w: made.append(kind) or make(w), traced))
     x = torch.randn(2, 16, 9, 7, device=DEVICE).to(memory_format=torch.channels_last)
-    w = torch.nn.Parameter(torch.randn(16, 1, 3, 3, device=DEVICE))
+    w = torch.nn.Parameter(torch.randn(16, 1, 3, 5, device=DEVICE), requires_grad=trainable)  # (3x5: the direct)
+    if trainable:
+        w.data = w.data.to(memory_format=torch.channels_last)
     for change in (lambda: w.mul_(-0.5).add_(1.0), lambda: setattr(w, "data", torch.randn_like(w)), None):
-        ref = F.conv2d(x.double(), w.double(), padding=1, groups=16)
+        ref = F.conv2d(x.double(), w.double(), padding=(1, 2), groups=16)
         with torch.no_grad():
-            assert_close(dropin.conv2d(x, w, padding=1, groups=16), ref, torch.float32, "fwd", what="depthwise")
+            assert_close(dropin.conv2d(x, w, padding=(1, 2), groups=16), ref, torch.float32, "fwd",
+                         what="depthwise")
             if change:
                 change()
+    assert made == ([] if trainable else ["co_major"] * 3), made
 
 
 def test_direct_kernel_needs_int32_offsets():

@@ -14,7 +14,7 @@ from .._common import sum_partials_kernel
 from .._dispatch import Launch
 from .planning import WORKSPACE, geometry_meta, spatial_tiles
 from .tiles import conv_tap, epilogue
-from .weights import derived
+from .weights import derived, keeps_copies
 
 
 @triton.jit
@@ -451,12 +451,18 @@ def direct_fwd_launcher(cfg: dict, dims: tuple, x, w, y, r, stride, padding, dil
                         epilogue_meta: dict, traced: bool):
     """_conv_dw_fwd_kernel's launch for cfg (KERNEL taken out): run(x, w, y, bias, z, r)."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
-    ws = _co_major(w, traced).stride()
+    # the weight co-major where that copy is kept (frozen weights: a folded BatchNorm's); else read where it lies,
+    # a tap's channels a strided load, rather than copied on every call (a trainable weight's: ConvNeXt's 18
+    # depthwise convs in eager inference)
+    co_major = keeps_copies(w, traced)
+    ws = (_co_major(w, traced) if co_major else w).stride()
     scalars = (H, W, COUT_G * groups, COUT_G, OH, OW, *x.stride(), ws[0], *ws[2:], *y.stride(), *r.stride())
     grid = (N * spatial_tiles(OH, OW, cfg), _runtime.cdiv(COUT_G * groups, cfg["BLOCK_N"]))
     meta = dict(geometry_meta(stride, padding, dilation), KH=KH, KW=KW, **epilogue_meta, **cfg)
     launch = Launch(_conv_dw_fwd_kernel, grid, meta, traced=traced)
-    return lambda x, w, *tensors: launch(x, _co_major(w, traced), *tensors, *scalars)
+    if co_major:
+        return lambda x, w, *tensors: launch(x, _co_major(w, traced), *tensors, *scalars)
+    return lambda x, w, *tensors: launch(x, w, *tensors, *scalars)
 
 
 def dgrad_launcher(cfg: dict, dims: tuple, dz, w, dx, stride, padding, dilation, groups: int, traced: bool):

@@ -40,6 +40,12 @@ def frozen(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def keeps_copies(w: torch.Tensor, traced: bool) -> bool:
+    """Whether `derived` keeps w's copies (else it makes them anew on every call: see there)."""
+    return (isinstance(w, torch.nn.Parameter) or getattr(w, "_dropin_frozen", False)) and not traced \
+        and not _runtime.capturing() and not w.requires_grad
+
+
 def derived(w: torch.Tensor, kind: str, make, traced: bool) -> torch.Tensor:
     """make(w): a copy of a weight in the layout a kernel reads fastest, made once per version of the weight's
     data (`_common.versions`; every call for an inference tensor) and kept while the weight lives. Only for
@@ -50,8 +56,7 @@ def derived(w: torch.Tensor, kind: str, make, traced: bool) -> torch.Tensor:
     weights that require grad: FSDP2 gathers each step's weights into the same tensor without bumping its version
     (tests/test_distributed.py: the convs then read an earlier step's weights, in training and in no-grad calls
     between steps), so a trainable weight's copy is made anew in every eager call (frozen weights keep theirs)."""
-    if not (isinstance(w, torch.nn.Parameter) or getattr(w, "_dropin_frozen", False)) or traced \
-            or _runtime.capturing() or w.requires_grad:
+    if not keeps_copies(w, traced):
         return make(w)
     key = (id(w), kind)
     hit = _DERIVED.get(key)
