@@ -216,6 +216,72 @@ def test_convnext_layer_norm_2d():
     check_backward(model, original, x)
 
 
+def _convnext_blocks(stochastic_depth: float = 0.0) -> nn.Module:
+    """torchvision's ConvNeXt blocks at 8 channels, a non-trivial layer scale, LayerNorms' affine drawn."""
+    convnext = pytest.importorskip("torchvision.models.convnext")
+    model = nn.Sequential(*[convnext.CNBlock(8, 0.5, stochastic_depth) for _ in range(2)]).to(DEVICE)
+    with torch.no_grad():
+        for block in model:
+            block.block[2].weight.uniform_(0.5, 1.5), block.block[2].bias.uniform_(-0.5, 0.5)
+            block.layer_scale.uniform_(0.2, 0.8)
+    return model
+
+
+def test_convnext_block():
+    """torchvision's CNBlock runs as nn.ConvNeXtBlock: its depthwise conv, LayerNorm, MLP (GELU in the first
+    linear's epilogue), layer scale and residual as dropin calls on the block's own tensors, nothing left, the
+    state_dict the original's; output and every gradient against float64; in training with stochastic depth the
+    original's rows dropped (the same draws from the same seed); revert_ gives the blocks back."""
+    model, original, report = injected_pair(_convnext_blocks, example_inputs=torch.randn(2, 8, 7, 9, device=DEVICE))
+    assert [type(m).__name__ for m in model] == ["ConvNeXtBlock"] * 2 and not report.left
+    assert report.verification.startswith("verified")
+    assert list(model.state_dict()) == list(original.state_dict())
+    x = torch.randn(2, 8, 7, 9, device=DEVICE)
+    check_forward(model, original, x)
+    check_backward(model, original, x)
+    trained, reference, _ = injected_pair(lambda: _convnext_blocks(0.5), train=True, verify=False)
+    for seed in range(3):
+        outs = []
+        for m in (trained, reference):
+            torch.manual_seed(seed)
+            outs.append(m(x))
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+    dropin.revert_(model)
+    assert [type(m).__name__ for m in model] == ["CNBlock"] * 2
+
+
+def test_convnext_block_under_compile():
+    """torch.compile(fullgraph=True) traces nn.ConvNeXtBlock without a graph break: dropin's conv2d, layer_norm and
+    product (the linears) ops in the graph, the compiled output the eager one's."""
+    model = _convnext_blocks().eval()
+    dropin.inject_(model, verify=False)
+    targets = set()
+
+    def backend(graph_module, example_inputs):
+        targets.update(str(n.target) for n in graph_module.graph.nodes if n.op == "call_function")
+        return graph_module.forward
+    x = torch.randn(2, 8, 7, 9, device=DEVICE)
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend, fullgraph=True)(x)
+        assert {"dropin.conv2d.default", "dropin.layer_norm.default", "dropin.mm.default"} <= targets, sorted(targets)
+        torch.testing.assert_close(out, model(x))
+
+
+def test_convnext_block_other_layers_injected_one_by_one():
+    """A CNBlock whose block is not the layers torchvision builds (an extra layer) is not fused: the report says
+    why, and its modules are injected by their own handlers."""
+    def make():
+        model = _convnext_blocks()[:1]
+        model[0].block.append(nn.Identity())
+        return model
+    model, original, report = injected_pair(make, verify=False)
+    assert type(model[0]).__name__ == "CNBlock"
+    assert any("its block is not (Conv2d, Permute, LayerNorm, Linear, GELU, Linear, Permute)" in str(r.reason)
+               for r in report.notes), report.notes
+    assert type(model[0].block[0]).__name__ == "Conv2d" and isinstance(model[0].block[0], dnn.DropinModule)
+    check_forward(model, original, torch.randn(2, 8, 7, 9, device=DEVICE))
+
+
 @pytest.mark.parametrize("grad", [False, True])
 def test_swin_window_attention_under_compile(grad):
     """torch.compile(fullgraph=True) traces the window attention: without grad its graph holds dropin's attention;

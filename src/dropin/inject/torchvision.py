@@ -1,12 +1,15 @@
 """Handlers for torchvision models: ResNet's BasicBlock and Bottleneck -> nn.ResidualBlock (eval mode); ResNet's
 stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses it; Swin's shifted-window attention
 (functional code on its children's weights) -> nn.WindowAttention (one dropin attention a window); ConvNeXt's
-LayerNorm2d (channels first) -> dropin layer_norm; torchvision's Permute (a view) is passive."""
+block -> nn.ConvNeXtBlock (its ops on the block's tensors), its LayerNorm2d (channels first) -> dropin layer_norm;
+torchvision's Permute (a view) is passive."""
+from typing import Optional
+
 from torch import nn
 
 from .. import nn as dnn
 from .generic import activation_name, channels_first_layer_norm, conv_reason, fold_reason, sparse_layers_reason
-from .registry import chain, passive, register
+from .registry import chain, computes_as, passive, register
 
 
 def _block_reason(block: nn.Module, pairs: list, config):
@@ -27,8 +30,30 @@ def _block_reason(block: nn.Module, pairs: list, config):
     return sparse_layers_reason([conv for conv, _ in convs], config, "a conv", "sparse_conv2d, unfused")
 
 
+def _convnext_reason(block: nn.Module, config) -> Optional[str]:
+    """Why torchvision's CNBlock does not run as nn.ConvNeXtBlock (its block must be the layers it builds), or
+    None."""
+    if not config.fusions:
+        return "fusions are off in the config"
+    layers = list(block.block)
+    kinds = (nn.Conv2d, Permute, nn.LayerNorm, nn.Linear, nn.GELU, nn.Linear, Permute)
+    if len(layers) != len(kinds) or not all(computes_as(m, kind) if kind is not Permute else type(m) is Permute
+                                            for m, kind in zip(layers, kinds)):
+        return "its block is not (Conv2d, Permute, LayerNorm, Linear, GELU, Linear, Permute)"
+    conv, first, norm, _, act, _, last = layers
+    if list(first.dims) != [0, 2, 3, 1] or list(last.dims) != [0, 3, 1, 2]:
+        return "its permutes are not to channels last and back"
+    reason = conv_reason(conv) or sparse_layers_reason([conv, layers[3], layers[5]], config, "a layer",
+                                                       "sparse kernels, unfused")
+    if reason:
+        return reason
+    if activation_name(act) is None:
+        return f"its activation {act!r} has no dropin kernel"
+    return None
+
+
 try:
-    from torchvision.models.convnext import LayerNorm2d
+    from torchvision.models.convnext import CNBlock, LayerNorm2d
     from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
     from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
     from torchvision.ops.misc import Permute
@@ -51,6 +76,13 @@ else:
     @register(ShiftedWindowAttention, ShiftedWindowAttentionV2, op="attention")
     def swin_attention(module: nn.Module, site):
         return dnn.WindowAttention(module)
+
+    @register(CNBlock, op="conv2d")
+    def convnext_block(block: nn.Module, site):
+        reason = _convnext_reason(block, site.config)
+        if reason:
+            return f"{reason}: not fused as a block; its modules are injected one by one"
+        return dnn.ConvNeXtBlock(block, activation_name(block.block[4]))
 
     @register(LayerNorm2d, op="layer_norm")
     def layer_norm_2d(module: nn.LayerNorm, site):

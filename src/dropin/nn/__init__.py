@@ -2,6 +2,7 @@
 from .attention import CvtSelfAttention, RotaryAttention
 from .causal_lm import CausalLMForward
 from .conv import Conv2d, ConvBNAct
+from .convnext import ConvNeXtBlock
 from .conv1d import Conv1d
 from .functional import Op, Routed
 from .group_norm import GroupNorm
@@ -15,7 +16,8 @@ from .swin import WindowAttention
 from .traced import TracedBlock
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
-__all__ = ["Adopted", "CausalLMForward", "Conv1d", "Conv2d", "ConvBNAct", "CvtSelfAttention", "Derived", "DropinModule", "Folded",
-           "GroupNorm", "Linear", "MultiheadAttention", "ResidualBlock", "RMSNorm", "RotaryAttention", "SparseConv2d",
-           "SparseLinear", "SparsifiedConv2d", "SparsifiedLinear", "SwiGLUMLP", "TracedBlock", "TransformerEncoder",
-           "TransformerEncoderLayer", "TransposedLinear", "WindowAttention"]
+__all__ = ["Adopted", "CausalLMForward", "Conv1d", "Conv2d", "ConvBNAct", "ConvNeXtBlock", "CvtSelfAttention",
+           "Derived", "DropinModule", "Folded", "GroupNorm", "Linear", "MultiheadAttention", "ResidualBlock",
+           "RMSNorm", "RotaryAttention", "SparseConv2d", "SparseLinear", "SparsifiedConv2d", "SparsifiedLinear",
+           "SwiGLUMLP", "TracedBlock", "TransformerEncoder", "TransformerEncoderLayer", "TransposedLinear",
+           "WindowAttention"]
