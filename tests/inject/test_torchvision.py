@@ -250,19 +250,25 @@ def test_convnext_block():
     assert [type(m).__name__ for m in model] == ["CNBlock"] * 2
 
 
-def test_convnext_block_under_compile():
-    """torch.compile(fullgraph=True) traces nn.ConvNeXtBlock without a graph break: dropin's conv2d, layer_norm and
-    product (the linears) ops in the graph, the compiled output the eager one's."""
-    model = _convnext_blocks().eval()
-    dropin.inject_(model, verify=False)
+def _compiled_call(model: nn.Module, x: torch.Tensor) -> tuple:
+    """(output, the functions its graph calls) of torch.compile(model, fullgraph=True)(x), the captured graph run
+    as it is (no Inductor: the interpreter's kernels run under it)."""
     targets = set()
 
     def backend(graph_module, example_inputs):
         targets.update(str(n.target) for n in graph_module.graph.nodes if n.op == "call_function")
         return graph_module.forward
+    return torch.compile(model, backend=backend, fullgraph=True)(x), targets
+
+
+def test_convnext_block_under_compile():
+    """torch.compile(fullgraph=True) traces nn.ConvNeXtBlock without a graph break: dropin's conv2d, layer_norm and
+    product (the linears) ops in the graph, the compiled output the eager one's."""
+    model = _convnext_blocks().eval()
+    dropin.inject_(model, verify=False)
     x = torch.randn(2, 8, 7, 9, device=DEVICE)
     with torch.no_grad():
-        out = torch.compile(model, backend=backend, fullgraph=True)(x)
+        out, targets = _compiled_call(model, x)
         assert {"dropin.conv2d.default", "dropin.layer_norm.default", "dropin.mm.default"} <= targets, sorted(targets)
         torch.testing.assert_close(out, model(x))
 
@@ -290,14 +296,9 @@ def test_swin_window_attention_under_compile(grad):
     eager one's."""
     model = _swin_blocks("v1")[1:2].eval()
     dropin.inject_(model, verify=False)
-    targets = set()
-
-    def backend(graph_module, example_inputs):
-        targets.update(str(n.target) for n in graph_module.graph.nodes if n.op == "call_function")
-        return graph_module.forward
     x = torch.randn(2, 8, 8, 16, device=DEVICE)
     with torch.set_grad_enabled(grad):
-        out = torch.compile(model, backend=backend, fullgraph=True)(x)
+        out, targets = _compiled_call(model, x)
         assert ("autograd_function_apply" in targets) == grad, sorted(targets)
         assert ("dropin.attention.default" in targets) != grad, sorted(targets)
         torch.testing.assert_close(out, model(x))
