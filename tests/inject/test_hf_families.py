@@ -13,7 +13,7 @@ import dropin.nn as dnn
 from dropin.ops.rms_norm import rms_norm_ref
 from _tol import DEVICE, assert_close
 
-from _models import assert_same_state, check_hf_backward, snapshot
+from _models import assert_same_state, check_hf_backward, injected_pair, snapshot
 
 transformers = pytest.importorskip("transformers")
 
@@ -218,3 +218,42 @@ def test_gemma_rms_norm_numerics(dtype):
         out.backward(g)
     assert_close(x.grad, x64.grad, dtype, "bwd")
     assert_close(hf.weight.grad, w64.grad, dtype, "bwd", torch_out=hf_torch.weight.grad, what="weight.grad")
+
+
+def _hf_convnext(drop_path: float = 0.0, layer_scale: float = 0.5):
+    """HF's ConvNextModel at 8-16 channels, one and two blocks a stage, its LayerNorms' affine and layer scales
+    drawn."""
+    config = transformers.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 2],
+                                         patch_size=2, drop_path_rate=drop_path, layer_scale_init_value=layer_scale)
+    model = transformers.ConvNextModel(config).to(DEVICE)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layernorm" in name or "layer_scale" in name:
+                p.uniform_(0.2, 1.2) if name.endswith(("weight", "parameter")) else p.uniform_(-0.5, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("layer_scale", [0.5, 0.0], ids=["layer-scale", "none"])
+def test_hf_convnext_layer_as_one_block(layer_scale):
+    """HF ConvNeXt's ConvNextLayer runs as nn.ConvNeXtBlock (depthwise conv, LayerNorm, MLP with its GELU fused,
+    layer scale (none where the config has none) and residual on its own tensors): verified, nothing left, the
+    state_dict the original's; the pooled output and every gradient against float64; in training with drop path the
+    original's rows dropped (the same draws from the same seed). The first stage's empty ModuleList of downsampling
+    layers is passive."""
+    x = torch.randn(2, 3, 16, 12, device=DEVICE)
+    model, original, report = injected_pair(lambda: _hf_convnext(layer_scale=layer_scale), example_inputs=x)
+    layers = [m for name, m in model.named_modules() if name.endswith(tuple(f"layers.{i}" for i in range(2)))]
+    assert [type(m).__name__ for m in layers] == ["ConvNeXtBlock"] * 3 and not report.left, report
+    assert report.verification.startswith("verified")
+    assert list(model.state_dict()) == list(original.state_dict())
+    check_hf_backward(model, original, {"pixel_values": x}, "pooler_output",
+                      ["encoder.stages.1.layers.1.dwconv.weight", "encoder.stages.1.layers.1.pwconv1.weight"]
+                      + (["encoder.stages.0.layers.0.layer_scale_parameter"] if layer_scale else []))
+    trained, reference, _ = injected_pair(lambda: _hf_convnext(drop_path=0.5, layer_scale=layer_scale), train=True,
+                                          verify=False)
+    for seed in range(3):
+        outs = []
+        for m in (trained, reference):
+            torch.manual_seed(seed)
+            outs.append(m(pixel_values=x).pooler_output)
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)

@@ -22,6 +22,8 @@ from .registry import computes_as, fusion_roles, passive, register
 
 passive(nn.Identity, nn.Flatten, nn.Unflatten, dnn.Derived)
 passive(nn.Sequential, when=lambda m: len(m) == 0)  # (the identity: ShuffleNetV2's stride-1 branch1)
+passive(nn.ModuleList, nn.ModuleDict, when=lambda m: len(m) == 0)  # (no layers to run: HF ConvNeXt's first stage's
+# downsampling layers)
 passive(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
         when=lambda m: not m.training or m.p == 0)
 
@@ -68,6 +70,19 @@ def conv_reason(conv: nn.Module) -> Optional[str]:
     if conv.padding_mode != "zeros":
         return f"padding_mode '{conv.padding_mode}': dropin conv2d pads with zeros only"
     return None
+
+
+def convnext_reason(conv: nn.Module, fc1: nn.Module, act: nn.Module, fc2: nn.Module, config) -> Optional[str]:
+    """Why a ConvNeXt block of these layers (its LayerNorm checked by the caller) does not run as
+    nn.ConvNeXtBlock, or None."""
+    if not config.fusions:
+        return "fusions are off in the config"
+    if not (computes_as(fc1, nn.Linear) and computes_as(fc2, nn.Linear)):
+        return "its MLP's layers do not compute as nn.Linear"
+    reason = conv_reason(conv) or sparse_layers_reason([conv, fc1, fc2], config, "a layer", "sparse kernels, unfused")
+    if reason:
+        return reason
+    return None if activation_name(act) is not None else f"its activation {type(act).__name__} has no dropin kernel"
 
 
 def fold_reason(bn: nn.Module, conv: Optional[nn.Module] = None) -> Optional[str]:

@@ -2,13 +2,16 @@
 dropin's activations by what each forward computes (GELUActivation, GELUTanh / PytorchGELUTanh, NewGELUActivation,
 FastGELUActivation, AccurateGELUActivation, SiLUActivation, MishActivation); those without a dropin kernel
 (QuickGELUActivation, ...) are named with the reason, and LinearActivation (the identity) is passive; ConvNeXt's (and
-ConvNeXt V2's) LayerNorm, channels last or first, runs dropin's layer_norm."""
+ConvNeXt V2's) LayerNorm, channels last or first, runs dropin's layer_norm; ConvNeXt's block (ConvNextLayer) runs as
+nn.ConvNeXtBlock."""
 import functools
 import importlib
 
 import torch.nn.functional as F
 
-from .generic import activation_module, activation_without_kernel, channels_first_layer_norm, layer_norm
+from .. import nn as dnn
+from .generic import (activation_module, activation_name, activation_without_kernel, channels_first_layer_norm,
+                      convnext_reason, layer_norm)
 from .registry import passive, register, when_imported
 
 _TANH_FORMULAS = ("NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation")  # 0.5 x (1 + tanh(...))
@@ -64,3 +67,25 @@ def _register_convnext(module_name: str, class_name: str) -> None:
 for _module_name, _class_name in (("transformers.models.convnext.modeling_convnext", "ConvNextLayerNorm"),
                                   ("transformers.models.convnextv2.modeling_convnextv2", "ConvNextV2LayerNorm")):
     when_imported(_module_name)(functools.partial(_register_convnext, _module_name, _class_name))
+
+
+@when_imported("transformers.models.convnext.modeling_convnext")
+def _register_convnext_layer():
+    from transformers.models.convnext import modeling_convnext as hf
+
+    def reason(block, config):
+        if type(block).forward is not hf.ConvNextLayer.forward:
+            return f"{type(block).__name__} has a forward of its own"
+        norm = block.layernorm
+        if type(norm) is not hf.ConvNextLayerNorm or norm.data_format != "channels_last":
+            return "its LayerNorm is not a channels-last ConvNextLayerNorm"
+        return convnext_reason(block.dwconv, block.pwconv1, block.act, block.pwconv2, config)
+
+    @register(hf.ConvNextLayer, op="conv2d")
+    def convnext_layer(block, site):
+        why = reason(block, site.config)
+        if why:
+            return f"{why}: not fused as a block; its modules are injected one by one"
+        scale = "layer_scale_parameter" if block.layer_scale_parameter is not None else None
+        return dnn.ConvNeXtBlock(block, "dwconv", "layernorm", "pwconv1", "pwconv2", activation_name(block.act), scale,
+                                 "drop_path")

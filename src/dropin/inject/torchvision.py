@@ -8,7 +8,8 @@ from typing import Optional
 from torch import nn
 
 from .. import nn as dnn
-from .generic import activation_name, channels_first_layer_norm, conv_reason, fold_reason, sparse_layers_reason
+from .generic import (activation_name, channels_first_layer_norm, conv_reason, convnext_reason, fold_reason,
+                      sparse_layers_reason)
 from .registry import chain, computes_as, passive, register
 
 
@@ -33,23 +34,15 @@ def _block_reason(block: nn.Module, pairs: list, config):
 def _convnext_reason(block: nn.Module, config) -> Optional[str]:
     """Why torchvision's CNBlock does not run as nn.ConvNeXtBlock (its block must be the layers it builds), or
     None."""
-    if not config.fusions:
-        return "fusions are off in the config"
     layers = list(block.block)
     kinds = (nn.Conv2d, Permute, nn.LayerNorm, nn.Linear, nn.GELU, nn.Linear, Permute)
     if len(layers) != len(kinds) or not all(computes_as(m, kind) if kind is not Permute else type(m) is Permute
                                             for m, kind in zip(layers, kinds)):
         return "its block is not (Conv2d, Permute, LayerNorm, Linear, GELU, Linear, Permute)"
-    conv, first, norm, _, act, _, last = layers
+    conv, first, _, fc1, act, fc2, last = layers
     if list(first.dims) != [0, 2, 3, 1] or list(last.dims) != [0, 3, 1, 2]:
         return "its permutes are not to channels last and back"
-    reason = conv_reason(conv) or sparse_layers_reason([conv, layers[3], layers[5]], config, "a layer",
-                                                       "sparse kernels, unfused")
-    if reason:
-        return reason
-    if activation_name(act) is None:
-        return f"its activation {act!r} has no dropin kernel"
-    return None
+    return convnext_reason(conv, fc1, act, fc2, config)
 
 
 try:
@@ -82,7 +75,8 @@ else:
         reason = _convnext_reason(block, site.config)
         if reason:
             return f"{reason}: not fused as a block; its modules are injected one by one"
-        return dnn.ConvNeXtBlock(block, activation_name(block.block[4]))
+        return dnn.ConvNeXtBlock(block, "block.0", "block.2", "block.3", "block.5", activation_name(block.block[4]),
+                                 "layer_scale", "stochastic_depth")
 
     @register(LayerNorm2d, op="layer_norm")
     def layer_norm_2d(module: nn.LayerNorm, site):

@@ -1,5 +1,7 @@
-"""Drop-in for torchvision's ConvNeXt block (CNBlock): its depthwise conv, LayerNorm, MLP, layer scale and residual
-as dropin calls on the block's own tensors, without its nine module calls."""
+"""Drop-in for a ConvNeXt block (torchvision's CNBlock, HF's ConvNextLayer): its depthwise conv, LayerNorm, MLP,
+layer scale and residual as dropin calls on the block's own tensors, without its module calls."""
+from typing import Optional
+
 import torch
 
 from ..ops import conv2d, layer_norm, linear
@@ -7,27 +9,33 @@ from .module import DropinModule
 
 
 class ConvNeXtBlock(DropinModule):
-    """`x + layer_scale * block(x)` for torchvision's CNBlock, whose block is (depthwise Conv2d, Permute to channels
-    last, LayerNorm, Linear, GELU, Linear, Permute back): dropin conv2d, layer_norm, linear + the activation in one
-    kernel, linear, then the layer scale and the residual as one torch addcmul (one rounding: the original rounds
-    the scaled branch first). In training with a stochastic depth probability, torchvision's stochastic depth on
-    the scaled branch, then the add. The block's children stay registered under their names (state_dict keys are
-    the block's) and are not injected: the forward reads their tensors."""
+    """`x + drop_path(scale * fc2(act(fc1(norm(conv(x) to channels last)))) back to channels first)` for a ConvNeXt
+    block whose layers are the depthwise Conv2d `conv`, the channels-last LayerNorm `norm` and the Linears `fc1` and
+    `fc2` (their paths in the block), `scale` the name of its layer-scale parameter ([C, 1, 1] or [C]; none: 1),
+    `drop` its stochastic depth module's: dropin conv2d, layer_norm, linear + the activation in one kernel, linear,
+    then the layer scale and the residual as one torch addcmul (one rounding: the originals round the scaled branch
+    first). In training the block's own stochastic depth module runs on the scaled branch (its random draws as the
+    original's), then the add. The block's children stay registered under their names (state_dict keys are the
+    block's) and are not injected: the forward reads their tensors."""
 
     kernel = "conv2d (depthwise) + layer_norm + linear+activation + linear + addcmul (layer scale, residual)"
 
-    def __init__(self, original: torch.nn.Module, activation: str):
+    def __init__(self, original: torch.nn.Module, conv: str, norm: str, fc1: str, fc2: str, activation: str,
+                 scale: Optional[str], drop: str):
         super().__init__(original)
         self._adopt_children()
-        self.activation = activation
+        for name, path in (("conv", conv), ("norm", norm), ("fc1", fc1), ("fc2", fc2), ("drop", drop)):
+            object.__setattr__(self, name, original.get_submodule(path))  # (plain attributes: not submodules)
+        self.scale, self.activation = scale, activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        conv, _, norm, fc1, _, fc2, _ = self._modules["block"]
+        conv, norm, fc1, fc2 = self.conv, self.norm, self.fc1, self.fc2
         y = conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
         y = layer_norm(y.permute(0, 2, 3, 1), norm.normalized_shape, norm.weight, norm.bias, norm.eps)
         y = linear(linear(y, fc1.weight, fc1.bias, self.activation), fc2.weight, fc2.bias).permute(0, 3, 1, 2)
-        scale, depth = self._parameters["layer_scale"], self._modules["stochastic_depth"]
-        if self.training and depth.p > 0:
-            from torchvision.ops import stochastic_depth  # (the block is torchvision's: it is installed)
-            return stochastic_depth(scale * y, depth.p, depth.mode, True) + x
-        return torch.addcmul(x, scale, y)
+        scale = self._parameters.get(self.scale) if self.scale else None
+        if scale is not None:
+            scale = scale.view(-1, 1, 1)
+        if self.training and not isinstance(self.drop, torch.nn.Identity):
+            return self.drop(y if scale is None else scale * y) + x
+        return x + y if scale is None else torch.addcmul(x, scale, y)
