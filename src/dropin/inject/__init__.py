@@ -1,4 +1,4 @@
 """inject_ / revert_: put dropin modules into a torch model in place. One handler file per model family."""
-from . import cvt, generic, gpt2, hf, hf_decoder, torchvision, transformer  # noqa: F401  (register their handlers)
+from . import cvt, generic, gpt2, hf, hf_decoder, timm, torchvision, transformer  # noqa: F401  (their handlers)
 from .api import (SPARSE_THRESHOLD, InjectConfig, InjectError, InjectReport, VerificationError, inject_, refresh_,
                   revert_)

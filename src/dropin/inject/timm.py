@@ -1,0 +1,51 @@
+"""Handlers for timm models beyond the generic ones: its GELU and GELUTanh modules (F.gelu's two forms) as dropin's
+activations, fused into a preceding conv or linear; its LayerNorm2d (channels first) as dropin layer_norm where timm's
+fast norm is off (its default); ConvNeXt's block (ConvNeXtBlock with its MLP of linears and a channels-last
+LayerNorm) -> nn.ConvNeXtBlock."""
+from torch import nn
+
+from .. import nn as dnn
+from .generic import activation_module, activation_name, channels_first_layer_norm, convnext_reason
+from .registry import computes_as, register, when_imported
+
+
+@when_imported("timm.layers")
+def _register_layers():
+    from timm.layers import activations, norm
+
+    activation_module(activations.GELU, lambda m: "gelu" if "forward" not in vars(m) else None)
+    activation_module(activations.GELUTanh, lambda m: "gelu_tanh" if "forward" not in vars(m) else None)
+
+    @register(norm.LayerNorm2d, op="layer_norm")
+    def layer_norm_2d(module, site):
+        if module._fast_norm:
+            return "timm's fast norm is on (its own kernels): left to torch"
+        return channels_first_layer_norm(module)
+
+
+@when_imported("timm.models.convnext")
+def _register_convnext_block():
+    from timm.layers import Mlp
+    from timm.models.convnext import ConvNeXtBlock
+
+    def reason(block, config):
+        if type(block).forward is not ConvNeXtBlock.forward:
+            return f"{type(block).__name__} has a forward of its own"
+        mlp = block.mlp
+        if block.use_conv_mlp or type(mlp).forward is not Mlp.forward:
+            return "its MLP is not timm's Mlp of linears"
+        if not isinstance(block.shortcut, nn.Identity):
+            return "its shortcut is not the identity"
+        if not (isinstance(mlp.norm, nn.Identity) and mlp.drop1.p == 0 and mlp.drop2.p == 0):
+            return "its MLP normalizes or drops its hidden units"
+        if not computes_as(block.norm, nn.LayerNorm):
+            return f"its norm {type(block.norm).__name__} does not compute as an nn.LayerNorm"
+        return convnext_reason(block.conv_dw, mlp.fc1, mlp.act, mlp.fc2, config)
+
+    @register(ConvNeXtBlock, op="conv2d")
+    def convnext_block(block, site):
+        why = reason(block, site.config)
+        if why:
+            return f"{why}: not fused as a block; its modules are injected one by one"
+        return dnn.ConvNeXtBlock(block, "conv_dw", "norm", "mlp.fc1", "mlp.fc2", activation_name(block.mlp.act),
+                                 "gamma" if block.gamma is not None else None, "drop_path")

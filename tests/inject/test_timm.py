@@ -1,0 +1,71 @@
+"""inject_ on timm's layers (timm is optional: skipped without it): its GELU / GELUTanh modules as dropin's
+activations (fused into the conv before them), its LayerNorm2d as dropin's channels-first layer_norm, ConvNeXt's block
+as nn.ConvNeXtBlock; output and gradients against float64, nothing left to torch."""
+import pytest
+import torch
+from torch import nn
+
+import dropin
+from _tol import DEVICE
+
+from _models import check_backward, check_forward, injected_pair
+
+timm = pytest.importorskip("timm")
+
+
+@pytest.mark.parametrize("act", ["GELU", "GELUTanh"])
+def test_timm_gelu_and_layer_norm_2d(act):
+    """timm's LayerNorm2d (NCHW channels, timm's fast norm off) and its GELU modules after a 1x1 conv: the
+    layer_norm op and conv2d + the activation in one kernel."""
+    from timm.layers import LayerNorm2d, activations
+
+    def make():
+        model = nn.Sequential(LayerNorm2d(6), nn.Conv2d(6, 8, 1), getattr(activations, act)()).to(DEVICE)
+        with torch.no_grad():
+            model[0].weight.uniform_(0.5, 1.5), model[0].bias.uniform_(-0.5, 0.5)
+        return model
+    model, original, report = injected_pair(make, verify=False)
+    assert not report.left, report.left
+    gelu = "gelu" if act == "GELU" else "gelu_tanh"
+    assert [r.kernel for r in report.replaced] == ["layer_norm (channels first)", f"conv2d+{gelu}"]
+    x = torch.randn(2, 6, 5, 7, device=DEVICE)
+    check_forward(model, original, x)
+    check_backward(model, original, x)
+
+
+def _blocks(drop_path: float = 0.0) -> nn.Module:
+    from timm.models.convnext import ConvNeXtBlock
+    model = nn.Sequential(*[ConvNeXtBlock(8, ls_init_value=0.5, drop_path=drop_path) for _ in range(2)]).to(DEVICE)
+    with torch.no_grad():
+        for block in model:
+            block.norm.weight.uniform_(0.5, 1.5), block.norm.bias.uniform_(-0.5, 0.5), block.gamma.uniform_(0.2, 0.8)
+    return model
+
+
+def test_timm_convnext_block():
+    """timm's ConvNeXtBlock (MLP of linears, channels-last LayerNorm) runs as nn.ConvNeXtBlock: verified, nothing
+    left, the state_dict the original's; output and every gradient against float64; in training with drop path the
+    original's rows dropped (the same draws from the same seed). A block of 1x1-conv MLP is injected layer by layer,
+    with the reason."""
+    x = torch.randn(2, 8, 7, 9, device=DEVICE)
+    model, original, report = injected_pair(_blocks, example_inputs=x)
+    assert [type(m).__module__ for m in model] == ["dropin.nn.convnext"] * 2 and not report.left
+    assert report.verification.startswith("verified")
+    assert list(model.state_dict()) == list(original.state_dict())
+    check_forward(model, original, x)
+    check_backward(model, original, x)
+    trained, reference, _ = injected_pair(lambda: _blocks(0.5), train=True, verify=False)
+    for seed in range(3):
+        outs = []
+        for m in (trained, reference):
+            torch.manual_seed(seed)
+            outs.append(m(x))
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+    from timm.models.convnext import ConvNeXtBlock
+    model, original, report = injected_pair(lambda: nn.Sequential(ConvNeXtBlock(8, conv_mlp=True)).to(DEVICE),
+                                            verify=False)
+    assert type(model[0]).__module__.startswith("timm") and not report.left
+    assert "its MLP is not timm's Mlp of linears" in report.notes[0].reason
+    check_forward(model, original, x)
+    dropin.revert_(trained)
+    assert [type(m).__module__ for m in trained] == ["timm.models.convnext"] * 2
