@@ -1,5 +1,6 @@
-"""Drop-in for a ConvNeXt block (torchvision's CNBlock, HF's ConvNextLayer): its depthwise conv, LayerNorm, MLP,
-layer scale and residual as dropin calls on the block's own tensors, without its module calls."""
+"""Drop-in for a ConvNeXt block (torchvision's CNBlock, HF's ConvNextLayer, timm's ConvNeXtBlock): its depthwise
+conv, LayerNorm, MLP, layer scale and residual as dropin calls on the block's own tensors, without its module
+calls."""
 from typing import Optional
 
 import torch
