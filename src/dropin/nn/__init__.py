@@ -17,7 +17,7 @@ from .traced import TracedBlock
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = ["Adopted", "CausalLMForward", "Conv1d", "Conv2d", "ConvBNAct", "ConvNeXtBlock", "CvtSelfAttention",
-           "Derived", "DropinModule", "Folded", "GroupNorm", "Linear", "MultiheadAttention", "ResidualBlock",
-           "RMSNorm", "RotaryAttention", "SparseConv2d", "SparseLinear", "SparsifiedConv2d", "SparsifiedLinear",
-           "SwiGLUMLP", "TracedBlock", "TransformerEncoder", "TransformerEncoderLayer", "TransposedLinear",
-           "WindowAttention"]
+           "Derived", "DropinModule", "Folded", "GroupNorm", "Linear", "MultiheadAttention", "Op", "ResidualBlock",
+           "RMSNorm", "RotaryAttention", "Routed", "SparseConv2d", "SparseLinear", "SparsifiedConv2d",
+           "SparsifiedLinear", "SwiGLUMLP", "TracedBlock", "TransformerEncoder", "TransformerEncoderLayer",
+           "TransposedLinear", "WindowAttention"]
