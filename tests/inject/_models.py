@@ -87,6 +87,17 @@ def injected_pair(make, train=False, **inject_kw):
     return model, original, report
 
 
+def assert_same_random_draws(injected: nn.Module, original: nn.Module, call, seeds: int = 3) -> None:
+    """call(model)'s output of the injected and the original model (training mode: stochastic depth, dropout) from
+    the same seeds: the same (their random draws made alike)."""
+    for seed in range(seeds):
+        outs = []
+        for model in (injected, original):
+            torch.manual_seed(seed)
+            outs.append(call(model))
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+
+
 def check_hf_backward(injected: nn.Module, original: nn.Module, inputs: dict, key: str, params: list) -> None:
     """Output `key` of a HF model called with `inputs` (keyword arguments), and the gradients of the named
     parameters for a random upstream gradient, against the original's in float64."""
