@@ -219,8 +219,8 @@ def graph_time_ms(fn: Callable[[], object], calls: int = 10, replays: int = 15) 
     flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.int8, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # (capture wants work that has already run once off the default stream)
-        fn()
+    with torch.cuda.stream(side), _host_syncs_raise():  # (capture wants work that has already run once off the
+        fn()  # default stream; a call that syncs with the host raises here, before a capture it would break)
     torch.cuda.current_stream().wait_stream(side)
 
     def replay_ms(body) -> float:
@@ -241,6 +241,20 @@ def graph_time_ms(fn: Callable[[], object], calls: int = 10, replays: int = 15) 
 
     with_fn = replay_ms(lambda: (flush.zero_(), fn()))
     return max(0.0, (with_fn - replay_ms(flush.zero_)) / calls)
+
+
+@contextlib.contextmanager
+def _host_syncs_raise():
+    """torch's synchronizing CUDA operations (`.item()`, copies to the host) raise inside the block. A capture
+    broken by one leaves CUDA's default generator marked as capturing: every later random draw of the process
+    raised "Offset increment outside graph capture encountered unexpectedly" (Liger's fused linear cross-entropy
+    calls `.item()`)."""
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
 
 
 def graph_time(fn: Callable[[], object]) -> tuple[float | None, str | None]:
