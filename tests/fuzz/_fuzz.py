@@ -110,12 +110,17 @@ class Layout:
         return f"Layout({self.kind}{', ' + detail[self.kind] if self.kind in detail else ''})"
 
     def tensor(self, shape, dtype, scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:
-        """A random normal tensor of `shape` (times scale, plus offset) in this layout."""
+        """A random normal tensor of `shape` (times scale, plus offset) in this layout; its `fuzz_redraw()` makes
+        another of the same kind (`compare`'s fresh draws)."""
+        t = self._draw(tuple(shape), dtype, scale, offset)
+        t.fuzz_redraw = lambda: self.tensor(shape, dtype, scale, offset)
+        return t
+
+    def _draw(self, shape, dtype, scale, offset):
         def randn(*size):
             if dtype == torch.bool:  # (a mask: mostly True)
                 return torch.rand(size, device=DEVICE) > 0.25
             return (torch.randn(size, device=DEVICE) * scale + offset).to(dtype)
-        shape = tuple(shape)
         if self.kind == "transposed":
             base = randn(*(shape[p] for p in self.perm))
             return base.permute(*sorted(range(len(shape)), key=lambda d: self.perm[d]))
@@ -153,10 +158,24 @@ def layouts(draw, rank: int, expanded: bool = True, channels_last: bool = False)
 
 
 
+# Fresh draws of a case that fails the 2x rule (an error worse than 2x PyTorch's own, DESIGN.md) once: the rule
+# compares two rounding errors, and on a case of few independent roundings (a few keys, an expanded operand's
+# repeated sums, one derivative every element shares) their ratio is noise around its median, over 2 in some draws
+# of cases whose median is well under it (benchmarks/probes/fuzz_repro.py's SPREAD cases: medians 0.76-1.72, maxima
+# up to 7.9 over 24 seeds). A kernel less accurate than PyTorch's moves the median: the case fails where the rule
+# fails in most of its 1 + REDRAWS draws.
+REDRAWS = 8
+
+
+def _fails_2x_rule(e: BaseException) -> bool:
+    return isinstance(e, AssertionError) and "PyTorch's own" in str(e)
+
+
 def compare(op, ref_op, leaves: dict, **kwargs) -> None:
     """`_check.check`, with positive numbers where an output or a leaf holds fewer than `_check.FEW` (a lone sum
     of random signs can cancel to ~0; as `_check.holds_few_numbers`, for several outputs too); forward alone where
-    every leaf is constant."""
+    every leaf is constant. A case that fails the 2x rule runs again on REDRAWS fresh draws of its leaves (those
+    made by `Layout.tensor`; fresh upstream gradients for all) and fails where most of its draws do."""
     build = kwargs.get("build") or (lambda **t: tuple(t.values()))
     outs = ref_op(*build(**{k: torch.empty_like(v, device="meta") for k, v in leaves.items()}))
     numels = [o.numel() for o in (outs if isinstance(outs, tuple) else (outs,))]
@@ -164,8 +183,27 @@ def compare(op, ref_op, leaves: dict, **kwargs) -> None:
     if all(name in kwargs.get("constant", ()) for name in leaves):  # no leaf with a gradient: forward alone
         kwargs["backward"] = False
     try:
-        _check.check(op, ref_op, leaves, **kwargs)
+        try:
+            _check.check(op, ref_op, leaves, **kwargs)
+        except AssertionError as e:
+            if not _fails_2x_rule(e):
+                raise
+            failed = 1 + sum(_fails_2x_rule_again(op, ref_op, leaves, kwargs) for _ in range(REDRAWS))
+            if 2 * failed > 1 + REDRAWS:
+                raise AssertionError(f"{e}\n[the 2x rule failed in {failed} of {1 + REDRAWS} draws of the case]") from e
     except Exception as e:
         if not _first_failure:
             _first_failure.append(f"{type(e).__name__}: {str(e)[:1500]}")
         raise
+
+
+def _fails_2x_rule_again(op, ref_op, leaves: dict, kwargs: dict) -> bool:
+    """Whether the case fails the 2x rule on fresh leaves; any other failure is raised."""
+    fresh = {k: v.fuzz_redraw() if hasattr(v, "fuzz_redraw") else v for k, v in leaves.items()}
+    try:
+        _check.check(op, ref_op, fresh, **kwargs)
+    except AssertionError as e:
+        if not _fails_2x_rule(e):
+            raise
+        return True
+    return False
