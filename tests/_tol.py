@@ -89,6 +89,16 @@ def samples_2x(ref: torch.Tensor, sources=None) -> int:
     return distinct if sources is None else min(distinct, sources)
 
 
+class RoundingNoise(AssertionError):
+    """A failure one draw of rounding can make: the 2x rule's (two kernels' rounding errors compared), or the
+    tolerance's where PyTorch's own error in the same draw is at least ILL_CONDITIONED of it (a reference
+    ill-conditioned in the dtype, whose error each kernel draws by the order of its sums). The fuzz suite judges
+    such a case over fresh draws (`_fuzz.compare`)."""
+
+
+ILL_CONDITIONED = 1 / 8
+
+
 def assert_close(out, ref, dtype, kind: str, torch_out=None, what: str = "output", sources=None) -> None:
     """Asserts that `out` matches the float64 `ref` to DESIGN.md's tolerance for `dtype` and `kind`.
 
@@ -122,13 +132,16 @@ def assert_close(out, ref, dtype, kind: str, torch_out=None, what: str = "output
         # 0.25, whose one rounding is 1e-4; torch's error 11.6), which no kernel reading the dtype's rounded
         # values resolves. The bound is then 2x PyTorch's error, as inject_'s (`dropin._tolerance.limit`).
         factor = 2 * math.sqrt(max(1.0, MIN_NUMEL_2X / max(samples, 1)))
-        assert err <= factor * own + noise, (
-            f"{what}: relative error {err:.3e} > {tol:.0e} ({key}, {kind}) and worse than {factor:.1f}x PyTorch's "
-            f"own {own:.3e}, itself over the tolerance ({samples} samples; + noise allowance {noise:.1e})")
+        if not err <= factor * own + noise:
+            raise RoundingNoise(
+                f"{what}: relative error {err:.3e} > {tol:.0e} ({key}, {kind}) and worse than {factor:.1f}x "
+                f"PyTorch's own {own:.3e}, itself over the tolerance ({samples} samples; + noise allowance "
+                f"{noise:.1e})")
         return
-    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e} ({key}, {kind})"
+    if not err <= tol:
+        failure = RoundingNoise if ILL_CONDITIONED * tol <= own < math.inf else AssertionError
+        raise failure(f"{what}: relative error {err:.3e} > {tol:.0e} ({key}, {kind}); PyTorch's own {own:.3e}")
     torch_err = own if samples >= MIN_NUMEL_2X else math.nan
-    if not math.isnan(torch_err):
-        assert err <= 2 * torch_err + noise, (
-            f"{what}: relative error {err:.3e} is worse than 2x PyTorch's own {torch_err:.3e} "
-            f"(+ noise allowance {noise:.1e}) in {key}")
+    if not math.isnan(torch_err) and not err <= 2 * torch_err + noise:
+        raise RoundingNoise(f"{what}: relative error {err:.3e} is worse than 2x PyTorch's own {torch_err:.3e} "
+                            f"(+ noise allowance {noise:.1e}) in {key}")

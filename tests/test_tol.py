@@ -5,7 +5,7 @@ No kernels run here, so every dtype is checked on every machine.
 import pytest
 import torch
 
-from _tol import MIN_NUMEL_2X, NOISE_ULPS, UNIT_ROUNDOFF, assert_close, rel_err, tolerance
+from _tol import ILL_CONDITIONED, MIN_NUMEL_2X, NOISE_ULPS, UNIT_ROUNDOFF, RoundingNoise, assert_close, rel_err, tolerance
 
 ALL_DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in (torch.float32, torch.float16, torch.bfloat16)]
 KINDS = ["fwd", "bwd"]
@@ -40,6 +40,22 @@ def test_rejects_more_than_twice_torchs_error(dtype, kind):
     assert_close(out, ref, dtype, kind)
     with pytest.raises(AssertionError, match="worse than 2x PyTorch"):
         assert_close(out, ref, dtype, kind, torch_out=ref.to(dtype))
+
+
+def test_a_failure_by_rounding_is_told_from_a_wrong_result():
+    """Over the tolerance where PyTorch's own error is near it (ill-conditioned: at least ILL_CONDITIONED of it),
+    or over 2x PyTorch's: RoundingNoise, which the fuzz suite judges over fresh draws; over the tolerance where
+    PyTorch's is far under it: a plain AssertionError."""
+    ref, dtype = reference(), torch.float32
+    tol = tolerance(dtype, "fwd")
+    out = (ref * (1 + 3 * tol)).to(dtype)
+    with pytest.raises(RoundingNoise, match="PyTorch's own"):
+        assert_close(out, ref, dtype, "fwd", torch_out=(ref * (1 + 2 * ILL_CONDITIONED * tol)).to(dtype))
+    with pytest.raises(AssertionError, match="relative error") as failure:
+        assert_close(out, ref, dtype, "fwd", torch_out=ref.to(dtype))
+    assert not isinstance(failure.value, RoundingNoise)
+    with pytest.raises(RoundingNoise, match="worse than 2x"):
+        assert_close((ref * (1 + 0.8 * tol)).to(dtype), ref, dtype, "fwd", torch_out=ref.to(dtype))
 
 
 def test_two_x_rule_counts_distinct_reference_values():

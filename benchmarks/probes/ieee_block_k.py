@@ -2,7 +2,7 @@
 with K under `_gemm.TF32X3_MIN_K` or fewer than TF32X3_MIN_MACS multiply-adds): accuracy against torch's on the
 fuzz suite's SPREAD cases, and speed on products that take the FMAs.
 
-For a chain CHAIN (argv[1]; 16 is the shipped rule, 64 the one before) it sets `_gemm.FMA_CHAIN` before any plan is
+For a chain CHAIN (argv[1]; 64 is the shipped `_gemm.FMA_CHAIN`, 16 the shorter one measured) it sets `_gemm.FMA_CHAIN` before any plan is
 made and prints, for each fp32 SPREAD case of `fuzz_repro.py` (or the cases named), dropin's error over torch's on
 its forward (or the check named in the case's note) over 24 seeds: median and max. A median over 2 is a kernel
 less accurate than cuBLAS; at or under it, the order of a sum's terms (the 2x rule's noise).

@@ -33,7 +33,7 @@ def test_one_bad_draw_of_a_case_passes(layout):
 def test_a_case_bad_in_most_draws_fails():
     x = CONTIGUOUS.tensor(SHAPE, torch.float32)
     most = set(range(0, 2 + REDRAWS, 2)) | {1}  # (the first draw and more than half of the others)
-    with pytest.raises(AssertionError, match=f"in {len(most)} of {1 + REDRAWS} draws"):
+    with pytest.raises(AssertionError, match=f"failed in {len(most)} of {1 + REDRAWS} draws"):
         compare(exp_with_error(most), torch.exp, {"x": x}, backward=False)
 
 
