@@ -57,6 +57,21 @@ KINKS = {"relu": (0.0,), "leaky_relu": (0.0,), "relu6": (0.0, 6.0), "hardswish":
          "hardsigmoid": (-3.0, 3.0), "selu": (0.0,)}
 
 
+def with_derivative(forward, derivative):
+    """An op of one tensor: forward(x), whose backward is dy * derivative(x) (in fp32, then dy's dtype): a stand-in
+    kernel whose derivative the checks' own tests choose."""
+    class Op(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return forward(x)
+
+        @staticmethod
+        def backward(ctx, dy):
+            return (dy.float() * derivative(ctx.saved_tensors[0].float())).to(dy.dtype)
+    return Op.apply
+
+
 def kink_mask(activation, preact, dtype):
     """A check's `ambiguous` argument for a fused activation (None where the activation has no kink): the elements
     whose float64 pre-activation, preact(leaves, lambda v: v), lies within 16 unit roundoffs of the dtype of one of

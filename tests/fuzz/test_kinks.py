@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import _check
-from _fuzz import kink_mask
+from _fuzz import kink_mask, with_derivative
 from _tol import DEVICE
 
 GRID = 2.0 ** -6  # the pre-activation's rounding in the stand-in op: coarser than fp16's at 3 (2^-9)
@@ -15,17 +15,10 @@ GRID = 2.0 ** -6  # the pre-activation's rounding in the stand-in op: coarser th
 def stand_in(slope_inside=1 / 6):
     """hardsigmoid whose backward reads its input rounded to GRID (as a kernel reading a rounded pre-activation),
     with `slope_inside` as its derivative inside (-3, 3) (1/6 is torch's)."""
-    class Op(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return F.hardsigmoid(x)
-
-        @staticmethod
-        def backward(ctx, dy):
-            z = torch.round(ctx.saved_tensors[0].float() / GRID) * GRID
-            return (dy.float() * ((z > -3) & (z < 3)) * slope_inside).to(dy.dtype)
-    return Op.apply
+    def derivative(x):
+        z = torch.round(x / GRID) * GRID
+        return ((z > -3) & (z < 3)) * slope_inside
+    return with_derivative(F.hardsigmoid, derivative)
 
 
 def leaves():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import _check
-from _fuzz import CONTIGUOUS, REDRAWS, Layout, compare
+from _fuzz import CONTIGUOUS, REDRAWS, Layout, compare, with_derivative
 from _tol import DEVICE
 
 SHAPE = (8, 16)
@@ -46,17 +46,7 @@ def test_redraws_are_fresh_and_keep_the_layout():
 
 def saturated_tanh(derivative_far_out):
     """tanh whose derivative is `derivative_far_out` where |x| > 20 (float64's 1 - tanh^2 rounds to 0 there)."""
-    class Op(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return torch.tanh(x)
-
-        @staticmethod
-        def backward(ctx, dy):
-            x, = ctx.saved_tensors
-            return dy * torch.where(x.abs() > 20, derivative_far_out, 1 - torch.tanh(x) ** 2)
-    return Op.apply
+    return with_derivative(torch.tanh, lambda x: torch.where(x.abs() > 20, derivative_far_out, 1 - torch.tanh(x) ** 2))
 
 
 def test_gradient_of_a_zero_reference_holds_the_zero_bound():
