@@ -29,8 +29,9 @@ test: setup
 GPU_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 16 ] && n=16; echo $$n)
 GPU_PYTEST = PYTHONPATH=src $(PYTHON) -m pytest -q -n $(GPU_WORKERS) --dist worksteal -p no:cacheprovider
 
-test-gpu:         # every GPU test but the slow sweeps and the fuzz suite (under 8 minutes on one H100)
-	$(GPU_PYTEST) -m "not slow and not fuzz" --junitxml=$(or $(REPORT),test-gpu.xml) tests
+test-gpu:         # every GPU test but the slow sweeps and the fuzz suite (under 8 minutes on one H100);
+                  # items handed out in order (--dist load), the longest tests first (tests/_suites.py)
+	$(GPU_PYTEST) --dist load -m "not slow and not fuzz" --junitxml=$(or $(REPORT),test-gpu.xml) tests
 
 test-gpu-quick:   # each public op, injector handler and execution mode once (under 2 minutes)
 	$(GPU_PYTEST) -m quick --junitxml=$(or $(REPORT),test-gpu-quick.xml) tests

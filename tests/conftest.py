@@ -31,7 +31,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import _tol` from any test folder
 
 import _tol  # noqa: E402  (reads TRITON_INTERPRET, set above)
-from _suites import QUICK, SLOWEST_FIRST  # noqa: E402
+from _suites import QUICK, SLOWEST_FIRST, TEST_GPU_LONGEST_FIRST  # noqa: E402
 
 
 def pytest_report_header(config):
@@ -49,11 +49,10 @@ def pytest_collection_modifyitems(config, items):
             quick.discard(item.nodeid)
     if quick and "quick" in (config.option.markexpr or ""):
         raise pytest.UsageError(f"_suites.QUICK names tests that were not collected: {sorted(quick)}")
-    if _tol.ON_GPU:
-        if (config.option.markexpr or "").strip() == "slow":  # (the slow suite: its longest tests first, in a
-            # stable sort; xdist's worksteal, test-gpu's, would give them all to the first worker's share)
-            items.sort(key=lambda item: next((i for i, prefix in enumerate(SLOWEST_FIRST)
-                                              if item.nodeid.startswith(prefix)), len(SLOWEST_FIRST)))
+    if _tol.ON_GPU:  # the longest tests first, in a stable sort (their suites hand items out in order)
+        longest = SLOWEST_FIRST + TEST_GPU_LONGEST_FIRST
+        items.sort(key=lambda item: next((i for i, prefix in enumerate(longest) if item.nodeid.startswith(prefix)),
+                                         len(longest)))
         return
     skip = pytest.mark.skip(reason="gpu: needs a CUDA device (this run uses the Triton interpreter on the CPU)")
     for item in items:

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from _suites import QUICK, SLOWEST_FIRST
+from _suites import QUICK, SLOWEST_FIRST, TEST_GPU_LONGEST_FIRST
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,3 +31,9 @@ def test_slowest_first_names_slow_tests():
     """Every entry of _suites.SLOWEST_FIRST is the prefix of a collected slow test (the slow suite's order)."""
     slow = _collected("slow")
     assert all(any(test.startswith(prefix) for test in slow) for prefix in SLOWEST_FIRST), SLOWEST_FIRST
+
+
+def test_test_gpu_longest_first_names_its_tests():
+    """Every entry of _suites.TEST_GPU_LONGEST_FIRST is the prefix of a test that `make test-gpu` collects."""
+    tests = _collected("not slow and not fuzz")
+    assert all(any(test.startswith(prefix) for test in tests) for prefix in TEST_GPU_LONGEST_FIRST)
