@@ -28,10 +28,13 @@ test: setup
 # REPORT=path names the junit XML file (default test-gpu*.xml here).
 GPU_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 16 ] && n=16; echo $$n)
 GPU_PYTEST = PYTHONPATH=src $(PYTHON) -m pytest -q -n $(GPU_WORKERS) --dist worksteal -p no:cacheprovider
+# items handed out one at a time in collection order (xdist's load scheduling otherwise sends each worker a block of
+# a quarter of its share first: the first worker took every one of the longest tests, which conftest puts first)
+IN_ORDER = --dist load --maxschedchunk 1
 
 test-gpu:         # every GPU test but the slow sweeps and the fuzz suite (under 8 minutes on one H100);
-                  # items handed out in order (--dist load), the longest tests first (tests/_suites.py)
-	$(GPU_PYTEST) --dist load -m "not slow and not fuzz" --junitxml=$(or $(REPORT),test-gpu.xml) tests
+                  # items handed out in order (IN_ORDER), the longest tests first (tests/_suites.py)
+	$(GPU_PYTEST) $(IN_ORDER) -m "not slow and not fuzz" --junitxml=$(or $(REPORT),test-gpu.xml) tests
 
 test-gpu-quick:   # each public op, injector handler and execution mode once (under 2 minutes)
 	$(GPU_PYTEST) -m quick --junitxml=$(or $(REPORT),test-gpu-quick.xml) tests
@@ -39,13 +42,13 @@ test-gpu-quick:   # each public op, injector handler and execution mode once (un
 test-gpu-slow:    # the sweeps test-gpu leaves out: every kernel config, long fp32 attention, full-size CLI runs;
                   # PART=1 test_attention.py's and the full-size CLI runs (its longest tests, ~5 min each beside
                   # the attention sweeps), PART=2 the others (a run each, for runs under 10 minutes);
-                  # items handed out in order (--dist load), the longest tests first (tests/_suites.py)
-	$(GPU_PYTEST) --dist load -m slow --junitxml=$(or $(REPORT),test-gpu-slow.xml) $(SLOW_TESTS_$(or $(PART),ALL))
+                  # items handed out in order (IN_ORDER), the longest tests first (tests/_suites.py)
+	$(GPU_PYTEST) $(IN_ORDER) -m slow --junitxml=$(or $(REPORT),test-gpu-slow.xml) $(SLOW_TESTS_$(or $(PART),ALL))
 
 SLOW_TESTS_ALL = tests
 SLOW_TESTS_1 = tests/ops/test_attention.py tests/test_cli_inject.py
 SLOW_TESTS_2 = tests --ignore=tests/ops/test_attention.py --ignore=tests/test_cli_inject.py
 
 fuzz-gpu:         # tests/fuzz's hypothesis suite, DROPIN_FUZZ_EXAMPLES cases an op (default 700: ~11,500 in all);
-                  # items handed out in order (--dist load), the slowest tests' first (tests/fuzz/conftest.py)
-	$(GPU_PYTEST) --dist load -m fuzz --junitxml=$(or $(REPORT),fuzz-gpu.xml) tests/fuzz
+                  # items handed out in order (IN_ORDER), the slowest tests' first (tests/fuzz/conftest.py)
+	$(GPU_PYTEST) $(IN_ORDER) -m fuzz --junitxml=$(or $(REPORT),fuzz-gpu.xml) tests/fuzz

@@ -72,7 +72,7 @@ SLOWEST_FIRST = (
 # test-gpu's tests that take longest, slowest first (seconds on an H200 beside the fuzz suite on the other GPU,
 # 2026-11-28: 97, 83, 78, 76, 55, 53, 52, 49, 40, 35 and 28-34). Its 3,066 tests take 6,470 s in all, 404 s on 16
 # workers evenly shared, and the run took 505 s: in file order these started late and ran past the others' ends.
-# conftest puts them first and `make test-gpu` hands items out in order (--dist load).
+# conftest puts them first and `make test-gpu` hands items out in order (the Makefile's IN_ORDER).
 TEST_GPU_LONGEST_FIRST = (
     "tests/test_cli_inject.py::test_inject_bench_writes_rows",
     "tests/test_modes.py::test_model_reduce_overhead",
