@@ -679,6 +679,8 @@ def build_parser() -> argparse.ArgumentParser:
     zoo.add_argument("--budget", type=float, metavar="SECONDS", help="stop starting models after this long (a "
                      "model cut short by it gets no row: it runs again next time)")
     zoo.add_argument("--rerun", action="store_true", help="run the chosen models again (their rows replaced)")
+    zoo.add_argument("--shard", metavar="I/N", help="the I-th of N equal shares (from 0) of the chosen models that have "
+                     "no row (all with --rerun): N runs side by side, one a GPU, into one file")
     zoo.add_argument("--results-dir", default="benchmarks/results", help="default: %(default)s")
     zoo.add_argument("--file", metavar="PATH", help="the result file (default: RESULTS_DIR/<gpu>/zoo.json)")
     zoo.add_argument("--table", action="store_true", help="print the markdown zoo table and its summary against "

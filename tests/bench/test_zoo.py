@@ -47,6 +47,27 @@ def test_list_names_every_source_without_building(capsys, monkeypatch):
     assert main(["zoo", "--list", "--models", "no_such_model*"]) == 2
 
 
+def test_shards_split_the_models_without_rows(tmp_path, capsys):
+    """--shard I/N: runs side by side take disjoint equal shares of the chosen models that have no row."""
+    pytest.importorskip("torchvision")
+    common = ["zoo", "--list", "--models", "resnet*", "--file", str(tmp_path / "zoo.json")]
+    assert main(common) == 0
+    every = capsys.readouterr().out.splitlines()
+    shares = []
+    for index in range(3):
+        assert main([*common, "--shard", f"{index}/3"]) == 0
+        shares.append(capsys.readouterr().out.splitlines())
+    assert sorted(sum(shares, [])) == sorted(every) and max(map(len, shares)) - min(map(len, shares)) <= 1
+    from dropin.bench.zoo import save_row, versions
+
+    done = every[0].split()
+    save_row(tmp_path / "zoo.json", {}, {"model": done[0], "dtype": done[1], "versions": versions()})
+    assert main([*common, "--shard", "0/1"]) == 0
+    assert capsys.readouterr().out.splitlines() == every[1:]
+    for bad in ("3/3", "1", "a/2"):
+        assert main([*common, "--shard", bad]) == 2
+
+
 def test_tiny_run_rows_resume_and_failures(tmp_path, capsys, fakes):
     """Two real-shaped models and a broken one: rows with every field, the broken model's failure does not stop
     the run; a second run skips them, and a new model merges into the same file."""

@@ -274,6 +274,14 @@ def progress(row: dict) -> str:
     return ", ".join(parts)
 
 
+def _shard(text: str) -> tuple[int, int] | None:
+    """(I, N) from "I/N" with 0 <= I < N; None where the text is not that."""
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit()) or not int(index) < int(count):
+        return None
+    return int(index), int(count)
+
+
 def run(args) -> int:
     """`dropin zoo` (see the CLI's help)."""
     from .. import _runtime
@@ -299,11 +307,18 @@ def run(args) -> int:
     # text models: bfloat16, float32 only when asked for alone
     tasks = [(m.name, d) for m in chosen for d in DTYPES[args.dtype]
              if m.image or d == "bfloat16" or args.dtype == "float32"]
+    stamp = versions()
+    done = {row_key(r) for r in load_rows(path)}
+    if args.shard:
+        shard = _shard(args.shard)
+        if shard is None:
+            print(f"dropin zoo: --shard takes I/N with 0 <= I < N, got {args.shard!r}", file=sys.stderr)
+            return 2
+        index, count = shard  # (runs started together see the same rows: their shares do not overlap)
+        tasks = [t for t in tasks if args.rerun or row_key(new_row(*t, stamp)) not in done][index::count]
     if args.list:
         print("\n".join(f"{name}  {dtype}" for name, dtype in tasks))
         return 0
-    stamp = versions()
-    done = {row_key(r) for r in load_rows(path)}
     env = harness.environment("zoo", " ".join(["dropin", *args.argv]), {})
     deadline = time.monotonic() + args.budget if args.budget else None
     for i, (name, dtype) in enumerate(tasks, 1):
