@@ -1,7 +1,9 @@
-"""Fuzzing the products against torch: matmul, bmm, linear, swiglu_mlp, sparse_linear and attention, forward and
-backward (or forward alone, the inference path) vs float64 and the 2x rule (`_check.check`)."""
+"""Fuzzing the products against torch: matmul, bmm, linear, swiglu_mlp, sparse_linear, linear_cross_entropy and
+attention, forward and backward (or forward alone, the inference path) vs float64 and the 2x rule
+(`_check.check`)."""
 import importlib
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -12,13 +14,15 @@ from hypothesis import strategies as st
 
 import dropin
 from _fuzz import CONTIGUOUS, FUZZ, FUZZ_HALF, SEEDS, compare, kink_mask, layouts, sizes, start
-from _tol import DTYPES
+from _tol import DEVICE, DTYPES
 from dropin.ops.activations import ACTIVATIONS
+from dropin.ops.linear_cross_entropy import linear_cross_entropy_ref
 from dropin.ops.matmul import linear_ref
 from dropin.ops.sparse import sparsify
 from dropin.ops.swiglu import swiglu_mlp_ref
 
 attn = importlib.import_module("dropin.ops.attention")  # (dropin.ops.attention is also the function)
+lce = importlib.import_module("dropin.ops.linear_cross_entropy")
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.usefixtures("true_fp32")]
 
@@ -146,6 +150,48 @@ def test_sparse_linear(dtype, case, seed):
     block_k, transpose = case["block_k"], case["transpose"]
     compare(lambda x, weight, bias=None: dropin.ops.sparse_linear(x, sparsify(weight, block_k, transpose), bias),
             F.linear, leaves, constant=("weight",), backward=case["backward"])
+
+
+@st.composite
+def linear_cross_entropy_cases(draw):
+    """A language model's head and loss: hidden [*tokens, H] (no token dim to two), weight [V, H], a bias or none,
+    int64 targets in [0, V) of which a drawn share is ignore_index (HF's -100, or a class index: F.cross_entropy
+    ignores whatever it names; every token ignored too: a mean of NaN), each reduction, label smoothing,
+    num_items_in_batch with "mean"; the tokens in chunks of a drawn size (1 token to all) and the loss kernel's
+    vocab tiles of 32 or 4096."""
+    H, V = draw(sizes(1, 24)), draw(sizes(1, 40))
+    tokens = tuple(draw(st.lists(sizes(1, 9), max_size=2)))
+    reduction = draw(st.sampled_from(("mean", "sum", "none")))
+    return dict(hidden=(*tokens, H), weight=(V, H), bias=draw(st.booleans()), reduction=reduction,
+                ignore_index=draw(st.sampled_from((-100, 0))), ignored=draw(st.sampled_from((0.0, 0.25, 1.0))),
+                label_smoothing=draw(st.sampled_from((0.0, 0.1, 1.0))),
+                num_items_in_batch=draw(st.sampled_from((None, 3))) if reduction == "mean" else None,
+                chunk=draw(st.sampled_from((1, 2, 7, None))), vocab_tile=draw(st.sampled_from((32, 4096))),
+                hidden_layout=draw(layouts(len(tokens) + 1)), weight_layout=draw(layouts(2)),
+                backward=draw(BACKWARD))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@FUZZ
+@given(case=linear_cross_entropy_cases(), seed=SEEDS)
+def test_linear_cross_entropy(dtype, case, seed):
+    start("linear_cross_entropy", seed)
+    (V, H), tokens = case["weight"], case["hidden"][:-1]
+    target = torch.randint(0, V, tokens, device=DEVICE)
+    target = torch.where(torch.rand(tokens, device=DEVICE) < case["ignored"], case["ignore_index"], target)
+    leaves = {"hidden": case["hidden_layout"].tensor(case["hidden"], dtype),
+              "weight": case["weight_layout"].tensor(case["weight"], dtype, scale=H ** -0.5), "target": target}
+    if case["bias"]:
+        leaves["bias"] = CONTIGUOUS.tensor((V,), dtype)
+    kw = {k: case[k] for k in ("ignore_index", "reduction", "num_items_in_batch", "label_smoothing")}
+    chunk = case["chunk"] or max(1, math.prod(tokens))
+    # the losses are sums of non-negative terms (no cancellation): the leaves keep their signs (no `positive`)
+    with mock.patch.object(lce, "chunk_rows", lambda n, vocab, size: min(n, chunk)), \
+            mock.patch.object(lce, "VOCAB_TILE", case["vocab_tile"]):
+        compare(lambda hidden, weight, target, bias=None: dropin.ops.linear_cross_entropy(hidden, weight, target, bias,
+                                                                                          **kw),
+                lambda hidden, weight, target, bias=None: linear_cross_entropy_ref(hidden, weight, target, bias, **kw),
+                leaves, constant=("target",), positive=False, backward=case["backward"])
 
 
 PEER_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
