@@ -3,7 +3,7 @@ dtypes, sizes and tensor layouts.
 
 DROPIN_FUZZ_EXAMPLES is the number of cases per op, split over the op's dtype tests (fp32 and fp16 on the CPU,
 bf16 too on the GPU) and, on the GPU, 3 parts of each (`PARTS`); default 4 on the CPU (the interpreter), 700 on
-the GPU (17 ops of 3 dtypes, attention at half: ~11,500 cases). Each case draws its own torch seed,
+the GPU (18 ops of 3 dtypes, attention at half: ~12,200 cases). Each case draws its own torch seed,
 so hypothesis's falsifying example (and its blob, print_blob) replays the case with its tensors.
 """
 import collections
