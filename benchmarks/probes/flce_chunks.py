@@ -4,7 +4,10 @@ GB of traffic, ~1 ms, beside 3.2 TFLOP of products), and a chunk of few tokens m
 chunks hold more logits at once (the suite's memory bar: at most 0.5x torch eager's peak).
 For each CHUNKS value (argv, default 8 4 2 1) and the flce suite's shapes: dropin's forward + backward median
 (do_bench) and its peak MiB beyond the inputs, beside torch eager's (F.linear, then F.cross_entropy).
-Usage: PYTHONPATH=src python3 benchmarks/probes/flce_chunks.py [CHUNKS ...]"""
+With --parts: one chunk's passes at 4096 tokens, 4096 -> 32000, bf16 (chunk rows as CHUNKS=8 gives, or argv):
+the logits product, the loss kernel, the hidden gradient's product and the weight gradient's accumulating kernel,
+each timed alone (do_bench) beside cuBLAS's same product (torch.mm, torch.addmm with beta 1), in TFLOP/s.
+Usage: PYTHONPATH=src python3 benchmarks/probes/flce_chunks.py [CHUNKS ...] | --parts [ROWS ...]"""
 import sys
 
 import torch
@@ -49,5 +52,39 @@ def main(chunk_counts):
         torch.cuda.empty_cache()
 
 
+def parts(chunk_rows):
+    tokens, dim, vocab = SHAPES[0]
+    weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16) * dim**-0.5
+    for rows in chunk_rows:
+        chunk = torch.randn(rows, dim, device="cuda", dtype=torch.bfloat16)
+        target = torch.randint(0, vocab, (rows,), device="cuda")
+        losses = torch.empty(rows, device="cuda")
+        scale = torch.ones(1, device="cuda")
+        logits = lce_module.mm_impl(chunk.unsqueeze(0), weight.t().unsqueeze(0), None, "none", False)[0][0]
+        grad_weight = torch.empty_like(weight)
+        product = 2 * rows * dim * vocab
+        timed = {
+            "logits = chunk @ W.T": (lambda: lce_module.mm_impl(chunk.unsqueeze(0), weight.t().unsqueeze(0), None,
+                                                                "none", False), lambda: torch.mm(chunk, weight.t())),
+            "loss kernel (in place)": (lambda: lce_module._cross_entropy(logits, target, scale, losses, -100, 0.0,
+                                                                         True), None),
+            "d hidden = grad @ W": (lambda: lce_module.mm_impl(logits.unsqueeze(0), weight.unsqueeze(0), None, "none",
+                                                               False), lambda: torch.mm(logits, weight)),
+            "d W += grad.T @ chunk": (lambda: lce_module._weight_grad(logits, chunk, grad_weight, True),
+                                      lambda: grad_weight.addmm_(logits.t(), chunk)),
+        }
+        print(f"chunk of {rows} tokens ({tokens // rows} chunks a step):", flush=True)
+        for name, (ours, cublas) in timed.items():
+            ms = triton.testing.do_bench(ours)
+            line = f"  {name}: dropin {ms:.3f} ms"
+            if cublas is not None:
+                theirs = triton.testing.do_bench(cublas)
+                line += f" ({product / ms / 1e9:.0f} TFLOP/s), cuBLAS {theirs:.3f} ms ({product / theirs / 1e9:.0f})"
+            print(line, flush=True)
+
+
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [8, 4, 2, 1])
+    if "--parts" in sys.argv:
+        parts([int(a) for a in sys.argv[1:] if a != "--parts"] or [512])
+    else:
+        main([int(a) for a in sys.argv[1:]] or [8, 4, 2, 1])
