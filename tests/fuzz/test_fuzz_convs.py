@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import dropin
 from _fuzz import CONTIGUOUS, FUZZ, SEEDS, compare, kink_mask, layouts, sizes, start
-from _tol import DEVICE, DTYPES
+from _tol import DEVICE, DTYPES, ON_GPU
 from dropin.ops.activations import ACTIVATIONS
 from dropin.ops.conv1d import conv1d_ref
 from dropin.ops.conv2d import conv2d_ref
@@ -43,6 +43,22 @@ def conv_geometry(draw, dims: int):
     return dict(n=draw(st.sampled_from((None, 1, 2, 3))), cin=cin, cout=cout, groups=G, kernel=kernel,
                 stride=scalar(stride), padding=pads if isinstance(pads, str) else scalar(pads),
                 dilation=scalar(dilation), spatial=spatial)
+
+
+def torch_cpu_crashes(case, dtype) -> bool:
+    """Whether torch's own conv (the peer) of the case crashes the process: on the CPU, an fp16 conv whose every
+    window along some dim lies in the padding (segmentation fault, torch 2.14.1: conv1d of a [4, 1] input, kernel
+    1, stride 2, padding 1, groups 4; conv2d of [3, 4, 8, 2], kernel 2x1, stride (2, 3), padding (2, 1), dilation
+    (1, 3)). float32 runs, and so does fp16 where a window reads the input."""
+    if ON_GPU or dtype != torch.float16 or isinstance(case["padding"], str):
+        return False  # ('valid' and 'same' windows all read the input)
+    dims = len(case["kernel"])
+    per_dim = [v if isinstance(v, tuple) else (v,) * dims for v in (case["stride"], case["padding"], case["dilation"])]
+    for L, K, s, p, d in zip(case["spatial"], case["kernel"], *per_dim):
+        outputs = (L + 2 * p - d * (K - 1) - 1) // s + 1
+        if not any(0 <= o * s - p + t * d < L for o in range(outputs) for t in range(K)):
+            return True
+    return False
 
 
 def out_shape(case, ref_fn):
@@ -103,6 +119,7 @@ def as_dict(**leaves):
 @FUZZ
 @given(case=conv2d_cases(), seed=SEEDS)
 def test_conv2d(dtype, case, seed):
+    assume(not torch_cpu_crashes(case, dtype))
     start("conv2d", seed)
     # each gradient in its input's layout; a residual's in torch's memory format (the strides of its size-1 dims
     # are free: an unbatched conv's output rows of one pixel)
@@ -125,6 +142,7 @@ def conv1d_cases(draw):
 @FUZZ
 @given(case=conv1d_cases(), seed=SEEDS)
 def test_conv1d(dtype, case, seed):
+    assume(not torch_cpu_crashes(case, dtype))
     start("conv1d", seed)
     compare(conv_call(dropin.ops.conv1d, case), conv_call(conv1d_ref, case), conv_leaves(case, dtype, F.conv1d),
             build=as_dict, upstream_contiguous=True, backward=case["backward"],
@@ -148,6 +166,7 @@ def sparse_conv2d_cases(draw):
 @FUZZ
 @given(case=sparse_conv2d_cases(), seed=SEEDS)
 def test_sparse_conv2d(dtype, case, seed):
+    assume(not torch_cpu_crashes(case, dtype))
     start("sparse_conv2d", seed)
     leaves = conv_leaves(case, dtype, F.conv2d)
     leaves["w"] = leaves["w"] * (torch.rand(leaves["w"].shape, device=DEVICE) >= case["sparsity"])
@@ -171,6 +190,7 @@ def fold_batchnorm_cases(draw):
 @FUZZ
 @given(case=fold_batchnorm_cases(), seed=SEEDS)
 def test_fold_batchnorm(dtype, case, seed):
+    assume(not torch_cpu_crashes(case, dtype))
     start("fold_batchnorm", seed)
     C = case["cout"]
     leaves = conv_leaves(case, dtype, F.conv2d)
