@@ -5,7 +5,7 @@ chunks hold more logits at once (the suite's memory bar: at most 0.5x torch eage
 For each CHUNKS value (argv, default 8 4 2 1) and the flce suite's shapes: dropin's forward + backward median
 (do_bench) and its peak MiB beyond the inputs, beside torch eager's (F.linear, then F.cross_entropy).
 With --parts: one chunk's passes at 4096 tokens, 4096 -> 32000, bf16 (chunk rows as CHUNKS=8 gives, or argv):
-the logits product, the loss kernel, the hidden gradient's product and the weight gradient's accumulating kernel,
+the logits product, the loss kernel, the hidden gradient's product and the weight gradient's accumulating product,
 each timed alone (do_bench) beside cuBLAS's same product (torch.mm, torch.addmm with beta 1), in TFLOP/s.
 Usage: PYTHONPATH=src python3 benchmarks/probes/flce_chunks.py [CHUNKS ...] | --parts [ROWS ...]"""
 import sys
@@ -70,7 +70,9 @@ def parts(chunk_rows):
                                                                          True), None),
             "d hidden = grad @ W": (lambda: lce_module.mm_impl(logits.unsqueeze(0), weight.unsqueeze(0), None, "none",
                                                                False), lambda: torch.mm(logits, weight)),
-            "d W += grad.T @ chunk": (lambda: lce_module._weight_grad(logits, chunk, grad_weight, True),
+            "d W += grad.T @ chunk": (lambda: lce_module.mm_impl(logits.t().unsqueeze(0), chunk.unsqueeze(0), None,
+                                                                 "none", False,
+                                                                 accumulate_into=grad_weight.unsqueeze(0)),
                                       lambda: grad_weight.addmm_(logits.t(), chunk)),
         }
         print(f"chunk of {rows} tokens ({tokens // rows} chunks a step):", flush=True)

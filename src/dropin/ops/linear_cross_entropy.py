@@ -8,16 +8,16 @@ logits). For each chunk, in the forward:
 2. `_cross_entropy_kernel`, one program per token: the row's logsumexp (online over vocab tiles, fp32), its loss
    and, where gradients are wanted, the logits' gradient (softmax - one-hot, label smoothing's share, times the
    token's scale) written over the logits in place;
-3. the gradient of the chunk's hidden rows (dropin's product, `grad @ weight`), of the weight
-   (`_weight_grad_kernel`: weight_grad += grad.T @ hidden_chunk, fp32 accumulation, rounded to the weight's dtype
-   once per chunk as Liger-Kernel's addmm does) and of the bias (a column sum).
+3. the gradient of the chunk's hidden rows (dropin's product, `grad @ weight`), of the weight (dropin's product
+   accumulating into it, `grad.T @ hidden_chunk` added in fp32 and rounded to the weight's dtype once per chunk,
+   as Liger-Kernel's addmm does) and of the bias (a column sum).
 So the gradients are made in the forward, three GEMMs in all, and for the "mean" and "sum" reductions the backward
 only scales them by the incoming gradient (in place: it runs once per forward). With reduction="none" the incoming
 gradient differs per token: the forward computes the losses alone and the backward runs the same chunk pass with
 the incoming gradient as the tokens' scales (one product more).
-Why dropin's products and a separate loss kernel rather than one fused kernel: the two big products are plain GEMMs
-that `mm_impl` already tunes (TMA, persistent grid), and the loss pass over a chunk's logits is memory-bound and
-cheap beside them; the only product the matmul family lacks is the accumulating one, `_weight_grad_kernel`.
+Why dropin's products and a separate loss kernel rather than one fused kernel: the three products are plain GEMMs
+that `mm_impl` already tunes (TMA, persistent grid; the weight gradient's reads the chunk's gradient transposed
+through its descriptor), and the loss pass over a chunk's logits is memory-bound and cheap beside them.
 Peak memory beyond the inputs: the weight's and hidden's gradients plus one chunk's logits (and, transiently, its
 hidden gradient), against torch's several [tokens, vocab] tensors.
 """
@@ -29,9 +29,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from . import _autotune, _gemm
-from ._dispatch import Launch, aligned, opaque_op, plan, switch
-from ._gemm import dot_acc, tile_coords
+from . import _gemm
+from ._dispatch import Launch, opaque_op, switch
 from .matmul import mm_impl
 
 MAX_CHUNK_BYTES = 256 << 20  # a chunk's logits at most this large
@@ -100,45 +99,7 @@ def _cross_entropy_kernel(logits_ptr, target_ptr, scale_ptr, loss_ptr,
             tl.store(row_ptr + offs, (g * scale).to(logits_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _weight_grad_kernel(g_ptr, h_ptr, dw_ptr,
-                        V, H, C,
-                        stride_gc, stride_gv, stride_hc, stride_hh,
-                        ACCUMULATE: tl.constexpr, PRECISION: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """dw[V, H] = g[C, V].T @ h[C, H] (+ dw where ACCUMULATE), one [BLOCK_M, BLOCK_N] tile of dw per program, fp32
-    accumulation; dw contiguous, g and h with any strides."""
-    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(V, BLOCK_M), tl.cdiv(H, BLOCK_N), GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # Rows and columns past the edge wrap onto valid ones, so only the token dim needs a load mask.
-    g_ptrs = g_ptr + (offs_m % V).to(tl.int64)[:, None] * stride_gv + offs_k[None, :] * stride_gc
-    h_ptrs = h_ptr + offs_k[:, None] * stride_hc + (offs_n % H).to(tl.int64)[None, :] * stride_hh
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(C, BLOCK_K)):
-        k_left = C - k * BLOCK_K
-        g = tl.load(g_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        h = tl.load(h_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = dot_acc(acc, g, h, PRECISION)
-        g_ptrs += BLOCK_K * stride_gc
-        h_ptrs += BLOCK_K * stride_hc
-    offs = offs_m.to(tl.int64)[:, None] * H + offs_n[None, :]
-    mask = (offs_m[:, None] < V) & (offs_n[None, :] < H)
-    if ACCUMULATE:
-        acc += tl.load(dw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(dw_ptr + offs, acc.to(dw_ptr.dtype.element_ty), mask=mask)
-
-
 # --- 3. Launchers -----------------------------------------------------------------------------------
-
-_cfg = _autotune.config
-_WEIGHT_GRAD_CONFIGS = {  # BLOCK_M over the vocab, BLOCK_N over hidden, BLOCK_K over the tokens; smallest last
-    2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 128, 32, 8, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 64, 4, 4),
-        _cfg(32, 32, 32, 4, 2)],
-    4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 64, 32, 4, 4), _cfg(64, 64, 32, 4, 4), _cfg(32, 32, 32, 4, 2)],
-}
-
 
 def chunk_rows(tokens: int, vocab: int, element_size: int) -> int:
     """Tokens per chunk: logits of at most MAX_CHUNK_BYTES and about 1/CHUNKS of the whole (at least MIN_CHUNK_ROWS
@@ -159,40 +120,6 @@ def _cross_entropy(logits, target, scale, losses, ignore_index: int, smoothing: 
         logits, target, scale_ptr, losses, V, logits.stride(0), scale_stride, ignore_index, smoothing)
 
 
-_plans: dict = {}
-
-
-def _weight_grad(grad, hidden, weight_grad, accumulate: bool):
-    """weight_grad (+)= grad.T @ hidden: grad [C, V], hidden [C, H] (any strides), weight_grad [V, H] contiguous."""
-    (C, V), H = grad.shape, hidden.shape[1]
-    precision = _gemm.precision(grad.dtype, k=C)
-    key = (C, V, H, grad.stride(), hidden.stride(), grad.dtype, grad.device, aligned(grad),
-           aligned(hidden), accumulate, precision)
-    run = plan(_plans, key, lambda: _weight_grad_plan(grad, hidden, weight_grad, accumulate, precision))
-    run(grad, hidden, weight_grad)
-
-
-def _weight_grad_plan(grad, hidden, weight_grad, accumulate: bool, precision: str):
-    """The launcher run(grad, hidden, weight_grad) of this signature, its config tuned once per size bucket."""
-    (C, V), H = grad.shape, hidden.shape[1]
-    size = grad.element_size()
-    configs = _gemm.fits(_WEIGHT_GRAD_CONFIGS[size], V, H, C, _gemm.max_k(precision, size))
-    scalars = (V, H, C, *grad.stride(), *hidden.stride())
-
-    def launcher(cfg, accumulate=accumulate):
-        grid = (_runtime.cdiv(V, cfg["BLOCK_M"]) * _runtime.cdiv(H, cfg["BLOCK_N"]),)
-        launch = Launch(_weight_grad_kernel, grid, dict(cfg, ACCUMULATE=accumulate, PRECISION=precision, GROUP_M=8))
-        return lambda g, h, dw: launch(g, h, dw, *scalars)
-
-    def prepare(cfg):  # timed into a scratch buffer, never accumulating into the real gradient
-        scratch = torch.empty_like(weight_grad)
-        launch = launcher(cfg, False)
-        return lambda: launch(grad, hidden, scratch)
-
-    key = ("wgrad", grad.dtype, precision, *map(_autotune.bucket, (V, H, C)))
-    return launcher(_autotune.pick("linear_cross_entropy", key, configs, prepare))
-
-
 def _lce_impl(hidden, weight, target, bias, scale, ignore_index: int, label_smoothing: float,
               need_hidden: bool, need_weight: bool, need_bias: bool):
     """hidden [N, H] (any strides), weight [V, H], target [N] int64 (contiguous), bias [V] or None; scale: None
@@ -201,10 +128,9 @@ def _lce_impl(hidden, weight, target, bias, scale, ignore_index: int, label_smoo
     (N, H), V = hidden.shape, weight.shape[0]
     losses = torch.empty(N, dtype=torch.float32, device=hidden.device)
     grad_hidden = hidden.new_empty((N, H) if need_hidden else 0)
-    grad_weight = weight.new_empty((V, H) if need_weight else 0)
+    grad_weight = weight.new_zeros((V, H) if need_weight and N == 0 else 0)  # (the first chunk's product makes it)
     grad_bias = torch.zeros(V if need_bias else 0, dtype=torch.float32, device=hidden.device)
     if N == 0:
-        grad_weight.zero_()
         return losses, grad_hidden, grad_weight, grad_bias.to(weight.dtype)
     write_grad = need_hidden or need_weight or need_bias
     rows = chunk_rows(N, V, hidden.element_size())
@@ -220,7 +146,8 @@ def _lce_impl(hidden, weight, target, bias, scale, ignore_index: int, label_smoo
             grad_hidden[start:stop].copy_(mm_impl(logits.unsqueeze(0), weight.unsqueeze(0), None, "none",
                                                   False)[0][0])
         if need_weight:
-            _weight_grad(logits, chunk, grad_weight, start > 0)
+            grad_weight = mm_impl(logits.t().unsqueeze(0), chunk.unsqueeze(0), None, "none", False,
+                                  accumulate_into=grad_weight.unsqueeze(0) if start > 0 else None)[0][0]
         if need_bias:
             grad_bias += logits.sum(0, dtype=torch.float32)
     return losses, grad_hidden, grad_weight, grad_bias.to(weight.dtype)

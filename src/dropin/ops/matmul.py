@@ -130,29 +130,35 @@ def _tma_takes(a, K) -> bool:
 _plans: dict = {}
 
 
-def mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] = None, traced: bool = False):
+def mm_impl(a, b, bias, activation: str, save_preact: bool, tma: Optional[bool] = None, traced: bool = False,
+            accumulate_into: Optional[torch.Tensor] = None):
     """C = act(A @ B + bias) for A [B, M, K], B [B, K, N] (same batch, any strides), bias [N] or None.
     Returns (C, Z): C contiguous [B, M, N]; Z = A @ B + bias when save_preact, else None.
+    accumulate_into (a contiguous [B, M, N] of A's dtype): C is that tensor, act(A @ B + bias) added to what it
+    holds in fp32 and rounded once (a sum of products over calls, as torch's addmm_; the linear + cross-entropy's
+    weight gradient over its chunks of tokens).
     `tma` forces the kernel choice (tests); None picks the TMA kernel wherever it applies.
     The launch plan (kernel, grid, config) is made once per signature and reused: small products are
     bound by launch cost."""
     batch, M, K = a.shape
     N = b.shape[2]
-    c = a.new_empty((batch, M, N))
+    accumulate = accumulate_into is not None
+    c = accumulate_into if accumulate else a.new_empty((batch, M, N))
     z = a.new_empty((batch, M, N)) if save_preact else c  # c stands in for an unused Z
     if c.numel() == 0:
         return c, z if save_preact else None
-    a, b, run = _mm_prepared(a, b, c, bias, z, activation, save_preact, tma, traced)
+    a, b, run = _mm_prepared(a, b, c, bias, z, activation, save_preact, tma, traced, accumulate)
     run(a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z)
     return c, z if save_preact else None
 
 
-def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Optional[bool], traced: bool):
+def _mm_prepared(a, b, c, bias, z, activation: str, save_preact: bool, tma: Optional[bool], traced: bool,
+                 accumulate: bool = False):
     """(a, b, run): the operands as the kernels read them (copies where they pay: `_operand_copies`) and the
     signature's plan, run(a, b, c, bias, z)."""
     precision, copy_a, copy_b = _operand_copies(a, b, tma, traced)
     a, b = operand_copies(a, b, copy_a, copy_b, traced)
-    return a, b, _mm_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced)
+    return a, b, _mm_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced, accumulate)
 
 
 def _operand_copies(a, b, tma: Optional[bool], traced: bool):
@@ -189,12 +195,14 @@ def _operand_copies(a, b, tma: Optional[bool], traced: bool):
     return precision, None, None
 
 
-def _mm_plan(a, b, c, bias, z, activation: str, save_preact: bool, tma: Optional[bool], precision: str, traced: bool):
-    """The plan of a product on operands a and b as the kernels read them: run(a, b, c, bias, z)."""
+def _mm_plan(a, b, c, bias, z, activation: str, save_preact: bool, tma: Optional[bool], precision: str, traced: bool,
+             accumulate: bool = False):
+    """The plan of a product on operands a and b as the kernels read them: run(a, b, c, bias, z) (accumulate: into
+    what c holds)."""
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, aligned(a, traced), aligned(b, traced),
-           None if bias is None else aligned(bias, traced), activation, save_preact, precision, tma)
-    return plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced),
-                traced=traced)
+           None if bias is None else aligned(bias, traced), activation, save_preact, precision, tma, accumulate)
+    return plan(_plans, key, lambda: _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced,
+                                                accumulate), traced=traced)
 
 
 def _mm_shortcut(a, b, c, bias, activation: str, save_preact: bool = False):
@@ -374,7 +382,7 @@ def _skinny_configs(N, K) -> list:
     return [dict(cfg, KERNEL="skinny") for cfg in _gemm.fits(_SKINNY_CONFIGS, 16, N, K)]
 
 
-def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced: bool):
+def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced: bool, accumulate: bool):
     """Chooses the kernel and its config for this signature (tuning on first use); returns the launcher.
     Candidates: the TMA kernel's where it applies, and the pointer kernel's where it may win (skinny or
     fp32 products, or no TMA)."""
@@ -404,15 +412,17 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     skinny = M <= 16 and size == 2 and tuned and _runtime.size_hint(K) <= _gemm.ACC_K.value  # (its one accumulator)
     if skinny:
         configs = _skinny_configs(N, K) + configs
-    epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision)
+    epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision,
+                    ACCUMULATE=accumulate)
 
     def launcher(cfg):
         cfg = dict(cfg)
         kernel, splits = cfg.pop("KERNEL"), cfg.pop("SPLIT_K", 1)
         tiles = _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
         if kernel == "fma":
-            meta = dict(HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact, BLOCK_M=cfg["BLOCK_M"],
-                        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
+            meta = dict(HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact, ACCUMULATE=accumulate,
+                        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                        num_warps=cfg["num_warps"])
             scalars = (M, N, K, *a.stride(), *b.stride())
             launch = Launch(fma_kernel, (tiles, batch), meta, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
@@ -431,9 +441,9 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
         if splits == 1:
             launch = Launch(tile_kernel, (tiles, batch, 1), dict(epilogue, **tile_meta, **cfg), traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
-        partial_meta = dict(epilogue, **tile_meta, **cfg, HAS_BIAS=False, ACT="none", STORE_Z=False)
+        partial_meta = dict(epilogue, **tile_meta, **cfg, HAS_BIAS=False, ACT="none", STORE_Z=False, ACCUMULATE=False)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
-                        BLOCK_R=32, BLOCK_N=64)
+                        ACCUMULATE=accumulate, BLOCK_R=32, BLOCK_N=64)
         launch_partial = Launch(tile_kernel, (tiles, batch, splits), partial_meta, traced=traced)
         sum_grid = (_runtime.cdiv(batch * M, 32), _runtime.cdiv(N, 64))
         launch_sum = Launch(split_sum_kernel, sum_grid, sum_meta, traced=traced)
@@ -447,9 +457,12 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     key = ("mm", a.dtype, precision, tma, ptr, M == 1, N <= 16, a.stride(2) != 1, b.stride(2) != 1)
     key += tuple(map(_autotune.bucket, (batch, M, N, K))) + (("skinny",) if skinny else ())
     key += ("deep",) if deep else ()
-    args = (a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z)
+    key += ("accumulate",) if accumulate else ()
+    args = [a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z]
 
     def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
+        if accumulate and args[2] is c:  # timed into one scratch output, never adding into the real one
+            args[2] = torch.zeros_like(c)
         launch = launcher(cfg)
         return lambda: launch(*args)
 

@@ -37,10 +37,12 @@ def mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
                SHARES: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+               ACCUMULATE: tl.constexpr = False):
     """One output tile per program; grid (tiles, batch, splits of K). C and Z are contiguous [batch, M, N];
     with several splits, split s writes its fp32 partial product to C[s] of a [splits, batch, M, N] C.
-    SHARES: a split's reduction is longer than ACC_K (`shares`)."""
+    SHARES: a split's reduction is longer than ACC_K (`shares`). ACCUMULATE: C's tile is added to what C held
+    (`_store_tile`)."""
     pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     batch = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2).to(tl.int64)
@@ -63,7 +65,7 @@ def mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     else:
         acc, a_ptrs, b_ptrs = _mm_range(acc, a_ptrs, b_ptrs, k_first, k_last, K, stride_ak, stride_bk, PRECISION,
                                         BLOCK_K)
-    _store_tile(acc, c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N, HAS_BIAS, ACT, STORE_Z)
+    _store_tile(acc, c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N, HAS_BIAS, ACT, STORE_Z, ACCUMULATE)
 
 
 @triton.jit
@@ -71,7 +73,8 @@ def skinny_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                   M, N, K,
                   stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  ACCUMULATE: tl.constexpr = False):
     """mm_kernel's product, grid and C layout for few rows (decoding's M = 1..16): the tile is computed as
     (B^T A^T)'s [BLOCK_N, BLOCK_M], so that B's columns fill the MMA's 64-row side and A's few rows its narrow
     16-column one (as [BLOCK_M, BLOCK_N] the 64-row side would be mostly padding); with a K split over the
@@ -90,20 +93,31 @@ def skinny_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                + (offs_m % M).to(tl.int64)[None, :] * stride_am)
     acc = _mm_range(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), bt_ptrs, at_ptrs, k_first, k_last, K, stride_bk,
                     stride_ak, PRECISION, BLOCK_K)[0]  # (B^T's tiles as the left operand)
-    _store_tile(tl.trans(acc), c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N, HAS_BIAS, ACT, STORE_Z)
+    _store_tile(tl.trans(acc), c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N, HAS_BIAS, ACT, STORE_Z,
+                ACCUMULATE)
 
 
 @triton.jit
 def _store_tile(acc, c_ptr, bias_ptr, z_ptr, offs_m, offs_n, batch, split, M, N,
-                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr):
+                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, ACCUMULATE: tl.constexpr):
     """The pointer kernels' epilogue: act(acc + bias) into C's tile (and Z's) of batch `batch`, or, with a K
-    split, the plain partial product into split `split`'s [batch, M, N] of C."""
+    split, the plain partial product into split `split`'s [batch, M, N] of C. ACCUMULATE: C's old tile plus that
+    (`_with_old`)."""
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
     offs_c = (split * tl.num_programs(1) + batch) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if STORE_Z:
         tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs_c, _with_old(apply_activation(acc, ACT), c_ptr + offs_c, mask, ACCUMULATE), mask=mask)
+
+
+@triton.jit
+def _with_old(c, c_ptrs, mask, ACCUMULATE: tl.constexpr):
+    """The tile to store at c_ptrs, in C's dtype: c (fp32), plus what C holds there where ACCUMULATE (a sum of
+    products over several calls, each rounded to C's dtype once, as torch's addmm_ on C)."""
+    if ACCUMULATE:
+        c += tl.load(c_ptrs, mask=mask, other=0.0).to(tl.float32)
+    return c.to(c_ptrs.dtype.element_ty)
 
 
 @triton.jit
@@ -111,7 +125,7 @@ def fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                 M, N, K,
                 stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                 HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr = False):
     """Products with M == 1 (BLOCK_M = 1) or few columns (N <= 16, e.g. seed 004's 784 -> 10 layer) on the
     CUDA cores in fp32: a tensor-core tile would be mostly padding, and its latency chain dominates; here A
     streams through once in coalesced [BLOCK_M, BLOCK_K] rows, and each K chunk's sum is added to the
@@ -140,14 +154,15 @@ def fma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     mask = m_ok[:, None] & n_ok[None, :]
     if STORE_Z:
         tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    tl.store(c_ptr + offs_c, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs_c, _with_old(apply_activation(acc, ACT), c_ptr + offs_c, mask, ACCUMULATE), mask=mask)
 
 
 @triton.jit
 def split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
                       SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """C = act(sum_s W[s] + bias) over [R, N] rows: the epilogue of a product split along K."""
+                      BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ACCUMULATE: tl.constexpr = False):
+    """C = act(sum_s W[s] + bias) (ACCUMULATE: C plus that) over [R, N] rows: the epilogue of a product split
+    along K."""
     offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs = offs_r[:, None] * N + offs_n[None, :]
@@ -158,7 +173,7 @@ def split_sum_kernel(w_ptr, c_ptr, bias_ptr, z_ptr, R, N,
     acc = _add_bias(acc, bias_ptr, offs_n, N, HAS_BIAS)
     if STORE_Z:
         tl.store(z_ptr + offs, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    tl.store(c_ptr + offs, apply_activation(acc, ACT).to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs, _with_old(apply_activation(acc, ACT), c_ptr + offs, mask, ACCUMULATE), mask=mask)
 
 
 @triton.jit
@@ -185,7 +200,8 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, C_PTR: tl.constexpr = False,
-                   EPILOGUE_SUBTILE: tl.constexpr = False, CORRECTION_CHAIN: tl.constexpr = False):
+                   EPILOGUE_SUBTILE: tl.constexpr = False, CORRECTION_CHAIN: tl.constexpr = False,
+                   ACCUMULATE: tl.constexpr = False):
     """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles.
     A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
     likewise B [BATCH, K, N] (B_T: [BATCH, N, K]). C (and Z) contiguous [BATCH, M, N], stored through
@@ -198,7 +214,8 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     It is tf32x3's (`_gemm.dot_parts`); with CORRECTION_CHAIN only hi @ hi, the two correction products (under
     2^-11 of it, whose chain's truncations do not matter) accumulating over all of K in one chain of their own,
     added at the end: the PTX waits for MMA results twice a K tile, the last product's left in flight into the next
-    tile, where dot_parts's waits three times (benchmarks/probes/compile_sm90.py)."""
+    tile, where dot_parts's waits three times (benchmarks/probes/compile_sm90.py).
+    ACCUMULATE: C's tile is added to what C held (loaded through pointers: `_with_old`)."""
     SPLIT_B: tl.constexpr = PRECISION == "tf32x3_split" or PRECISION == "tf32x3_split_b"
     PARTS_A: tl.constexpr = 2 if PRECISION == "tf32x3_split" else 1
     PARTS_B: tl.constexpr = 2 if SPLIT_B else 1
@@ -257,12 +274,12 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
         batch_c = tile_c // tiles
         pid_m, pid_n = tile_coords(tile_c % tiles, num_pid_m, num_pid_n, GROUP_M)
         acc = _add_bias(acc, bias_ptr, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N, HAS_BIAS)
-        c = apply_activation(acc, ACT).to(c_ptr.dtype.element_ty)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs = batch_c.to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        c = _with_old(apply_activation(acc, ACT), c_ptr + offs, mask, ACCUMULATE)
         if C_PTR:
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            offs = batch_c.to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
             if STORE_Z:
                 tl.store(z_ptr + offs, acc.to(z_ptr.dtype.element_ty), mask=mask)
             tl.store(c_ptr + offs, c, mask=mask)

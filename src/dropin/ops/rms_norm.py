@@ -296,7 +296,8 @@ def _bwd_plan(dy, ds: Optional[torch.Tensor], x, weight, rstd, gemma: bool, trac
     program added up): the backward's launches for this signature, made once (the tensors' shapes, strides, dtypes
     and 16-byte alignment, the device); dx as `_rms_norm_bwd_impl` allocates it."""
     key = None if traced else (
-        "bwd", gemma, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, dy.stride(), dy.dtype, dy.data_ptr() & 15,
+        "bwd", gemma, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, dy.stride(), dy.dtype,
+        dy.data_ptr() & 15,
         None if ds is None else (ds.stride(), ds.dtype, ds.data_ptr() & 15), weight.stride(0), weight.dtype,
         weight.data_ptr() & 15, rstd.data_ptr() & 15)
     return plan(_plans, key, lambda: _make_bwd_plan(dy, ds, x, weight, gemma, traced), traced)
@@ -314,7 +315,8 @@ def _make_bwd_plan(dy, ds, x, weight, gemma, traced):
     rows = _runtime.cdiv(_runtime.cdiv(R, programs), block_r) * block_r
     programs = _runtime.cdiv(R, rows)
     launch = Launch(_rms_norm_bwd_kernel, (programs,),
-                    dict(HAS_DS=ds is not None, GEMMA=gemma, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps), traced=traced)
+                    dict(HAS_DS=ds is not None, GEMMA=gemma, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps),
+                    traced=traced)
     scalars = (R, N, *dy.stride(), *(dy if ds is None else ds).stride(), *x.stride(), weight.stride(0), rows)
 
     sums = column_sums_run(programs, N, traced)
