@@ -11,7 +11,7 @@ import torch
 import dropin  # noqa: F401
 from dropin.ops import _autotune, _gemm
 from dropin.ops.swiglu import swiglu_mlp_ref
-from _tol import DEVICE, ON_GPU, assert_close, slow
+from _tol import DEVICE, ON_GPU, assert_close, gpu, slow
 
 mm = __import__("dropin.ops.matmul", fromlist=["_make_plan"])
 
@@ -121,7 +121,8 @@ ACCUMULATING = [  # (kernel, config, rows): each kernel's epilogue (split K's is
     pytest.param("ptr", [c for c in mm._PTR_CONFIGS[2] if c.get("SPLIT_K", 1) > 1][-1], 88, id="ptr-split-k"),
     pytest.param("skinny", mm._SKINNY_CONFIGS[0], 13, id="skinny"),
     pytest.param("fma", mm._FMA_CONFIGS["narrow"][-1], 88, id="fma"),
-]
+] + [pytest.param("tma", c, 88, id=f"tma-{i}", marks=gpu)  # (every one the tuner times for the weight gradient)
+     for i, c in enumerate(mm._TMA_CONFIGS[2] + mm._TMA_ROUNDED_CONFIGS[1:])]
 
 
 @pytest.mark.parametrize("kernel,cfg,rows", ACCUMULATING)
