@@ -219,17 +219,22 @@ def _fwd_impl(q, k, v, mask, is_causal: bool, scale: float, traced: bool = False
     return out, stats
 
 
+def _plan_terms(q, k, mask, scale: float, traced: bool) -> tuple:
+    """What the forward's and the backward's plans of a call fix: the sizes (B, H, HK, Lq, Lk), the mask as the
+    kernels read it (`_mask_args`), the products' precision and the scale of the scores they take."""
+    mask_t, mask_strides, mask_kind = _mask_args(mask, q, traced)
+    return ((*q.shape[:2], k.shape[1], q.shape[2], k.shape[2]), mask_t, mask_strides, mask_kind,
+            _attention_precision(q, k.shape[2]), _scores_scale(q, mask_kind, scale))
+
+
 def _fwd_plan(q, k, v, mask, out, stats, is_causal: bool, scale: float, traced: bool):
     """(run, mask_t, qk_scale): the forward's plan for this signature, run(q, k, v, mask_t, out, stats, qk_scale),
     the mask as the kernel reads it and the scale of the scores it takes."""
-    B, H, Lq, E = q.shape
-    HK, Lk = k.shape[1], k.shape[2]
-    mask_t, mask_strides, mask_kind = _mask_args(mask, q, traced)
-    precision = _attention_precision(q, Lk)
-    qk_scale = _scores_scale(q, mask_kind, scale)
+    fixed, mask_t, mask_strides, mask_kind, precision, qk_scale = _plan_terms(q, k, mask, scale, traced)
+    B, H, HK, Lq, Lk = fixed
+    E = q.shape[3]
 
     def make():  # sizes and strides are fixed by the plan's key: computed once
-        fixed = (B, H, HK, Lq, Lk)
         masked = mask_kind != "none"
         summary = Summary(mask if masked else None, mask_kind, traced)
         strides = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *summary.strides, *out.stride())
@@ -284,14 +289,11 @@ def _bwd_impl(grad_out, q, k, v, mask, out, stats, is_causal: bool, scale: float
 def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal: bool, scale: float, traced: bool):
     """(run, mask_t, qk_scale): the backward's plan for this signature, run(grad_out, q, k, v, mask_t, out, stats,
     delta, dq, dk, dv, qk_scale, scale) (the tensors laid out as these), as `_fwd_plan`."""
-    B, H, Lq, E = q.shape
-    HK, Lk = k.shape[1], k.shape[2]
-    mask_t, mask_strides, mask_kind = _mask_args(mask, q, traced)
-    precision = _attention_precision(q, Lk)
-    qk_scale = _scores_scale(q, mask_kind, scale)
+    fixed, mask_t, mask_strides, mask_kind, precision, qk_scale = _plan_terms(q, k, mask, scale, traced)
+    B, H, HK, Lq, Lk = fixed
+    E = q.shape[3]
 
     def make():  # sizes and strides are fixed by the plan's key: computed once
-        fixed = (B, H, HK, Lq, Lk)
         masked = mask_kind != "none"
         # the mask's summaries: per query rows for dQ's walk over keys, per key rows (transposed) for dK / dV's
         by_query = Summary(mask if masked else None, mask_kind, traced)

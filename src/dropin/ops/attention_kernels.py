@@ -96,6 +96,20 @@ def _dot_t(a, a_ptr, a_b, a_h, a_rows, sa_b, sa_h, sa_l, sa_d, b, b_ptr, b_b, b_
 
 
 @triton.jit
+def _part(PART: tl.constexpr, start0, stop0, start1, stop1, start2, stop2):
+    """The PART-th of a walk's three tile ranges [start0, stop0), [start1, stop1), [start2, stop2)."""
+    start = start0
+    stop = stop0
+    if PART == 1:
+        start = start1
+        stop = stop1
+    if PART == 2:
+        start = start2
+        stop = stop2
+    return start, stop
+
+
+@triton.jit
 def _scores(qk, qi, kj, Lq, Lk, mask_base, stride_mq, stride_mk, qk_scale,
             MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr):
     """Scores of one tile from qk = q . k; qi / kj: the query / key index of each entry (broadcasting to the
@@ -378,24 +392,14 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, de
             ranges_base = ranges_ptr + b.to(tl.int64) * stride_rb + h.to(tl.int64) * stride_rh
             lo, band, full, end = query_tile_ranges(ranges_base, start_n, Lk, Lq, BLOCK_N, BLOCK_M, RANGE_ROWS)
             tail = full
-        dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                             stride_vb, stride_vh, stride_vn, stride_vd, offs_n, lo, band, q_ptr, q_src, do_ptr,
-                             do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk, qk_scale,
-                             stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
-                             stride_mq, stride_mk, MASK, CAUSAL, True, False, PRECISION, TMA, HEAD_DIM, BLOCK_D,
-                             BLOCK_M, CHUNK)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                             stride_vb, stride_vh, stride_vn, stride_vd, offs_n, band, full, q_ptr, q_src, do_ptr,
-                             do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk, qk_scale,
-                             stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
-                             stride_mq, stride_mk, MASK, CAUSAL, False, True, PRECISION, TMA, HEAD_DIM, BLOCK_D,
-                             BLOCK_M, CHUNK)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
-                             stride_vb, stride_vh, stride_vn, stride_vd, offs_n, tail, end, q_ptr, q_src, do_ptr,
-                             do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk, qk_scale,
-                             stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
-                             stride_mq, stride_mk, MASK, CAUSAL, True, False, PRECISION, TMA, HEAD_DIM, BLOCK_D,
-                             BLOCK_M, CHUNK)
+        for part in tl.static_range(3):  # [lo, band) EDGE, [band, full) attended wholly (FULL), [tail, end) EDGE
+            start, stop = _part(part, lo, band, band, full, tail, end)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, stride_kn, stride_kd,
+                                 stride_vb, stride_vh, stride_vn, stride_vd, offs_n, start, stop, q_ptr, q_src,
+                                 do_ptr, do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk,
+                                 qk_scale, stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh,
+                                 stride_dm, stride_dd, stride_mq, stride_mk, MASK, CAUSAL, part != 1, part == 1,
+                                 PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M, CHUNK)
     offs_d = tl.arange(0, BLOCK_D)
     store_mask = (offs_n[:, None] < Lk) & (offs_d[None, :] < HEAD_DIM)
     n = offs_n[:, None].to(tl.int64)
@@ -490,21 +494,14 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, delt
     else:  # [lo, full_lo) and [full_hi, hi) read the mask (EDGE), [full_lo, full_hi) attend wholly
         ranges_base = ranges_ptr + b.to(tl.int64) * stride_rb + h.to(tl.int64) * stride_rh
         lo, full_lo, full_hi, hi = query_tile_ranges(ranges_base, start_m, Lq, Lk, BLOCK_M, BLOCK_N, RANGE_ROWS)
-    dq, dsum = _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                         stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, lo, full_lo, k_ptr, k_src,
-                         v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
-                         stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk, MASK, CAUSAL, True, False,
-                         PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK, DELTA)
-    dq, dsum = _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                         stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, full_lo, full_hi, k_ptr,
-                         k_src, v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale, stride_kb, stride_kh, stride_kn,
-                         stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk, MASK, CAUSAL,
-                         False, True, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK, DELTA)
-    dq, dsum = _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                         stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, full_hi, hi, k_ptr, k_src,
-                         v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale, stride_kb, stride_kh, stride_kn, stride_kd,
-                         stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk, MASK, CAUSAL, True, False,
-                         PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK, DELTA)
+    for part in tl.static_range(3):  # [lo, full_lo) EDGE, [full_lo, full_hi) attended wholly (FULL), [full_hi, hi) EDGE
+        start, stop = _part(part, lo, full_lo, full_lo, full_hi, full_hi, hi)
+        dq, dsum = _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+                             stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, start, stop, k_ptr,
+                             k_src, v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale, stride_kb, stride_kh,
+                             stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
+                             MASK, CAUSAL, part != 1, part == 1, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK,
+                             DELTA)
     if DELTA:
         tl.store(delta_ptr + row + offs_m, dsum, mask=offs_m < Lq)
     else:

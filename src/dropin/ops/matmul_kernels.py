@@ -32,6 +32,18 @@ def _mm_range(acc, a_ptrs, b_ptrs, k_from, k_to, K, stride_ak, stride_bk, PRECIS
 
 
 @triton.jit
+def _tile_start(pid_m, pid_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(batch, split, first and last K tiles, offs_m, offs_n, offs_k) of the pointer kernels' program at tile (pid_m,
+    pid_n); grid (tiles, batch, splits of K)."""
+    batch = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2).to(tl.int64)
+    k_first, k_last = split_range(split, K, BLOCK_K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return batch, split, k_first, k_last, offs_m, offs_n, k_first * BLOCK_K + tl.arange(0, BLOCK_K)
+
+
+@triton.jit
 def mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                M, N, K,
                stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
@@ -44,12 +56,7 @@ def mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     SHARES: a split's reduction is longer than ACC_K (`shares`). ACCUMULATE: C's tile is added to what C held
     (`_store_tile`)."""
     pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    batch = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2).to(tl.int64)
-    k_first, k_last = split_range(split, K, BLOCK_K)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
+    batch, split, k_first, k_last, offs_m, offs_n, offs_k = _tile_start(pid_m, pid_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
     # Rows and columns past the edge wrap onto valid ones, so only K needs a load mask; stores are masked.
     a_ptrs = (a_ptr + batch * stride_ab + (offs_m % M).to(tl.int64)[:, None] * stride_am
               + offs_k[None, :] * stride_ak)
@@ -81,12 +88,7 @@ def skinny_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     grid's third axis this keeps enough of B's bytes in flight to stream it at the memory's speed."""
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
-    batch = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2).to(tl.int64)
-    k_first, k_last = split_range(split, K, BLOCK_K)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
+    batch, split, k_first, k_last, offs_m, offs_n, offs_k = _tile_start(pid_m, pid_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
     bt_ptrs = (b_ptr + batch * stride_bb + (offs_n % N).to(tl.int64)[:, None] * stride_bn
                + offs_k[None, :] * stride_bk)
     at_ptrs = (a_ptr + batch * stride_ab + offs_k[:, None] * stride_ak
