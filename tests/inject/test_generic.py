@@ -3,11 +3,12 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import dropin
 import dropin.nn as dnn
-from dropin.inject import InjectConfig, InjectError, VerificationError, registry
+from dropin.inject import InjectConfig, InjectError, VerificationError, coverage, registry
 from _tol import DEVICE, gpu
 
 from _models import (assert_same_state, check_backward, check_forward, cnn, compiled_guards, injected_pair, mlp,
@@ -286,6 +287,31 @@ def test_coverage_measured_with_the_profiler():
         assert 0 < cov.kernel_time < 1
     with pytest.raises(ValueError, match="coverage=True"):
         dropin.inject_(mlp(), coverage=True)
+
+
+class _Attention(nn.Module):
+    """F.scaled_dot_product_attention in a forward no handler knows, after a linear."""
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        q = self.proj(x).view(2, 5, 2, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q)
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "forward+backward"])
+def test_coverage_counts_torch_attention(backward):
+    """torch's fused attention kernels, which the profiler counts no FLOPs for, count as torch's FLOP counter counts
+    them (the forward's two products, the backward's five, the scores' recomputed): left to torch, they are work
+    dropin does not run."""
+    original, x = _Attention().to(DEVICE), torch.randn(2, 5, 16, device=DEVICE)
+    model = copy.deepcopy(original)
+    dropin.inject_(model, verify=False)
+    run = (lambda m: m(x).sum().backward()) if backward else (lambda m: m(x))
+    cov = coverage.measure(model, original, run)
+    products = 2 * 2 * 2 * 5 * 5 * 8  # (one [5, 8] @ [8, 5] or [5, 5] @ [5, 8] product a head of each of 2 x 2)
+    assert cov.flops_torch == products * (7 if backward else 2) and 0 < cov.flops < 1, cov
 
 
 @pytest.mark.parametrize("make, shape", [(mlp, (4, 16)), pytest.param(cnn, (2, 3, 8, 8), marks=gpu),

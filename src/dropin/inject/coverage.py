@@ -1,10 +1,12 @@
 """How much of a model's work runs in dropin kernels, measured with the torch profiler on one step of the model.
 
-FLOPs: those the profiler counts (`with_flops`: matrix products, 2-D convolutions, elementwise mul / add; each op
-once, not again in the ops it calls) in the torch ops of the injected model, against the same count for the
-original (a reverted copy). dropin's kernels are Triton launches, which the profiler counts nothing for, so the
-share is 1 - torch's FLOPs left / the original's FLOPs. GPU kernel time: the device time of dropin's Triton
-kernels (known by name) against all kernels (memset and memcpy included); none under the interpreter.
+FLOPs: those the profiler counts (`with_flops`: matrix products, 2-D convolutions, elementwise mul / add) and those
+of torch's fused attention kernels, which it counts none for (`_attention_flops`: torch's FLOP counter's formulas for
+scaled_dot_product_attention: two products forward, five backward), each op once, not again in the ops it calls, in
+the torch ops of the injected model, against the same count for the original (a reverted copy). dropin's kernels
+are Triton launches, which the profiler counts nothing for, so the share is 1 - torch's FLOPs left / the original's
+FLOPs. GPU kernel time: the device time of dropin's Triton kernels (known by name) against all kernels (memset and
+memcpy included); none under the interpreter.
 """
 import os
 import sys
@@ -14,6 +16,7 @@ from typing import Callable, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -53,18 +56,32 @@ def dropin_kernels() -> frozenset:
     return frozenset(names)
 
 
+def _attention_flops(event) -> int:
+    """The FLOPs of one of torch's fused attention kernels (the backends scaled_dot_product_attention dispatches to:
+    flash, efficient, cuDNN, the CPU's flash; not its math path, whose products the profiler counts), from the
+    shapes of the query, key and value (the backward's after the output's gradient); 0 for any other op."""
+    name = event.name
+    if not name.startswith("aten::_scaled_dot_product_") or "_math" in name:
+        return 0
+    shapes = event.input_shapes
+    if name.endswith("_backward"):
+        return sdpa_backward_flop_count(*shapes[:4]) if len(shapes) >= 4 and all(shapes[:4]) else 0
+    return sdpa_flop_count(*shapes[:3]) if len(shapes) >= 3 and all(shapes[:3]) else 0
+
+
 def _flops(events) -> tuple:
     """(FLOPs of the ops not inside another counted op, {op name: [calls, FLOPs]})."""
     total, ops = 0, {}
     for e in events:
         parent = e.cpu_parent
-        while parent is not None and not parent.flops:
+        while parent is not None and not (parent.flops or _attention_flops(parent)):
             parent = parent.cpu_parent
-        if e.flops and parent is None:
-            total += e.flops
+        flops = e.flops or _attention_flops(e)
+        if flops and parent is None:
+            total += flops
             entry = ops.setdefault(e.name, [0, 0])
             entry[0] += 1
-            entry[1] += e.flops
+            entry[1] += flops
     return total, ops
 
 
@@ -76,7 +93,7 @@ def _profile(model: torch.nn.Module, run: Callable):
     activities = [ProfilerActivity.CPU] + ([] if _runtime.INTERPRET else [ProfilerActivity.CUDA])
     with warnings.catch_warnings():  # (torch's note that a profiler keeps one cycle's events: one is all it has)
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
-        with profile(activities=activities, with_flops=True) as p:
+        with profile(activities=activities, with_flops=True, record_shapes=True) as p:
             run(model)
             if not _runtime.INTERPRET:
                 torch.cuda.synchronize()
