@@ -1,8 +1,7 @@
 """Handlers for HF GPT-2 (transformers.models.gpt2) and the models built of transformers' Conv1D: Conv1D (a linear
 whose weight is stored [in, out]) -> dropin linear on the weight's transposed view, the activation that follows it
 in a chain fused into its epilogue; GPT2MLP's c_fc -> act -> c_proj -> dropout declared a chain (gelu_new, HF's
-NewGELUActivation, fuses into c_fc). GPT2Attention's attention products stay torch (named in the report); its
-Conv1D projections are injected one by one."""
+NewGELUActivation, fuses into c_fc). GPT2Attention: inject.sdpa_attention."""
 from torch import nn
 
 from .. import nn as dnn
@@ -17,11 +16,6 @@ def conv1d(module: nn.Module, site):
     return dnn.TransposedLinear(module, act, absorbs)
 
 
-def gpt2_attention(module: nn.Module, site):
-    return ("its attention products run in torch (HF's attention interface on its own split of c_attn's output, "
-            "with GPT-2's scaling options): its Conv1D projections are injected one by one")
-
-
 @when_imported("transformers.pytorch_utils")
 def _register_conv1d():
     from transformers.pytorch_utils import Conv1D
@@ -32,7 +26,6 @@ def _register_conv1d():
 
 @when_imported("transformers.models.gpt2.modeling_gpt2")
 def _register_gpt2():
-    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention, GPT2MLP
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
     chain(GPT2MLP, "c_fc", "act", "c_proj", "dropout")
-    register(GPT2Attention, op=None)(gpt2_attention)
