@@ -36,6 +36,11 @@ def tiny(family: str, dropout: float = 0.0, attn_implementation: str = "sdpa"):
                                          bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
                                          attn_pdrop=dropout, use_cache=False)
         inputs, names = {"input_ids": tokens, "attention_mask": padding}, "h.{}.attn"
+    elif family == "swin":  # (one block a stage: the first stage's windows unshifted, the second's shifted)
+        config = transformers.SwinConfig(embed_dim=16, depths=[1, 1], num_heads=[1, 2], image_size=32, patch_size=4,
+                                         window_size=4, attention_probs_dropout_prob=dropout)
+        inputs = {"pixel_values": torch.randn(2, 3, 32, 32, device=DEVICE)}
+        names = "encoder.layers.{}.blocks.0.attention"
     else:
         config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                         intermediate_size=64, image_size=32, patch_size=8,
@@ -49,17 +54,19 @@ def _output(model, inputs):
     return model(**inputs).last_hidden_state
 
 
-@pytest.mark.parametrize("family", ["bert", "vit", "gpt2"])
+@pytest.mark.parametrize("family", ["bert", "vit", "swin", "gpt2"])
 def test_attention_injected_and_verified(family):
-    """The attention modules run dropin attention (nothing else left to torch but embeddings), the injected model
-    verifies, and its output matches float64 with the padding mask (BERT, GPT-2) or none (ViT's)."""
+    """The attention modules run dropin attention (none left to torch, nor Swin's position bias), the injected model
+    verifies, and its output matches float64 with the padding mask (BERT, GPT-2), Swin's relative position bias
+    and shift mask, or no mask (ViT's)."""
     model, inputs, names = tiny(family)
     original = copy.deepcopy(model)
     report = dropin.inject_(model, example_inputs=next(iter(inputs.values())))  # (GPT-2's second argument: a cache)
     replaced = {r.name: (r.original, r.kernel) for r in report.replaced}
     for name in names:
-        assert replaced[name][1] == KERNEL and isinstance(model.get_submodule(name), dnn.sdpa_attention.SdpaAttention)
-    assert all("Embedding" in e.type or "Embeddings" in e.type for e in report.left), report.left
+        assert isinstance(model.get_submodule(name), dnn.sdpa_attention.SdpaAttention)
+        assert replaced[name][1] == model.get_submodule(name).kernel
+    assert not any("Attention" in e.type or "Bias" in e.type for e in report.left + report.notes), report
     assert report.verification.startswith("verified"), report.verification
     with torch.no_grad():
         out = _output(model, inputs)
@@ -98,6 +105,16 @@ def test_attention_dropout_in_training_runs_torch_forward(monkeypatch):
     with torch.no_grad():
         _output(model, inputs)
     assert torch_calls == [1, 1] and calls == [1, 1]
+
+
+def test_swin_bias_with_a_gradient_runs_torch_forward():
+    """Swin's relative position bias table needs a gradient where autograd records (dropin attention gives none for
+    a mask): torch's forward runs, and the gradients match float64; without autograd, dropin attention."""
+    model, inputs, names = tiny("swin")
+    original = copy.deepcopy(model)
+    dropin.inject_(model, verify=False)
+    table = ".relative_position_bias.relative_position_bias_table"
+    check_hf_backward(model, original, inputs, "last_hidden_state", [names[1] + table, names[1] + ".q_proj.weight"])
 
 
 def test_gpt2_decoding_with_a_cache():

@@ -1,7 +1,8 @@
 """Drop-ins for HF attention modules that project q, k and v from one input and hand them to HF's attention
-interface, as HF runs them with attn_implementation='sdpa': BERT's self-attention, ViT's attention and GPT-2's
-self-attention (transformers 5.17 to 5.24). The interface's scaled_dot_product_attention runs as dropin attention;
-the projections stay the module's children under their names, injected by their own handlers."""
+interface, as HF runs them with attn_implementation='sdpa': BERT's self-attention, ViT's attention, Swin's window
+attention and GPT-2's self-attention (transformers 5.17 to 5.24). The interface's scaled_dot_product_attention runs
+as dropin attention; the projections stay the module's children under their names, injected by their own
+handlers."""
 from ..ops import attention
 from .module import DropinModule
 
@@ -63,6 +64,26 @@ class ViTAttention(SdpaAttention):
 
     def _dropout(self) -> float:
         return self.original.attention_dropout
+
+
+class SwinAttention(ViTAttention):
+    """SwinAttention: ViTAttention's, with its additive mask the relative position bias (its child's) plus the
+    shifted windows' mask, combined as HF combines them. Where autograd needs the bias table's gradient (dropin
+    attention gives none for a mask), torch's forward."""
+
+    kernel = ("linear(q, k, v) + attention (relative position bias and shift mask as its mask) + linear(o) (torch's "
+              "forward where the bias table needs a gradient, or in training with attention dropout)")
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        bias = self._modules["relative_position_bias"]()
+        if self._torch_forward(kwargs) or bias.requires_grad:
+            return self.original(hidden_states, attention_mask, **kwargs)
+        if attention_mask is not None:  # [windows, L, L] -> [batch * windows, 1, L, L]
+            windows, tokens = attention_mask.shape[0], hidden_states.shape[1]
+            bias = bias + attention_mask[None, :, None].expand(hidden_states.shape[0] // windows, -1, -1, -1, -1)\
+                .reshape(-1, 1, tokens, tokens)
+        out = self._attend(hidden_states, bias, None, self.original.head_dim, kwargs)
+        return self._modules["o_proj"](out), None
 
 
 class GPT2Attention(SdpaAttention):
