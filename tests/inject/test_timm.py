@@ -64,3 +64,32 @@ def test_timm_convnext_block():
     check_forward(model, original, x)
     dropin.revert_(trained)
     assert [type(m).__module__ for m in trained] == ["timm.models.convnext"] * 2
+
+
+def _vit():
+    return timm.create_model("vit_small_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                             num_heads=2, embed_dim=32, num_classes=10).to(DEVICE)
+
+
+def _swin():
+    """Two stages of one block (the second's windows shifted)."""
+    return timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=32, window_size=4,
+                             depths=(1, 1), num_heads=(1, 2), embed_dim=16, num_classes=10).to(DEVICE)
+
+
+@pytest.mark.parametrize("make, names", [(_vit, ["blocks.0.attn", "blocks.1.attn"]),
+                                         (_swin, ["layers.0.blocks.0.attn", "layers.1.blocks.0.attn"])],
+                         ids=["vit", "swin"])
+def test_timm_attention(make, names):
+    """timm's Attention (ViT) and Swin's WindowAttention (relative position bias and shift mask) run dropin
+    attention between their injected linears: verified, none left, output against float64; where autograd records,
+    the Swin bias table's gradient takes timm's forward, and the gradients match float64 (ViT's with dropin's)."""
+    x = torch.randn(2, 3, 32, 32, device=DEVICE)
+    model, original, report = injected_pair(lambda: make().eval(), example_inputs=x)
+    replaced = {r.name: r.kernel for r in report.replaced}
+    for name in names:
+        assert replaced[name] == model.get_submodule(name).kernel and "attention" in replaced[name]
+    assert not any("Attention" in e.type for e in report.left + report.notes), report
+    assert report.verification.startswith("verified")
+    check_forward(model, original, x)
+    check_backward(model, original, x)

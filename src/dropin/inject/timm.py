@@ -1,12 +1,30 @@
 """Handlers for timm models beyond the generic ones: its GELU and GELUTanh modules (F.gelu's two forms) as dropin's
 activations, fused into a preceding conv or linear; its LayerNorm2d (channels first) as dropin layer_norm where timm's
 fast norm is off (its default); ConvNeXt's block (ConvNeXtBlock with its MLP of linears and a channels-last
-LayerNorm) -> nn.ConvNeXtBlock."""
+LayerNorm) -> nn.ConvNeXtBlock; its attention (timm.layers.Attention: ViT's, DeiT's) and the Swin transformer's
+WindowAttention -> dropin attention between their injected linears (nn.timm_attention), where their forward is the
+code dropin follows."""
+import inspect
+from typing import Optional
+
 from torch import nn
 
 from .. import nn as dnn
 from .generic import activation_module, activation_name, channels_first_layer_norm, convnext_reason
 from .registry import computes_as, register, when_imported
+
+
+def _attention_reason(module: nn.Module, reference: type, parameters: set, reads: tuple) -> Optional[str]:
+    """Why a timm attention module stays torch (its forward is not `reference`'s, or a timm version whose forward
+    takes other arguments or lacks what dropin reads), or None."""
+    if type(module).forward is not reference.forward:
+        return f"{type(module).__name__} has a forward of its own: its linears are injected one by one"
+    unknown = set(inspect.signature(type(module).forward).parameters) - parameters
+    missing = [name for name in reads if not hasattr(module, name)]
+    if unknown or missing:
+        return (f"a timm version whose {reference.__name__} dropin does not follow (it follows timm 1.0): its "
+                f"linears are injected one by one")
+    return None
 
 
 @when_imported("timm.layers")
@@ -21,6 +39,28 @@ def _register_layers():
         if module._fast_norm:
             return "timm's fast norm is on (its own kernels): left to torch"
         return channels_first_layer_norm(module)
+
+
+@when_imported("timm.layers")
+def _register_attention():
+    from timm.layers import Attention
+
+    @register(Attention, op="attention")
+    def attention(module, site):
+        reads = ("qkv", "q_norm", "k_norm", "attn_drop", "proj", "proj_drop", "num_heads", "head_dim", "scale")
+        return (_attention_reason(module, Attention, {"self", "x", "attn_mask", "is_causal"}, reads)
+                or dnn.timm_attention.TimmAttention(module))
+
+
+@when_imported("timm.models.swin_transformer")
+def _register_window_attention():
+    from timm.models.swin_transformer import WindowAttention
+
+    @register(WindowAttention, op="attention")
+    def window_attention(module, site):
+        reads = ("qkv", "attn_drop", "proj", "proj_drop", "num_heads", "scale", "_get_rel_pos_bias")
+        return (_attention_reason(module, WindowAttention, {"self", "x", "mask"}, reads)
+                or dnn.timm_attention.TimmWindowAttention(module))
 
 
 @when_imported("timm.models.convnext")

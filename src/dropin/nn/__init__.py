@@ -1,5 +1,5 @@
 """nn.Module drop-ins built on dropin.ops; each can adopt a HF module's parameters without copying them."""
-from . import sdpa_attention  # noqa: F401  (dnn.sdpa_attention: HF's attention modules on the sdpa interface)
+from . import sdpa_attention, timm_attention  # noqa: F401  (HF's attention on its sdpa interface, timm's attention)
 from .attention import CvtSelfAttention, RotaryAttention
 from .causal_lm import CausalLMForward
 from .conv import Conv2d, ConvBNAct
