@@ -93,6 +93,15 @@ def test_bench_llm_suites_quick(suite, capsys):
     assert rc == 0
 
 
+@pytest.mark.parametrize("suite", ["group_norm", "conv1d", "activations"])
+def test_bench_layer_suites_quick(suite, capsys):
+    """The suites of the zoo's ops run their quick cases (forward and forward + backward) and pass."""
+    rc = main(["bench", suite, "--quick", "--no-save", *FAST])
+    out = capsys.readouterr().out
+    assert "fwd+bwd" in out and "torch_compile" in out and "Failed: 0" in out
+    assert rc == 0
+
+
 def test_bench_sparse_quick(capsys):
     """The sparse suite's quick cases run every provider (sparse, dense torch, dense dropin) and pass."""
     rc = main(["bench", "sparse", "--quick", "--no-save", *FAST])

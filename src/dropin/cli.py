@@ -21,6 +21,9 @@ SUITES = {
     "attention": "dropin.bench.attention:attention_cases",
     "sparse": "dropin.bench.sparse:sparse_cases",
     "flce": "dropin.bench.flce:flce_cases",
+    "group_norm": "dropin.bench.layers:group_norm_cases",
+    "conv1d": "dropin.bench.layers:conv1d_cases",
+    "activations": "dropin.bench.layers:activation_cases",
 }
 # Suites with a runner of their own (not checked and timed cases): name -> "module:function(args) -> exit code".
 RUNNERS = {"overhead": "dropin.bench.overhead:run"}
