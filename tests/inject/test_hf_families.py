@@ -124,7 +124,7 @@ def test_gpt2_conv1d_and_gelu_fused_verified():
     assert kernels[block + "attn.c_attn"] == ("Conv1D", "linear", ())
     assert kernels[block + "mlp.c_proj"][1] == kernels["lm_head"][1] == "linear"
     assert kernels[block + "ln_1"][1] == kernels["transformer.ln_f"][1] == "layer_norm"
-    assert kernels[block + "attn"] == ("GPT2Attention", dnn.sdpa_attention.SdpaAttention.kernel, ())
+    assert kernels[block + "attn"] == ("GPT2Attention", dnn.sdpa_attention.GPT2Attention.kernel, ())
     assert len(kernels) == 2 * 7 + 2
     assert {e.name for e in report.left} == {"transformer.wte", "transformer.wpe"} and not report.notes
     assert report.verification.startswith("verified")

@@ -17,7 +17,6 @@ from _models import check_hf_backward
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 100
-KERNEL = dnn.sdpa_attention.SdpaAttention.kernel
 
 
 def tiny(family: str, dropout: float = 0.0, attn_implementation: str = "sdpa"):

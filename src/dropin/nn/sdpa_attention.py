@@ -13,7 +13,8 @@ class SdpaAttention(DropinModule):
     passed and the module is causal (or the call's is_causal says so), a cache updated by its own `update` as HF
     does. A call that asks for what dropin's attention has not (attention dropout in training, the attention
     weights, cross-attention) runs the original's forward: torch's attention and projections (`kernel` says so).
-    Subclasses give the projections (`_qkv`), the output's (`_out`) and the dropout (`_dropout`)."""
+    Subclasses give q, k and v (`_qkv`) and the attention dropout (`_dropout`); their forward projects the output
+    where the module does."""
 
     kernel = "linear(q, k, v) + attention (torch's forward in training with attention dropout, or for weights)"
     walks_children = True
@@ -53,6 +54,9 @@ class BertSelfAttention(SdpaAttention):
 class ViTAttention(SdpaAttention):
     """ViTAttention: q, k, v and o projections (no cache)."""
 
+    kernel = ("linear(q, k, v) + attention + linear(o) (torch's forward in training with attention dropout, or for "
+              "weights)")
+
     def forward(self, hidden_states, attention_mask=None, **kwargs):
         if self._torch_forward(kwargs):
             return self.original(hidden_states, attention_mask, **kwargs)
@@ -75,8 +79,8 @@ class SwinAttention(ViTAttention):
               "forward where the bias table needs a gradient, or in training with attention dropout)")
 
     def forward(self, hidden_states, attention_mask=None, **kwargs):
-        bias = self._modules["relative_position_bias"]()
-        if self._torch_forward(kwargs) or bias.requires_grad:
+        bias = None if self._torch_forward(kwargs) else self._modules["relative_position_bias"]()
+        if bias is None or bias.requires_grad:
             return self.original(hidden_states, attention_mask, **kwargs)
         if attention_mask is not None:  # [windows, L, L] -> [batch * windows, 1, L, L]
             windows, tokens = attention_mask.shape[0], hidden_states.shape[1]
@@ -88,6 +92,9 @@ class SwinAttention(ViTAttention):
 
 class GPT2Attention(SdpaAttention):
     """GPT2Attention's self-attention: c_attn (a Conv1D) split into q, k and v; c_proj, then resid_dropout."""
+
+    kernel = ("linear(qkv) + attention + linear(proj) (torch's forward in training with attention dropout, for "
+              "weights, or for cross-attention)")
 
     def forward(self, hidden_states, cache=None, attention_mask=None, encoder_hidden_states=None,
                 encoder_attention_mask=None, output_attentions=False, past_key_values=None, **kwargs):
