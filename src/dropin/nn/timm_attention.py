@@ -43,8 +43,8 @@ class TimmWindowAttention(DropinModule):
 
     def forward(self, x, mask=None):
         a, m = self.original, self._modules
-        bias = a._get_rel_pos_bias()
-        if self.training and m["attn_drop"].p or bias.requires_grad:
+        bias = None if self.training and m["attn_drop"].p else a._get_rel_pos_bias()
+        if bias is None or bias.requires_grad:
             return a(x, mask)
         B_, N, _ = x.shape
         q, k, v = m["qkv"](x).reshape(B_, N, 3, a.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
