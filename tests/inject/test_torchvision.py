@@ -298,3 +298,22 @@ def test_swin_window_attention_under_compile(grad):
         assert ("autograd_function_apply" in targets) == grad, sorted(targets)
         assert ("dropin.attention.default" in targets) != grad, sorted(targets)
         torch.testing.assert_close(out, model(x))
+
+
+def _maxvit():
+    """torchvision's MaxViT of two stages of one block (16 and 32 channels, heads of 8, windows and grids of 7)."""
+    from torchvision.models.maxvit import MaxVit
+    return MaxVit(input_size=(56, 56), stem_channels=16, partition_size=7, block_channels=[16, 32],
+                  block_layers=[1, 1], head_dim=8, stochastic_depth_prob=0.0, num_classes=10).to(DEVICE)
+
+
+def test_maxvit_attention():
+    """MaxViT's relative positional attention (window and grid) runs as one dropin attention with its bias as the
+    mask, its partitions passive: verified, nothing left, output against float64; where autograd records, the bias
+    table's gradient takes torchvision's forward: output and every gradient against float64."""
+    x = torch.randn(1, 3, 56, 56, device=DEVICE)
+    model, original, report = injected_pair(lambda: _maxvit().eval(), example_inputs=x)
+    attentions = [m for m in model.modules() if isinstance(m, dnn.MaxVitAttention)]
+    assert len(attentions) == 4 and not report.left and report.verification.startswith("verified"), report
+    check_forward(model, original, x)
+    check_backward(model, original, x)

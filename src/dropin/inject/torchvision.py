@@ -2,7 +2,8 @@
 stem conv1 -> bn1 -> relu declared a chain, so the generic Conv2d handler fuses it; Swin's shifted-window attention
 (functional code on its children's weights) -> nn.WindowAttention (one dropin attention a window); ConvNeXt's
 block -> nn.ConvNeXtBlock (its ops on the block's tensors), its LayerNorm2d (channels first) -> dropin layer_norm;
-torchvision's Permute (a view) is passive."""
+MaxViT's relative positional attention -> nn.MaxVitAttention; torchvision's Permute and MaxViT's SwapAxes and window
+(de)partitions (views and copies) are passive."""
 from typing import Optional
 
 from torch import nn
@@ -47,6 +48,8 @@ def _convnext_reason(block: nn.Module, config) -> Optional[str]:
 
 try:
     from torchvision.models.convnext import CNBlock, LayerNorm2d
+    from torchvision.models.maxvit import (RelativePositionalMultiHeadAttention, SwapAxes, WindowDepartition,
+                                           WindowPartition)
     from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
     from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
     from torchvision.ops.misc import Permute
@@ -54,7 +57,8 @@ except ImportError:  # torchvision is optional: no handlers without it
     pass
 else:
     chain(ResNet, "conv1", "bn1", "relu")
-    passive(Permute)  # (a view: Swin's and ConvNeXt's layout changes)
+    passive(Permute, SwapAxes, WindowPartition, WindowDepartition)  # (views and copies: Swin's, ConvNeXt's and
+    # MaxViT's layout changes)
     _PAIRS = {BasicBlock: [("conv1", "bn1"), ("conv2", "bn2")],
               Bottleneck: [("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")]}
 
@@ -69,6 +73,12 @@ else:
     @register(ShiftedWindowAttention, ShiftedWindowAttentionV2, op="attention")
     def swin_attention(module: nn.Module, site):
         return dnn.WindowAttention(module)
+
+    @register(RelativePositionalMultiHeadAttention, op="attention")
+    def maxvit_attention(module: nn.Module, site):
+        if type(module).forward is not RelativePositionalMultiHeadAttention.forward:
+            return f"{type(module).__name__} has a forward of its own: its linears are injected one by one"
+        return dnn.MaxVitAttention(module)
 
     @register(CNBlock, op="conv2d")
     def convnext_block(block: nn.Module, site):

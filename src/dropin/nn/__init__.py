@@ -13,11 +13,12 @@ from .resnet import ResidualBlock
 from .rms_norm import RMSNorm
 from .sparse import SparseConv2d, SparseLinear, SparsifiedConv2d, SparsifiedLinear
 from .swiglu import SwiGLUMLP
-from .swin import WindowAttention
+from .swin import MaxVitAttention, WindowAttention
 from .traced import TracedBlock
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = ["Adopted", "CausalLMForward", "Conv1d", "Conv2d", "ConvBNAct", "ConvNeXtBlock", "CvtSelfAttention",
+           "MaxVitAttention",
            "Derived", "DropinModule", "Folded", "GroupNorm", "Linear", "MultiheadAttention", "Op", "ResidualBlock",
            "RMSNorm", "RotaryAttention", "Routed", "SparseConv2d", "SparseLinear", "SparsifiedConv2d",
            "SparsifiedLinear", "SwiGLUMLP", "TracedBlock", "TransformerEncoder", "TransformerEncoderLayer",

@@ -1,5 +1,6 @@
-"""Drop-in for torchvision's shifted-window attention (Swin V1 and V2): the window's scores, relative position bias,
-shift mask, softmax and context product as one dropin attention call."""
+"""Drop-ins for torchvision's window attentions: Swin's shifted windows (V1 and V2) and MaxViT's relative positional
+attention, each window's scores, relative position bias (and shift mask), softmax and context product as one dropin
+attention call."""
 import math
 
 import torch
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from .. import _runtime, route
 from ..ops import attention, linear
 from .functional import Routed
+from .module import DropinModule
 
 
 _SHIFT_MASKS: dict = {}
@@ -96,3 +98,24 @@ class WindowAttention(Routed):
         if sum(shift) > 0:
             x = torch.roll(x, shifts=(shift[0], shift[1]), dims=(1, 2))
         return x[:, :H, :W, :].contiguous()
+
+
+class MaxVitAttention(DropinModule):
+    """torchvision's MaxViT RelativePositionalMultiHeadAttention: to_qkv, one dropin attention over each window's
+    (or grid's) P tokens, the groups as batch, with the relative position bias as its additive mask at the module's
+    scale (feat_dim ** -0.5, as it scales the keys), then merge. Where autograd needs the bias table's gradient
+    (dropin attention gives its mask none), torchvision's forward."""
+
+    kernel = ("linear(qkv) + attention (relative position bias as its mask) + linear(merge) (torchvision's forward "
+              "where the bias table needs a gradient)")
+    walks_children = True
+
+    def forward(self, x):
+        a, m = self.original, self._modules
+        bias = a.get_relative_positional_bias()
+        if bias.requires_grad:
+            return a(x)
+        B, G, P, _ = x.shape
+        qkv = m["to_qkv"](x).reshape(B * G, P, 3, a.n_heads, a.head_dim).permute(2, 0, 3, 1, 4)
+        out = attention(*qkv.unbind(0), bias, scale=a.scale_factor)
+        return m["merge"](out.transpose(1, 2).reshape(B, G, P, -1))
