@@ -352,3 +352,16 @@ def test_dropout_and_identity_pass_through_in_eval():
     check_forward(injected, original, x)
     report = dropin.inject_(model.train(), verify=False)
     assert [e.name for e in report.left] == ["1", "4"]  # dropout computes in training mode
+
+
+@pytest.mark.parametrize("size", [1, 5, (3,)], ids=["one", "five", "tuple"])
+def test_adaptive_avg_pool1d(size):
+    """nn.AdaptiveAvgPool1d (HF Swin's pooler: a [N, C, L] sequence to size 1) runs dropin's adaptive average pooling
+    on a one-row image: batched and unbatched, after a linear, output and gradients against float64."""
+    for shape in ((2, 8, 13), (8, 13)):
+        x = torch.randn(*shape, device=DEVICE)
+        injected, original, report = injected_pair(
+            lambda: nn.Sequential(nn.Linear(13, 13), nn.AdaptiveAvgPool1d(size)).to(DEVICE), example_inputs=x)
+        assert [r.kernel for r in report.replaced] == ["linear", "adaptive_avg_pool2d (one row)"] and not report.left
+        check_forward(injected, original, x)
+        check_backward(injected, original, x)

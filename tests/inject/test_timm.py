@@ -93,3 +93,18 @@ def test_timm_attention(make, names):
     assert report.verification.startswith("verified")
     check_forward(model, original, x)
     check_backward(model, original, x)
+
+
+@pytest.mark.parametrize("flatten", [False, True], ids=["kept", "flattened"])
+def test_timm_fast_adaptive_avg_pool(flatten):
+    """timm's FastAdaptiveAvgPool (NCHW: the mean over H and W) runs dropin's adaptive average pooling, its 1 x 1
+    kept or flattened, after a conv: output and gradients against float64; NHWC's stays torch, named."""
+    from timm.layers.adaptive_avgmax_pool import FastAdaptiveAvgPool
+    x = torch.randn(2, 6, 5, 7, device=DEVICE)
+    model, original, report = injected_pair(
+        lambda: nn.Sequential(nn.Conv2d(6, 6, 1), FastAdaptiveAvgPool(flatten)).to(DEVICE), example_inputs=x)
+    assert [r.kernel for r in report.replaced] == ["conv2d", "adaptive_avg_pool2d"] and not report.left
+    check_forward(model, original, x)
+    check_backward(model, original, x)
+    report = dropin.inject_(nn.Sequential(FastAdaptiveAvgPool(flatten, input_fmt="NHWC")).to(DEVICE), verify=False)
+    assert "NCHW" in report.left[0].reason

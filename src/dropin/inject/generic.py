@@ -3,7 +3,7 @@ conv2d's kernels), GroupNorm (+ activation), and the layers that are one functio
 training mode, or not after a conv), the activations (ReLU, ReLU6 and Hardtanh(0, 6), GELU, SiLU, Hardswish,
 Hardsigmoid, Sigmoid, LeakyReLU(0.01), Tanh, Mish, ELU(alpha=1), SELU, CELU(alpha=1), Softplus(beta=1, threshold=20);
 inplace=True too, whose result they return without writing their input; the others, and other parameters, are named
-with the reason they stay torch), max / average / adaptive average pooling, LayerNorm, Softmax and LogSoftmax.
+with the reason they stay torch), max / average / adaptive average pooling (1-D too), LayerNorm, Softmax and LogSoftmax.
 Subclasses that keep their base's forward (or make its one functional call alone: `registry.computes_as`) are
 handled as the base.
 
@@ -216,6 +216,11 @@ def _adaptive_avg_pool2d(m, x):
     return ops.adaptive_avg_pool2d(x, m.original.output_size)
 
 
+def _adaptive_avg_pool1d(m, x):  # ([N, C, L] or [C, L] as an image of one row)
+    size = m.original.output_size
+    return ops.adaptive_avg_pool2d(x.unsqueeze(-2), (1, size[0] if isinstance(size, tuple) else size)).squeeze(-2)
+
+
 def _layer_norm(m, x):
     o = m.original
     parameters = o._parameters  # (as `_batch_norm`'s)
@@ -273,6 +278,11 @@ def avg_pool2d(module: nn.AvgPool2d, site):
 @register(nn.AdaptiveAvgPool2d, op="adaptive_avg_pool2d")
 def adaptive_avg_pool2d(module: nn.AdaptiveAvgPool2d, site):
     return dnn.Op(module, "adaptive_avg_pool2d", _adaptive_avg_pool2d)
+
+
+@register(nn.AdaptiveAvgPool1d, op="adaptive_avg_pool2d")
+def adaptive_avg_pool1d(module: nn.AdaptiveAvgPool1d, site):
+    return dnn.Op(module, "adaptive_avg_pool2d (one row)", _adaptive_avg_pool1d)
 
 
 @register(nn.LayerNorm, op="layer_norm")

@@ -1,15 +1,16 @@
 """Handlers for timm models beyond the generic ones: its GELU and GELUTanh modules (F.gelu's two forms) as dropin's
-activations, fused into a preceding conv or linear; its LayerNorm2d (channels first) as dropin layer_norm where timm's
-fast norm is off (its default); ConvNeXt's block (ConvNeXtBlock with its MLP of linears and a channels-last
-LayerNorm) -> nn.ConvNeXtBlock; its attention (timm.layers.Attention: ViT's, DeiT's) and the Swin transformer's
-WindowAttention -> dropin attention between their injected linears (nn.timm_attention), where their forward is the
-code dropin follows."""
+activations, fused into a preceding conv or linear; its LayerNorm2d (channels first) as dropin layer_norm where
+timm's fast norm is off (its default); ConvNeXt's block (ConvNeXtBlock with its MLP of linears and a channels-last
+LayerNorm) -> nn.ConvNeXtBlock; its FastAdaptiveAvgPool (NCHW) -> dropin adaptive_avg_pool2d; its attention
+(timm.layers.Attention: ViT's, DeiT's) and the Swin transformer's WindowAttention -> dropin attention between their
+injected linears (nn.timm_attention), where their forward is the code dropin follows."""
 import inspect
 from typing import Optional
 
 from torch import nn
 
 from .. import nn as dnn
+from .. import ops
 from .generic import activation_module, activation_name, channels_first_layer_norm, convnext_reason
 from .registry import computes_as, register, when_imported
 
@@ -39,6 +40,23 @@ def _register_layers():
         if module._fast_norm:
             return "timm's fast norm is on (its own kernels): left to torch"
         return channels_first_layer_norm(module)
+
+
+def _fast_adaptive_avg_pool(m, x):
+    """timm's FastAdaptiveAvgPool on NCHW: the mean over H and W, kept as 1 x 1 or flattened."""
+    y = ops.adaptive_avg_pool2d(x, 1)
+    return y.flatten(1) if m.original.flatten else y
+
+
+@when_imported("timm.layers")
+def _register_pool():
+    from timm.layers.adaptive_avgmax_pool import FastAdaptiveAvgPool
+
+    @register(FastAdaptiveAvgPool, op="adaptive_avg_pool2d")
+    def fast_adaptive_avg_pool(module, site):
+        if tuple(module.dim) != (2, 3):
+            return f"input format with spatial dims {tuple(module.dim)}: dropin pools NCHW's (2, 3)"
+        return dnn.Op(module, "adaptive_avg_pool2d", _fast_adaptive_avg_pool)
 
 
 @when_imported("timm.layers")
