@@ -95,4 +95,5 @@ TEST_GPU_LONGEST_FIRST = (
     "tests/inject/test_torchvision.py::test_training_mode_blocks_not_fused_and_backward_matches_torch",
     "tests/test_modes.py::test_model_cuda_graph",
     "tests/test_cli_inject.py::test_inject_bench_llama_has_no_plain_graph_rows",
+    "tests/test_cli.py::test_bench_layer_suites_quick",  # (new: 14 torch.compile providers, not yet timed)
 )
