@@ -1,9 +1,9 @@
 """Probe: do dropin's kernels compile for Hopper (sm_90), and with how much shared memory, on a machine without a
 GPU? Triton compiles for a named target with the ptxas its wheel bundles; the kernels are not run.
 
-Answers, for matmul's TMA kernel in each layout and precision and every config of `_TMA_CONFIGS` /
-`_TMA_ROUNDED_CONFIGS` / `_TMA_SPLIT_CONFIGS`, for the depthwise walk and input gradient, the attention kernels and
-swiglu's fp32 FMA tiles (one token's one-row tiles among them): compiles or not, the
+Answers, for matmul's TMA kernel in each layout and precision and every config of `TMA_CONFIGS` /
+`TMA_ROUNDED_CONFIGS` / `TMA_SPLIT_CONFIGS` (matmul_configs), for the depthwise walk and input gradient, the
+attention kernels and swiglu's fp32 FMA tiles (one token's one-row tiles among them): compiles or not, the
 shared memory the compiled kernel takes (over 232,448 bytes a launch fails: the tuner times such a config as
 infinite), the waits for MMA results in the PTX (`wgmma.wait_group`: where a sum reads them in registers), and reads
 back from shared memory (`ld.shared` in the PTX: operand tiles taken into registers, as tf32x3's split in
@@ -72,14 +72,14 @@ def matmul_cases(quick: bool, match: str = ""):
             f" w{c['num_warps']} s{c['num_stages']}" + (" ws" if c.get("WARP_SPECIALIZE") else "") + \
             (" halves" if c.get("EPILOGUE_SUBTILE") else "") + (" chain" if c.get("CORRECTION_CHAIN") else "")
     cases = [("bf16", "ieee", a_t, b_t, cfg) for a_t, b_t in itertools.product((False, True), repeat=2)
-             for cfg in matmul._TMA_CONFIGS[2][:1 if quick else None]]
+             for cfg in matmul.TMA_CONFIGS[2][:1 if quick else None]]
     cases += [("fp32", p, False, True, cfg) for p in ("tf32x3", "tf32_rounded")
-              for cfg in matmul._TMA_CONFIGS[4][:1 if quick else None]]
+              for cfg in matmul.TMA_CONFIGS[4][:1 if quick else None]]
     cases += [("fp32", p, False, True, cfg) for p in ("tf32_rounded", "tf32_rounded_b")
-              for cfg in matmul._TMA_ROUNDED_CONFIGS[:1 if quick else None]]
-    cases += [("fp32", "tf32_rounded_b", False, True, cfg) for cfg in matmul._TMA_CONFIGS[4][:1 if quick else None]]
+              for cfg in matmul.TMA_ROUNDED_CONFIGS[:1 if quick else None]]
+    cases += [("fp32", "tf32_rounded_b", False, True, cfg) for cfg in matmul.TMA_CONFIGS[4][:1 if quick else None]]
     cases += [("fp32", p, False, True, cfg) for p in ("tf32x3_split", "tf32x3_split_b")
-              for cfg in matmul._TMA_SPLIT_CONFIGS[:1 if quick else None]]
+              for cfg in matmul.TMA_SPLIT_CONFIGS[:1 if quick else None]]
     for dtype, precision, a_t, b_t, cfg in cases:
         if match and match not in f"{dtype} {precision}":
             continue

@@ -99,7 +99,7 @@ if __name__ == "__main__":
     b = torch.randn(2, 512, 10, device="cuda")
     c = torch.empty(2, 1, 10, device="cuda")
     common = dict(HAS_BIAS=False, ACT="none", STORE_Z=False, PRECISION="tf32x3", SHARES=False, GROUP_M=8)
-    cfg = dict(mm._PTR_CONFIGS[4][0])
+    cfg = dict(mm.PTR_CONFIGS[4][0])
     raw = lambda: mm.mm_kernel[(1, 2, 1)](a, b, c, c, c, 1, 10, 512, *a.stride(), *b.stride(), **common, **cfg)  # noqa
     for name, fn in [("torch.bmm", lambda: torch.bmm(a, b)), ("dropin.bmm", lambda: dropin.bmm(a, b)),
                      ("mm_impl", lambda: mm.mm_impl(a, b, None, "none", False)), ("raw launch", raw),

@@ -622,7 +622,7 @@ def test_registered_mm(batch, m, k, n, dtype, layout, bias, activation, save_pre
         monkeypatch.setattr(_mm_module, "aligned_copies_pay", lambda batch, M, N, K, size, precision: True)
     if path == "splitk":
         real_pick = _mm_module._autotune.pick
-        split = dict(_mm_module._PTR_CONFIGS[2][-1], KERNEL="ptr")
+        split = dict(_mm_module.PTR_CONFIGS[2][-1], KERNEL="ptr")
         assert split["SPLIT_K"] > 1
         monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare, **timing: split
                             if name == "matmul" else real_pick(name, key, configs, prepare, **timing))
@@ -674,7 +674,7 @@ def test_tma_epilogue_in_halves(monkeypatch):
     """The TMA kernel's tiles stored as two halves (EPILOGUE_SUBTILE, forced; offered as on Hopper): linear + bias
     + silu (C and Z stored so) forward and both gradients against float64, with N a multiple of neither the tile
     nor its half."""
-    subtile = [c for c in _mm_module._TMA_ROUNDED_CONFIGS if c.get("EPILOGUE_SUBTILE")]
+    subtile = [c for c in _mm_module.TMA_ROUNDED_CONFIGS if c.get("EPILOGUE_SUBTILE")]
     assert subtile
     monkeypatch.setattr(_mm_module._runtime, "is_hopper", lambda index=0: True)
     real_pick = _mm_module._autotune.pick

@@ -1,8 +1,8 @@
 """Every candidate config of the matmul kernels is right, whatever the tuner picks.
 
-The tuner is bypassed: each config of `_TMA_CONFIGS`, `_PTR_CONFIGS`, `_SKINNY_CONFIGS` and `_FMA_CONFIGS` (split-K
-ones included) is forced on operands with ragged edges, with bias, activation and the saved pre-activation, in
-every operand layout.
+The tuner is bypassed: each config of matmul_configs' `TMA_CONFIGS`, `PTR_CONFIGS`, `SKINNY_CONFIGS` and
+`FMA_CONFIGS` (split-K ones included) is forced on operands with ragged edges, with bias, activation and the saved
+pre-activation, in every operand layout.
 Under the interpreter the TMA kernel runs too (tensor descriptors are emulated).
 """
 import pytest
@@ -16,12 +16,12 @@ from _tol import DEVICE, ON_GPU, assert_close, gpu, slow
 mm = __import__("dropin.ops.matmul", fromlist=["_make_plan"])
 
 _DTYPE = {2: torch.float16, 4: torch.float32}
-CONFIGS = [pytest.param("tma", c, _DTYPE[size], id=f"tma-{size}B-{i}") for size, cs in mm._TMA_CONFIGS.items()
+CONFIGS = [pytest.param("tma", c, _DTYPE[size], id=f"tma-{size}B-{i}") for size, cs in mm.TMA_CONFIGS.items()
            for i, c in enumerate(cs)] + \
-          [pytest.param("ptr", c, _DTYPE[size], id=f"ptr-{size}B-{i}") for size, cs in mm._PTR_CONFIGS.items()
+          [pytest.param("ptr", c, _DTYPE[size], id=f"ptr-{size}B-{i}") for size, cs in mm.PTR_CONFIGS.items()
            for i, c in enumerate(cs)] + \
-          [pytest.param("skinny", c, torch.float16, id=f"skinny-{i}") for i, c in enumerate(mm._SKINNY_CONFIGS)] + \
-          [pytest.param("fma", c, torch.float32, id=f"fma-{kind}-{i}") for kind, cs in mm._FMA_CONFIGS.items()
+          [pytest.param("skinny", c, torch.float16, id=f"skinny-{i}") for i, c in enumerate(mm.SKINNY_CONFIGS)] + \
+          [pytest.param("fma", c, torch.float32, id=f"fma-{kind}-{i}") for kind, cs in mm.FMA_CONFIGS.items()
            for i, c in enumerate(cs)]  # the CUDA-core kernel in fp32, the strictest tolerance
 
 
@@ -115,14 +115,15 @@ def test_fma_chain(monkeypatch):
 
 
 ACCUMULATING = [  # (kernel, config, rows): each kernel's epilogue (split K's is the sum kernel's)
-    pytest.param("tma", mm._TMA_CONFIGS[2][-1], 88, id="tma"),
-    pytest.param("tma", mm._TMA_ROUNDED_CONFIGS[0], 88, id="tma-halves"),
-    pytest.param("ptr", [c for c in mm._PTR_CONFIGS[2] if c.get("SPLIT_K", 1) == 1][-1], 13, id="ptr"),
-    pytest.param("ptr", [c for c in mm._PTR_CONFIGS[2] if c.get("SPLIT_K", 1) > 1][-1], 88, id="ptr-split-k"),
-    pytest.param("skinny", mm._SKINNY_CONFIGS[0], 13, id="skinny"),
-    pytest.param("fma", mm._FMA_CONFIGS["narrow"][-1], 88, id="fma"),
+    pytest.param("tma", mm.TMA_CONFIGS[2][-1], 88, id="tma"),
+    pytest.param("tma", dict(mm.TMA_CONFIGS[2][-1], EPILOGUE_SUBTILE=True), 88, id="tma-halves"),
+    pytest.param("ptr", [c for c in mm.PTR_CONFIGS[2] if c.get("SPLIT_K", 1) == 1][-1], 13, id="ptr"),
+    pytest.param("ptr", [c for c in mm.PTR_CONFIGS[2] if c.get("SPLIT_K", 1) > 1][-1], 88, id="ptr-split-k"),
+    pytest.param("skinny", mm.SKINNY_CONFIGS[0], 13, id="skinny"),
+    pytest.param("fma", mm.FMA_CONFIGS["narrow"][-1], 88, id="fma"),
 ] + [pytest.param("tma", c, 88, id=f"tma-{i}", marks=gpu)  # (every one the tuner times for the weight gradient)
-     for i, c in enumerate(mm._TMA_CONFIGS[2] + mm._TMA_ROUNDED_CONFIGS[1:])]
+     for i, c in enumerate(mm.TMA_CONFIGS[2] + mm.TMA_ROUNDED_CONFIGS[1:])
+     if c["BLOCK_M"] * c["BLOCK_N"] <= mm.ACCUMULATE_MAX_TILE]
 
 
 @pytest.mark.parametrize("kernel,cfg,rows", ACCUMULATING)
@@ -145,6 +146,26 @@ def test_accumulate_into(kernel, cfg, rows, forced):
     assert_close(fresh, product, dtype, "fwd", what="the product into a new C")
     assert_close(c, old.double() + product, dtype, "fwd", what="C accumulated",
                  torch_out=old + torch.nn.functional.silu(torch.baddbmm(bias, a, b)))
+
+
+def test_accumulating_tiles_fit_shared_memory(monkeypatch):
+    """An accumulating product (offered the TMA kernel, as on Hopper) is offered no tile past ACCUMULATE_MAX_TILE:
+    the old tile's layout change takes shared memory, and 128 x 256 tiles then exceed sm_90's; the same product into
+    a new C is offered them."""
+    offered = {}
+    monkeypatch.setattr(mm._runtime, "is_hopper", lambda index=0: True)
+    monkeypatch.setattr(mm._autotune, "pick", lambda name, key, configs, prepare, **timing: offered.setdefault(
+        "accumulate" in key, configs)[-1])
+    mm._plans.clear()
+    a = torch.randn(1, 512, 64, dtype=torch.float16, device=DEVICE)
+    b = torch.randn(1, 64, 512, dtype=torch.float16, device=DEVICE)
+    mm.mm_impl(a, b, None, "none", False)
+    mm.mm_impl(a, b, None, "none", False, accumulate_into=torch.zeros(1, 512, 512, dtype=torch.float16,
+                                                                      device=DEVICE))
+    mm._plans.clear()
+    tile = {k: max(c["BLOCK_M"] * c["BLOCK_N"] for c in configs if c["KERNEL"] == "tma")
+            for k, configs in offered.items()}
+    assert tile == {False: 128 * 256, True: mm.ACCUMULATE_MAX_TILE}, tile
 
 
 @pytest.mark.parametrize("kernel", ["tma", "ptr"])

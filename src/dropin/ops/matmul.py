@@ -23,6 +23,8 @@ from . import _autotune, _gemm
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op,
                         writing)
 from .activations import FROM_OUTPUT, activation_ref, check_activation, derivative_at, stores_preactivation
+from .matmul_configs import (ACCUMULATE_MAX_TILE, DEEP_SPLIT_BASES, FMA_CONFIGS, PTR_CONFIGS, SKINNY_CONFIGS,
+                             TMA_CONFIGS, TMA_ROUNDED_CONFIGS, TMA_SPLIT_CONFIGS)
 from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel
 from .matmul_operands import aligned_copies_pay, copied_operands, operand_copies, split_copies_pay, tf32_copies_pay
 
@@ -41,65 +43,10 @@ def linear_ref(x, weight, bias=None, activation=None) -> torch.Tensor:
     return activation_ref(F.linear(x, weight, bias), activation)
 
 
-# --- 2. Kernels: matmul_kernels.py
+# --- 2. Kernels: matmul_kernels.py (their candidate configs: matmul_configs.py)
 
 
 # --- 3. Launchers -----------------------------------------------------------------------------------
-
-_cfg = _autotune.config
-# Hopper TMA kernel, 16-bit and 32-bit operands: the largest tiles first (the default when not tuning).
-# OCC: programs per SM (2 lets one program's epilogue overlap another's loads).
-_TMA_CONFIGS = {
-    2: [_cfg(128, 256, 64, 8, 3, WARP_SPECIALIZE=False), _cfg(128, 256, 64, 8, 3, WARP_SPECIALIZE=True),
-        _cfg(128, 128, 64, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 128, 64, 4, 4, WARP_SPECIALIZE=True),
-        _cfg(64, 128, 64, 4, 4, WARP_SPECIALIZE=False), _cfg(64, 64, 128, 4, 4, WARP_SPECIALIZE=False),
-        _cfg(64, 64, 128, 4, 6, WARP_SPECIALIZE=False), _cfg(64, 32, 256, 4, 4, WARP_SPECIALIZE=False),
-        _cfg(128, 128, 64, 4, 2, WARP_SPECIALIZE=False, OCC=2), _cfg(128, 64, 64, 4, 3, WARP_SPECIALIZE=False, OCC=2),
-        _cfg(64, 256, 64, 4, 4, WARP_SPECIALIZE=False)],  # M ~ 3136 (ResNet's 7x7 1x1s): 392 tiles, 3 full waves
-    4: [_cfg(128, 128, 32, 8, 4, WARP_SPECIALIZE=False), _cfg(128, 128, 32, 8, 3, WARP_SPECIALIZE=True),
-        _cfg(128, 128, 64, 8, 2, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),
-        _cfg(64, 64, 64, 4, 3, WARP_SPECIALIZE=False), _cfg(64, 32, 64, 4, 3, WARP_SPECIALIZE=False)],
-}
-# The TMA kernel on tf32-rounded copies ("tf32_rounded"), beside _TMA_CONFIGS[4]: 128 x 256 tiles in 3 stages with
-# C stored in halves (its fp32 tile whole would take 128 KB): 214 KB by compile_sm90.py, 246 KB where tiles are
-# split or rounded in registers too.
-_TMA_ROUNDED_CONFIGS = [_cfg(128, 256, 32, 8, 3, WARP_SPECIALIZE=ws, EPILOGUE_SUBTILE=True) for ws in (False, True)]
-# The TMA kernel on fp32 operands copied as two tf32 parts each ("tf32x3_split"): four tiles a K step, BLOCK_K at
-# most max_k's 32, stages within the shared memory (benchmarks/probes/compile_sm90.py: 147-197 KB; 128 x 128 in 3
-# stages takes 262); each with the correction products in one chain over K (CORRECTION_CHAIN, mm_tma_kernel) and
-# without. The first is the untimed choice.
-_TMA_SPLIT_CONFIGS = [_cfg(*tile, WARP_SPECIALIZE=ws, CORRECTION_CHAIN=chain) for chain in (False, True)
-                      for tile, ws in [((128, 64, 32, 4, 3), False), ((128, 128, 32, 8, 2), False),
-                                       ((128, 128, 32, 8, 2), True), ((64, 128, 32, 4, 3), False),
-                                       ((64, 64, 32, 4, 4), False)]]
-# Pointer kernel; SPLIT_K > 1 splits K over programs (skinny products that would leave SMs idle).
-_PTR_CONFIGS = {
-    2: [_cfg(128, 128, 64, 8, 3), _cfg(128, 64, 64, 4, 4), _cfg(64, 64, 64, 4, 4), _cfg(128, 16, 64, 4, 4),
-        _cfg(32, 64, 128, 4, 3), _cfg(16, 64, 256, 4, 3), _cfg(16, 32, 256, 4, 4), _cfg(16, 16, 256, 4, 2),
-        _cfg(16, 64, 128, 4, 4, SPLIT_K=4), _cfg(16, 32, 256, 4, 3, SPLIT_K=4), _cfg(16, 64, 128, 4, 4, SPLIT_K=8)],
-    4: [_cfg(128, 128, 32, 8, 3), _cfg(128, 128, 16, 8, 4), _cfg(128, 64, 32, 4, 4), _cfg(64, 128, 32, 4, 4),
-        _cfg(64, 64, 32, 4, 4), _cfg(64, 64, 64, 4, 3), _cfg(32, 128, 32, 4, 4), _cfg(256, 16, 64, 8, 3),
-        _cfg(128, 16, 64, 4, 4), _cfg(128, 16, 32, 4, 4), _cfg(64, 16, 32, 4, 4), _cfg(64, 16, 128, 4, 4),
-        _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2), _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4),
-        _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
-}
-# Bases of the deep K splits (`_deep_split_configs`), each operand size: full tiles, few rows, few rows and columns
-# (the smallest last: `_gemm.fits` keeps it where none fits).
-_DEEP_SPLIT_BASES = {2: [_cfg(128, 128, 64, 8, 3), _cfg(16, 64, 128, 4, 4), _cfg(16, 16, 256, 4, 3)],
-                     4: [_cfg(128, 128, 32, 8, 3), _cfg(16, 64, 64, 4, 3), _cfg(16, 16, 32, 4, 3)]}
-# The few-rows kernel, 16-bit operands, M <= 16 (decoding): B streams through 64-column tiles. The first config
-# (untimed plans take it: torch.compile, capture) keeps four 32 KB tiles of B in flight per program, no K split: the
-# fastest at M = 1 and 8, K = 4096 and 11008 on an H200 (perf-notes, "Decoding: the skinny products").
-_SKINNY_CONFIGS = [_cfg(16, 64, 256, 4, 5), _cfg(16, 64, 128, 4, 5, SPLIT_K=2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4),
-                   _cfg(16, 128, 128, 4, 3, SPLIT_K=4), _cfg(16, 64, 256, 4, 3, SPLIT_K=2),
-                   _cfg(16, 64, 128, 4, 3, SPLIT_K=2), _cfg(16, 32, 128, 4, 3, SPLIT_K=2)]
-# The CUDA-core kernel (any dtype): M == 1 (vector-matrix), and at most 16 columns (candidates beside `ptr`).
-_FMA_CONFIGS = {
-    "vector": [_cfg(1, 64, 128, 4, 1), _cfg(1, 16, 256, 4, 1), _cfg(1, 32, 256, 4, 1), _cfg(1, 128, 64, 4, 1),
-               _cfg(1, 256, 32, 8, 1)],
-    "narrow": [_cfg(32, 16, 32, 4, 3), _cfg(64, 16, 16, 4, 3), _cfg(16, 16, 64, 4, 2), _cfg(128, 16, 16, 8, 3)],
-}
-
 
 def _tma_layout(t: torch.Tensor, traced: bool = False):
     """(transposed, outer stride, batch stride) when `t` [B, R, C] suits a TMA descriptor, else None."""
@@ -368,18 +315,18 @@ def _deep_split_configs(batch, M, N, K, size: int, max_k: int, device_index: int
     sms, out = _runtime.num_sms(device_index), []
     if K < 1024:  # (`_gemm.fits`' rule for K splits)
         return out
-    for cfg in _gemm.fits(_DEEP_SPLIT_BASES[min(size, 4)], M, N, K, max_k):
+    for cfg in _gemm.fits(DEEP_SPLIT_BASES[min(size, 4)], M, N, K, max_k):
         tiles = batch * _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
         split = dict(cfg, SPLIT_K=min(2 * sms // tiles, K // (8 * cfg["BLOCK_K"])))
         if split["SPLIT_K"] > 1 and split["SPLIT_K"] * batch * M * N * 4 <= 64 << 20 \
-                and split not in _PTR_CONFIGS[min(size, 4)]:
+                and split not in PTR_CONFIGS[min(size, 4)]:
             out.append(dict(split, KERNEL="ptr"))
     return out
 
 
 def _skinny_configs(N, K) -> list:
     """The few-rows kernel's candidates (the first is the untimed choice)."""
-    return [dict(cfg, KERNEL="skinny") for cfg in _gemm.fits(_SKINNY_CONFIGS, 16, N, K)]
+    return [dict(cfg, KERNEL="skinny") for cfg in _gemm.fits(SKINNY_CONFIGS, 16, N, K)]
 
 
 def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced: bool, accumulate: bool):
@@ -398,17 +345,19 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     else:
         ptr = not tma
     max_k = _gemm.max_k(precision, size)
-    tma_configs = _TMA_SPLIT_CONFIGS if split else \
-        _TMA_CONFIGS[size] + (_TMA_ROUNDED_CONFIGS if precision in ("tf32_rounded", "tf32_rounded_b") else [])
+    tma_configs = TMA_SPLIT_CONFIGS if split else \
+        TMA_CONFIGS[size] + (TMA_ROUNDED_CONFIGS if precision in ("tf32_rounded", "tf32_rounded_b") else [])
+    if accumulate:
+        tma_configs = [c for c in tma_configs if c["BLOCK_M"] * c["BLOCK_N"] <= ACCUMULATE_MAX_TILE]
     configs = [dict(cfg, KERNEL="tma") for cfg in _gemm.fits(tma_configs, M, N, K, max_k, 64)] if tma else []
     if ptr:
-        configs += [dict(cfg, KERNEL="ptr") for cfg in _gemm.fits(_PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]
+        configs += [dict(cfg, KERNEL="ptr") for cfg in _gemm.fits(PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]
     deep = _deep_split_configs(batch, M, N, K, size, max_k, a.device.index or 0) if tuned and ptr else []
     configs += deep
     if M == 1 and tuned and not split:
-        configs = [dict(cfg, KERNEL="fma") for cfg in _gemm.fits(_FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
+        configs = [dict(cfg, KERNEL="fma") for cfg in _gemm.fits(FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
     elif N <= 16 and tuned and not split:
-        configs += [dict(cfg, KERNEL="fma") for cfg in _gemm.cap_k(_FMA_CONFIGS["narrow"], max_k)]
+        configs += [dict(cfg, KERNEL="fma") for cfg in _gemm.cap_k(FMA_CONFIGS["narrow"], max_k)]
     skinny = M <= 16 and size == 2 and tuned and _runtime.size_hint(K) <= _gemm.ACC_K.value  # (its one accumulator)
     if skinny:
         configs = _skinny_configs(N, K) + configs
