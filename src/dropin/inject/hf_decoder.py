@@ -10,14 +10,14 @@ lm_head is an nn.Linear, which the generic handler takes.) A causal LM given to 
 (LlamaForCausalLM and the classes of its code) gets dropin.nn.CausalLMForward: with labels, the loss from the fused
 linear + cross-entropy, without logits."""
 import importlib
-import inspect
 from typing import Optional
 
 from torch import nn
 
 from .. import nn as dnn
 from .generic import sparse_layers_reason
-from .registry import HANDLERS, code_names, recognizer, register, register_root, same_code, when_imported
+from .registry import (HANDLERS, code_names, recognizer, register, register_root, same_code, unfollowed,
+                       when_imported)
 
 # (family, class) of transformers.models.<family>.modeling_<family>: the modules whose computation dropin follows
 _NORMS = {"llama": ("llama", "LlamaRMSNorm"), "gemma": ("gemma", "GemmaRMSNorm")}  # form -> its reference
@@ -55,13 +55,9 @@ def _norm_kernel(norm: dnn.RMSNorm) -> str:
 
 
 def _attention_reason(attn: nn.Module) -> Optional[str]:
-    unknown = set(inspect.signature(type(attn).forward).parameters) - dnn.RotaryAttention.FORWARD_PARAMETERS
-    if unknown:
-        return (f"its forward takes {', '.join(sorted(unknown))}: a transformers version whose "
-                f"{type(attn).__name__} dropin does not follow (it follows the forward of transformers 5.17 to 5.24)")
-    missing = [name for name in _ATTENTION_READS if not hasattr(attn, name)]
-    if missing:
-        return f"it has no {', '.join(missing)}, which dropin's RotaryAttention reads"
+    why = unfollowed(attn, dnn.RotaryAttention.FORWARD_PARAMETERS, _ATTENTION_READS, "transformers 5.17 to 5.24")
+    if why:
+        return why
     impl = getattr(attn.config, "_attn_implementation", None)
     if impl != "sdpa":
         return f"attn_implementation '{impl}': dropin follows HF's 'sdpa' path only (no attention weights)"

@@ -406,6 +406,20 @@ def is_passive(module: torch.nn.Module) -> bool:
 DEFERRED: dict = {}  # module name -> [functions that register handlers for that module's classes]
 
 
+def unfollowed(module: torch.nn.Module, parameters: set, reads: tuple, follows: str) -> Optional[str]:
+    """Why a library module whose forward a drop-in follows is not taken, or None: its forward takes parameters
+    beyond `parameters` (a version of the library the drop-in does not follow; `follows` names those it does), or it
+    lacks an attribute of `reads`, which the drop-in reads."""
+    unknown = set(inspect.signature(type(module).forward).parameters) - parameters
+    if unknown:
+        return (f"its forward takes {', '.join(sorted(unknown))}: a version whose {type(module).__name__} dropin does "
+                f"not follow (it follows {follows})")
+    missing = [name for name in reads if not hasattr(module, name)]
+    if missing:
+        return f"it has no {', '.join(missing)}, which dropin's {type(module).__name__} reads"
+    return None
+
+
 def when_imported(module_name: str):
     """Defers a handler file's registrations for an optional library until inject_ runs after `module_name` was
     imported (a model of its classes has imported it): `import dropin` does not import transformers (seconds)."""

@@ -4,13 +4,12 @@ attn_implementation='sdpa' and their forward is the code dropin follows (transfo
 torch with the reason, their projections injected one by one."""
 import functools
 import importlib
-import inspect
 from typing import Optional
 
 from torch import nn
 
 from .. import nn as dnn
-from .registry import passive, register, when_imported
+from .registry import passive, register, unfollowed, when_imported
 
 # (module, class name) -> (dropin's module, what it reads of the original, the forward parameters it follows)
 _FOLLOWED = {
@@ -35,13 +34,9 @@ _PASSIVE = {"transformers.models.swin.modeling_swin": "SwinRelativePositionBias"
 
 def _reason(module: nn.Module, reads: tuple, parameters: set) -> Optional[str]:
     """Why the module stays torch, or None."""
-    unknown = set(inspect.signature(type(module).forward).parameters) - parameters
-    if unknown:
-        return (f"its forward takes {', '.join(sorted(unknown))}: a transformers version whose "
-                f"{type(module).__name__} dropin does not follow (it follows transformers 5.17 to 5.24)")
-    missing = [name for name in reads if not hasattr(module, name)]
-    if missing:
-        return f"it has no {', '.join(missing)}, which dropin's {type(module).__name__} reads"
+    why = unfollowed(module, parameters, reads, "transformers 5.17 to 5.24")
+    if why:
+        return why
     impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
     if impl != "sdpa":
         return f"attn_implementation '{impl}': dropin follows HF's 'sdpa' path only (no attention weights)"

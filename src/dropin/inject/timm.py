@@ -4,7 +4,6 @@ timm's fast norm is off (its default); ConvNeXt's block (ConvNeXtBlock with its 
 LayerNorm) -> nn.ConvNeXtBlock; its FastAdaptiveAvgPool (NCHW) -> dropin adaptive_avg_pool2d; its attention
 (timm.layers.Attention: ViT's, DeiT's) and the Swin transformer's WindowAttention -> dropin attention between their
 injected linears (nn.timm_attention), where their forward is the code dropin follows."""
-import inspect
 from typing import Optional
 
 from torch import nn
@@ -12,7 +11,7 @@ from torch import nn
 from .. import nn as dnn
 from .. import ops
 from .generic import activation_module, activation_name, channels_first_layer_norm, convnext_reason
-from .registry import computes_as, register, when_imported
+from .registry import computes_as, register, unfollowed, when_imported
 
 
 def _attention_reason(module: nn.Module, reference: type, parameters: set, reads: tuple) -> Optional[str]:
@@ -20,12 +19,8 @@ def _attention_reason(module: nn.Module, reference: type, parameters: set, reads
     takes other arguments or lacks what dropin reads), or None."""
     if type(module).forward is not reference.forward:
         return f"{type(module).__name__} has a forward of its own: its linears are injected one by one"
-    unknown = set(inspect.signature(type(module).forward).parameters) - parameters
-    missing = [name for name in reads if not hasattr(module, name)]
-    if unknown or missing:
-        return (f"a timm version whose {reference.__name__} dropin does not follow (it follows timm 1.0): its "
-                f"linears are injected one by one")
-    return None
+    why = unfollowed(module, parameters, reads, "timm 1.0")
+    return why and f"{why}: its linears are injected one by one"
 
 
 @when_imported("timm.layers")
