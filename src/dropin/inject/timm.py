@@ -1,7 +1,7 @@
 """Handlers for timm models beyond the generic ones: its GELU and GELUTanh modules (F.gelu's two forms) as dropin's
 activations, fused into a preceding conv or linear; its LayerNorm2d (channels first) as dropin layer_norm where
 timm's fast norm is off (its default); ConvNeXt's block (ConvNeXtBlock with its MLP of linears and a channels-last
-LayerNorm) -> nn.ConvNeXtBlock; its FastAdaptiveAvgPool (NCHW) -> dropin adaptive_avg_pool2d; its attention
+LayerNorm) -> nn.ConvNeXtBlock; its FastAdaptiveAvgPool (NCHW or NHWC) -> dropin adaptive_avg_pool2d; its attention
 (timm.layers.Attention: ViT's, DeiT's) and the Swin transformer's WindowAttention -> dropin attention between their
 injected linears (nn.timm_attention), where their forward is the code dropin follows."""
 from typing import Optional
@@ -38,9 +38,11 @@ def _register_layers():
 
 
 def _fast_adaptive_avg_pool(m, x):
-    """timm's FastAdaptiveAvgPool on NCHW: the mean over H and W, kept as 1 x 1 or flattened."""
-    y = ops.adaptive_avg_pool2d(x, 1)
-    return y.flatten(1) if m.original.flatten else y
+    """timm's FastAdaptiveAvgPool: the mean over H and W of NCHW or NHWC (pooled as its NCHW view), kept as 1 x 1
+    in the input's format or flattened."""
+    nhwc = tuple(m.original.dim) == (1, 2)
+    y = ops.adaptive_avg_pool2d(x.permute(0, 3, 1, 2) if nhwc else x, 1)
+    return y.flatten(1) if m.original.flatten else y.permute(0, 2, 3, 1) if nhwc else y
 
 
 @when_imported("timm.layers")
@@ -49,8 +51,8 @@ def _register_pool():
 
     @register(FastAdaptiveAvgPool, op="adaptive_avg_pool2d")
     def fast_adaptive_avg_pool(module, site):
-        if tuple(module.dim) != (2, 3):
-            return f"input format with spatial dims {tuple(module.dim)}: dropin pools NCHW's (2, 3)"
+        if tuple(module.dim) not in ((2, 3), (1, 2)):
+            return f"input format with spatial dims {tuple(module.dim)}: dropin pools NCHW's and NHWC's"
         return dnn.Op(module, "adaptive_avg_pool2d", _fast_adaptive_avg_pool)
 
 
