@@ -52,11 +52,12 @@ def _handler(drop_in, reads: tuple, parameters: set):
 
 
 def _register(module_name: str, class_name: str) -> None:
-    kind = getattr(importlib.import_module(module_name), class_name, None)
+    module = importlib.import_module(module_name)
+    kind = getattr(module, class_name, None)
     if kind is not None:  # (a transformers version without the class: nothing to take)
         register(kind, op="attention")(_handler(*_FOLLOWED[module_name, class_name]))
     if module_name in _PASSIVE:
-        passive(getattr(importlib.import_module(module_name), _PASSIVE[module_name]))
+        passive(getattr(module, _PASSIVE[module_name]))
 
 
 for _module_name, _class_name in _FOLLOWED:
