@@ -114,14 +114,27 @@ def _dense(t) -> bool:
     return t.is_contiguous() or t.is_contiguous(memory_format=CL)
 
 
+def _leaf_layout(g, leaf) -> bool:
+    """Whether g is laid out as its leaf, a permutation of a dense tensor: the layout torch's AccumulateGrad gives
+    the leaf's .grad whatever the gradient's (its layout contract). Strides of size-1 dims are free."""
+    dims = sorted((leaf.stride(d), leaf.shape[d], g.stride(d)) for d in range(leaf.dim()) if leaf.shape[d] > 1)
+    expected = 1
+    for stride, size, g_stride in dims:
+        if stride != expected or g_stride != stride:
+            return False
+        expected *= size
+    return True
+
+
 def _assert_layout(rule, what, g, g_t, leaf) -> None:
     """rule "format": a 4-D g has the memory format (NCHW or channels_last) of torch's g_t where that is dense
-    (torch may give a broadcast view, e.g. after a mean); "input": g has the strides of its leaf where that is
-    dense; "torch": g has g_t's strides. Tensors of at most one element have no layout to match."""
+    (torch may give a broadcast view, e.g. after a mean), or its leaf's layout (what .grad takes: torch's own
+    gradients of a batched matmul come in either); "input": g has the strides of its leaf where that is dense;
+    "torch": g has g_t's strides. Tensors of at most one element have no layout to match."""
     if g.numel() <= 1:
         return
     if rule == "format":
-        if g.dim() == 4 and _dense(g_t):
+        if g.dim() == 4 and _dense(g_t) and not _leaf_layout(g, leaf):
             assert _channels_last(g) == _channels_last(g_t), f"{what}: not torch's memory format"
     elif rule == "input":
         if _dense(leaf):

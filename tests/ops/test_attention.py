@@ -262,6 +262,18 @@ def test_few_keys_gradients_at_rounding(masking, dtype):
         assert err <= 2 * UNIT_ROUNDOFF[dtype], f"gradient of {name}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_of_one_key_has_no_query_gradient(dtype):
+    """Causal, 2 queries over 24 keys: the first query attends to one key, so its P is 1 and dS = P * (dP - delta)
+    is 0 exactly; q's gradient there is 0 where delta and the dS pass's dP are the same sum (fp32 too: a delta
+    summed as rowsum(dO * O) in another order left that row the two sums' difference, and dq 3x torch's error)."""
+    q, grad = randn(3, 2, 2, 32, dtype=dtype), randn(3, 2, 2, 32, dtype=dtype)
+    k, v = randn(3, 2, 24, 32, dtype=dtype), randn(3, 2, 24, 32, dtype=dtype)
+    q.requires_grad_()
+    (dq,) = torch.autograd.grad(dropin.ops.attention(q, k, v, is_causal=True), q, grad)
+    assert (dq[:, :, 0] == 0).all() and (dq[:, :, 1] != 0).any()
+
+
 # ------------------------------------------------------------------------------------------- grouped heads
 GROUPS = [pytest.param((6, 1), id="mqa-6-1"), pytest.param((6, 2), id="gqa-6-2"), pytest.param((6, 3), id="gqa-6-3")]
 

@@ -81,10 +81,12 @@ _DQ_CONFIGS = {
     (4, 256): [_cfg(32, 16, 4, 2), _cfg(32, 32, 4, 1), _cfg(16, 16, 4, 2), _cfg(64, 32, 4, 2)],
 }
 _DELTA_BLOCK_M = 64
-# In 16-bit dtypes, key ranges up to this long take delta = rowsum(P * dP) from the scores in fp32 (dq_kernel's
-# DELTA pass: two products a tile), not rowsum(dO * O) from O rounded to 16 bits: dS = P * (dP - delta) cancels
-# where dP's row is nearly constant (few keys, positive values), and O's rounding then was the whole of dQ's error
-# (fp16, 2 keys: 5.1e-3 against 2.7e-4 with the exact delta; probes/fuzz_repro.py). Few keys keep the pass cheap.
+# Key ranges up to this long take delta = rowsum(P * dP) from the scores in fp32 (dq_kernel's DELTA pass: two
+# products a tile, the dQ pass's P and dP bit for bit), not rowsum(dO * O): dS = P * (dP - delta) cancels where
+# dP's row is nearly constant (few keys), and what separates delta from the dP the dS pass uses then is the whole
+# of dS: in 16-bit dtypes O's rounding (fp16, 2 keys: dQ 5.1e-3 against 2.7e-4 with the exact delta), in fp32 the
+# two sums' orders (a row of one key, whose dS is 0: dQ 7.5e-7 against torch's 2.4e-7 on the H200, 2 x 32 keys
+# causal; probes/fuzz_repro.py). Few keys keep the pass cheap.
 SHORT_KEYS = 64
 
 
@@ -317,7 +319,7 @@ def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal:
                            lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
                            () if traced else (q, k, v, mask_t, by_query(mask_t), grad_out, stats, delta, dq,
                                               *fixed, qk_scale, scale, *dq_strides), traced=traced)
-        if q.element_size() == 2 and Lk <= SHORT_KEYS:
+        if Lk <= SHORT_KEYS:
             # the dQ pass's tiles and warps (the same P and dP bit for bit: a row of one key gets dS = 0 exactly),
             # unpipelined: a range this short has a tile or two
             scores_delta = Launch(dq_kernel, launch_dq.grid, dict(launch_dq.constexprs, DELTA=True, num_stages=1),
