@@ -8,13 +8,16 @@ With --parts: one chunk's passes at 4096 tokens, 4096 -> 32000, bf16 (chunk rows
 the logits product, the loss kernel, the hidden gradient's product and the weight gradient's accumulating product,
 each timed alone (do_bench) beside cuBLAS's same product (torch.mm, torch.addmm with beta 1), in TFLOP/s.
 Usage: PYTHONPATH=src python3 benchmarks/probes/flce_chunks.py [CHUNKS ...] | --parts [ROWS ...]"""
+import importlib
 import sys
 
 import torch
 import triton
 
-from dropin.ops import linear_cross_entropy as lce_module
 from dropin.ops.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_ref
+
+# the module (dropin.ops' attribute of that name is the function): CHUNKS is set on it
+lce_module = importlib.import_module("dropin.ops.linear_cross_entropy")
 
 SHAPES = [(4096, 4096, 32000), (4096, 4096, 128256), (32768, 4096, 32000), (32768, 4096, 128256)]
 
