@@ -1,4 +1,6 @@
-"""inject_'s guarantees around verification: a model it cannot run is left whole, and an exception reverts it."""
+"""inject_'s guarantees around verification: a model it cannot run is left whole, and an exception reverts it; its
+forward that compiles the kernels ahead keeps nothing of what it computes."""
+import copy
 import math
 import pathlib
 import subprocess
@@ -12,8 +14,8 @@ import dropin
 from dropin.inject import InjectError, VerificationError
 from dropin.inject.api import _REFRESH_HOOK
 from dropin.nn import DropinModule
-from _models import mlp
-from _tol import DEVICE
+from _models import check_forward, cnn, mlp
+from _tol import DEVICE, ON_GPU, gpu
 
 
 def assert_whole(model: nn.Module, children: list) -> None:
@@ -111,5 +113,44 @@ def test_progress_of_the_slow_stages_is_logged(caplog):
         dropin.inject_(model, example_inputs=torch.randn(3, 16, device=DEVICE))
     messages = [r.getMessage() for r in caplog.records if r.name == "dropin.progress"]
     assert messages[0] == "inject_: 4 module(s) replaced, 0 left to torch", messages  # (linear + activation fused)
-    assert messages[1].startswith("verifying against float64") and messages[1].endswith("...")
-    assert messages[2].startswith("verifying against float64") and " done in " in messages[2]
+    stages = ["compiling the forward's kernels side by side"] * ON_GPU + ["verifying against float64"]
+    for i, stage in enumerate(stages):  # (each stage's start, then its end with its time)
+        assert messages[1 + 2 * i].startswith(stage) and messages[1 + 2 * i].endswith("..."), messages
+        assert messages[2 + 2 * i].startswith(stage) and " done in " in messages[2 + 2 * i], messages
+
+
+@gpu
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
+def test_compile_ahead_compiles_the_forward_and_keeps_nothing(tf32):
+    """`compile_ahead`'s forward launches no kernel, so what it computes is garbage: it keeps no plan and no weight
+    copy (TF32 convs of NCHW inputs stage their weights rounded, kept per weight version), and the forward after it
+    compiles nothing and is right."""
+    import importlib
+
+    import triton
+
+    from dropin.ops import _autotune
+    from dropin.ops.conv2d import weights
+
+    plans = [importlib.import_module(f"dropin.ops.{name}")._plans for name in ("conv2d", "matmul")]
+
+    model = cnn().eval()
+    original = copy.deepcopy(model)
+    dropin.inject_(model, verify=False)
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    compiles, hooks = [], triton.knobs.runtime
+    try:
+        kept = [len(weights._DERIVED), *map(len, plans)]
+        with torch.no_grad():
+            assert _autotune.compile_ahead(lambda: model(x))
+        assert [len(weights._DERIVED), *map(len, plans)] == kept
+        hooks.jit_post_compile_hook = lambda *args, **kwargs: compiles.append(kwargs.get("fn"))
+        try:
+            check_forward(model, original, x)
+        finally:
+            hooks.jit_post_compile_hook = None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    assert compiles == []

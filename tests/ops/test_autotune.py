@@ -130,6 +130,31 @@ def test_candidates_compile_side_by_side_before_timing(fresh, monkeypatch):
     assert not at.warming_up() and plans == {64: CONFIGS[1], 32: CONFIGS[1]}  # kept from the timed calls
 
 
+def test_compile_ahead_launches_nothing_and_keeps_nothing(fresh, monkeypatch):
+    """compile_ahead(run): every launch in run() warms up, one compiled before too (its inputs may be garbage),
+    every tuning met warms all its candidates and times none, nothing is kept, and an exception inside run() (a
+    check of garbage values) ends it quietly."""
+    dispatch = __import__("dropin.ops._dispatch", fromlist=["Launch"])
+    monkeypatch.setattr(at, "TUNING", True)
+    monkeypatch.setattr(at._runtime, "INTERPRET", False)
+    monkeypatch.setattr(at._runtime, "AsyncCompileMode", _CompileMode)
+    monkeypatch.setattr(at, "_time", lambda prepare, config, graph: timed.append(config) or 1.0)
+    kernel, plans, timed, warmed = _Kernel(), {}, [], []
+    compiled = dispatch.Launch(kernel, (2,), {"BLOCK": 16})
+    compiled.compiled = object()  # (as after its first launch: a call would launch it directly)
+
+    def run():
+        compiled(5)
+        at.pick("ahead", (1,), CONFIGS, lambda c: (lambda: warmed.append(c["BLOCK_M"])))
+        dispatch.plan(plans, "key", lambda: "plan")
+        raise ValueError("a check of garbage values")
+
+    assert at.compile_ahead(run)
+    assert kernel.warmups == [((5,), (2, 1, 1), {"BLOCK": 16})] and kernel.launches == 0
+    assert warmed == [64, 32] and not timed and not at._memory and not plans and not at.warming_up()
+    assert at.warm_threads == 0
+
+
 @pytest.mark.gpu
 def test_tuning_on_the_gpu_compiles_the_candidates_first(fresh, monkeypatch):
     """A real first-use tuning (a product of a shape no other test makes): its candidates are warmed up under
@@ -139,11 +164,10 @@ def test_tuning_on_the_gpu_compiles_the_candidates_first(fresh, monkeypatch):
     from _tol import rel_err
 
     monkeypatch.setattr(at, "TUNING", True)
-    precompiled, precompile = [], at._precompile
-    monkeypatch.setattr(at, "_precompile", lambda prepare, configs: (precompiled.append(len(configs)),
-                                                                      precompile(prepare, configs)))
+    precompiled, compile_ahead = [], at.compile_ahead
+    monkeypatch.setattr(at, "compile_ahead", lambda run: precompiled.append(compile_ahead(run)))
     a = torch.randn(149, 83, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(83, 211, device="cuda", dtype=torch.bfloat16)
     out = dropin.matmul(a, b)
-    assert precompiled and max(precompiled) > 1 and at._memory and not at.warming_up()
+    assert precompiled and all(precompiled) and at._memory and not at.warming_up()
     assert rel_err(out, a.double() @ b.double()) < 1e-2

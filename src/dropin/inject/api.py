@@ -11,6 +11,7 @@ from torch.utils import _pytree as pytree
 
 from .._tolerance import default_dtype, limit, rel_err, to_float64
 from ..nn import CausalLMForward, DropinModule, Folded
+from ..ops._autotune import can_compile_ahead, compile_ahead
 from . import registry, report_text, traced
 from .coverage import Coverage, measure
 
@@ -62,12 +63,17 @@ class InjectConfig:
       runs the sparse kernels (nn.SparsifiedLinear / nn.SparsifiedConv2d, weight frozen, not fused with its
       neighbours) unless it is in training mode with a weight that requires grad; the report gives each one's
       sparsity and the choice. True: SPARSE_THRESHOLD.
+    compile_ahead: with example inputs (or input_shape) on a GPU, one forward first compiles the kernels of the
+      injected model's forward side by side (`dropin.ops._autotune.compile_ahead`), so that the first real forward
+      (verification's, or the user's) compiles nothing: the compiles take about as long as the slowest of them
+      rather than their sum (a cold ResNet-50: 106 s of first output, compiled one by one).
     """
     ops: Optional[frozenset] = None
     fusions: bool = True
     dtypes: tuple = (torch.float32, torch.float16, torch.bfloat16)
     input_shape: Optional[tuple] = None
     sparse: Union[None, bool, float] = None
+    compile_ahead: bool = True
 
     def __post_init__(self):
         self.sparse_threshold  # noqa: B018  (raises on an invalid `sparse`)
@@ -280,6 +286,15 @@ def _buffers_kept(model: torch.nn.Module):
                 b.copy_(value)
 
 
+def _compile_ahead(model: torch.nn.Module, inputs) -> None:
+    """One forward on the inputs whose dropin launches compile their kernels instead of running them (see
+    InjectConfig.compile_ahead). What it computes is garbage: no gradient, the buffers and the random state as
+    they were after it."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.no_grad(), _buffers_kept(model), torch.random.fork_rng(devices=devices):
+        compile_ahead(lambda: model(*inputs))
+
+
 def _example(model: torch.nn.Module, config: InjectConfig, example_inputs):
     if example_inputs is not None:
         return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
@@ -369,7 +384,8 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     the same random seed and the model's buffers restored after (the float64 run with torch's default dtype
     float64, so that tensors the forward creates match; the caller's is restored); a divergence beyond the dtype's
     tolerance raises VerificationError naming the first replaced module whose output diverged, and an exception
-    in any of these runs raises VerificationError naming the module that raised. Any exception inside inject_
+    in any of these runs raises VerificationError naming the module that raised. On a GPU, with inputs, one
+    forward first compiles the injected forward's kernels side by side (InjectConfig.compile_ahead). Any exception inside inject_
     leaves the model reverted. A model whose floating tensors (or example inputs) are all of dtypes outside
     config.dtypes (float64) is left whole, the report saying why. Without inputs nothing is verified (the report
     says so). coverage (with inputs): the report gives the share of
@@ -416,6 +432,9 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
         if strict and report.left:
             raise InjectError("inject_(strict=True): these modules would stay torch (the model is reverted):\n" +
                               "\n".join(f"  {e.name or '<root>'} ({e.type}): {e.reason}" for e in report.left))
+        if inputs is not None and config.compile_ahead and report.replaced and can_compile_ahead():
+            with _stage("compiling the forward's kernels side by side"):
+                _compile_ahead(model, inputs)
         if verify and inputs is not None:
             with _stage("verifying against float64 (a new shape's first call tunes and compiles kernels)"):
                 _verify(model, inputs, report)

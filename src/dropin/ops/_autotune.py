@@ -42,32 +42,67 @@ def untimed():
 
 
 def warming_up() -> bool:
-    """Whether launches are to compile their kernels only (`_precompile`): `_dispatch.Launch` warms up instead."""
+    """Whether launches are to compile their kernels only (`warming_launches`): `_dispatch.Launch` warms up
+    instead, plans and shortcuts are not kept, weight copies not kept."""
     return getattr(_warming, "on", False)
 
 
-def _precompile(prepare, configs: list) -> None:
-    """Compiles the candidates' kernels side by side before they are timed, so that a first-use tuning waits about
-    as long as its slowest compile rather than their sum (Triton's compiler releases the GIL in its passes and in
-    ptxas): each candidate's launches run as warm-ups (compiled, not launched) whose compiles go to a thread pool.
-    A candidate that fails here fails again, as before, when it is timed."""
-    global _compile_pool
-    if _runtime.AsyncCompileMode is None or _runtime.INTERPRET or warming_up():
-        return
+warm_threads = 0  # threads inside `warming_launches`: Launch's hot path asks `warming_up` only when there is one
+
+
+@contextlib.contextmanager
+def warming_launches():
+    """Within it (this thread), every dropin launch compiles its kernel without launching it, the compiles side by
+    side in a thread pool (Triton's AsyncCompileMode: its compiler releases the GIL in its passes and in ptxas);
+    on leaving, it waits for them (a compile that fails is left for the launch that needs it to raise). Raises
+    RuntimeError where another AsyncCompileMode is active."""
+    global _compile_pool, warm_threads
     if _compile_pool is None:
         _compile_pool = concurrent.futures.ThreadPoolExecutor(min(16, os.cpu_count() or 1))
-    _warming.on = True
+    with _runtime.AsyncCompileMode(_compile_pool, ignore_errors=True):
+        _warming.on = True
+        warm_threads += 1
+        try:
+            yield
+        finally:
+            warm_threads -= 1
+            _warming.on = False
+
+
+def _warm(prepare, configs: list) -> None:
+    """Each candidate's launches, as warm-ups (within `warming_launches`). A candidate that fails here fails again,
+    with its error, where it is timed."""
+    for config in configs:
+        try:
+            prepare(config)()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def can_compile_ahead() -> bool:
+    """Whether `compile_ahead` can compile anything here: a GPU (not the interpreter), a Triton with
+    AsyncCompileMode, and not inside a warm-up already."""
+    return _runtime.AsyncCompileMode is not None and not _runtime.INTERPRET and not warming_up()
+
+
+def compile_ahead(run) -> bool:
+    """Runs run() (e.g. a model's forward on example inputs) with every dropin launch compiled, not launched, the
+    compiles side by side, and each tuning's candidates compiled too (timed at their first real use): a first
+    call's compiles then take about as long as the slowest of them rather than their sum. What run() computes is
+    garbage (no dropin kernel runs), so nothing is kept from it: no plan, no shortcut, no tuning choice, no weight
+    copy; an exception inside run() (a check of garbage values) ends it, the compiles begun standing. False where
+    nothing can be compiled ahead (`can_compile_ahead`): run() is not called."""
+    if not can_compile_ahead():
+        return False
     try:
-        with _runtime.AsyncCompileMode(_compile_pool, ignore_errors=True):
-            for config in configs:
-                try:
-                    prepare(config)()
-                except Exception:  # noqa: BLE001  (timed and discarded below, with its error)
-                    pass
+        with warming_launches():
+            try:
+                run()
+            except Exception:  # noqa: BLE001  (see above)
+                pass
     except RuntimeError:
-        pass  # another AsyncCompileMode is active: compiled one by one
-    finally:
-        _warming.on = False
+        return False  # another AsyncCompileMode is active
+    return True
 
 
 def bucket(n: int) -> int:
@@ -137,9 +172,12 @@ def pick(name: str, key: tuple, configs: list, prepare, graph: bool = False) -> 
             return remembered
     config = configs[0]
     if TUNING and len(configs) > 1:
-        if _runtime.capturing() or getattr(_untimed, "on", False) or warming_up():
+        if _runtime.capturing() or getattr(_untimed, "on", False):
             return config
-        _precompile(prepare, configs)
+        if warming_up():  # (`compile_ahead`: every candidate compiled now, timed at its first real use)
+            _warm(prepare, configs)
+            return config
+        compile_ahead(lambda: _warm(prepare, configs))  # (the candidates compiled side by side, then timed)
         times = [_time(prepare, c, graph) for c in configs]
         config = configs[min(range(len(configs)), key=times.__getitem__)]
         _save_disk(full_key, config)

@@ -130,7 +130,7 @@ MAX_PLANS = 4096
 def plan(plans: dict, key, make, traced: bool = False):
     """plans[key], made by make() on first use (tuning then) and reused: a small op's launch costs about as much CPU
     time as its kernel takes GPU time. traced: made anew without timing (the key may hold symbolic sizes). During a
-    CUDA graph capture, and while a tuning's candidates warm up (`_autotune._precompile`), a missing plan is made
+    CUDA graph capture, and while launches warm up (`_autotune.warming_launches`), a missing plan is made
     without timing and not kept, so that a later eager call tunes. The cache is emptied past MAX_PLANS signatures
     (ever-new shapes)."""
     if traced:
@@ -167,7 +167,7 @@ class Shortcuts:
     made for: shape, strides, dtype, device, 16-byte alignment); the other
     arguments with their types. No key (no shortcut, none kept) while torch.compile traces, under autocast (it
     casts operands), or where autograd records the call of an op that keeps no `Differentiable`; none is kept
-    during a CUDA graph capture or a tuning's warm-up (its plan is untimed); past MAX_PLANS signatures the cache is
+    during a CUDA graph capture or while launches warm up (its plan is untimed); past MAX_PLANS signatures the cache is
     emptied.
 
     A plan's launches read their tensors' addresses alone (a kernel argument is a pointer; the plan fixed the
@@ -318,8 +318,8 @@ class Launch:
 
     def __call__(self, *args):
         compiled = self.compiled
-        if compiled is None:
-            self._first(*args)
+        if compiled is None or _autotune.warm_threads and _autotune.warming_up():
+            self._first(*args)  # (a warm-up launches nothing: its inputs may be garbage, `compile_ahead`)
             return
         if self.device != torch._C._cuda_getDevice():  # (tensors on another GPU than the current one)
             with torch.cuda.device(self.device):
@@ -338,7 +338,7 @@ class Launch:
                      *args, *self.tail)
 
     def _first(self, *args):
-        """A traced launch, a tuning's warm-up, or the first eager launch (which keeps the compiled kernel where a
+        """A traced launch, a warm-up (compiled, not launched), or the first eager launch (which keeps the compiled kernel where a
         direct launch applies)."""
         if self.scratch:
             triton.set_allocator(_fresh_scratch)
@@ -355,7 +355,7 @@ class Launch:
             with torch.cuda.device(device):  # (Triton compiles for, and launches on, the current GPU)
                 self._first(*args)
             return
-        if _autotune.warming_up():  # (a tuning's candidates compiled side by side: `_autotune._precompile`)
+        if _autotune.warming_up():  # (compiles side by side: `_autotune.warming_launches`)
             self.kernel.warmup(*args, grid=self.grid, **self.constexprs)
             return
         compiled = self.kernel[self.grid](*args, **self.constexprs)

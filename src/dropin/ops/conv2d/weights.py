@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from ... import _runtime
+from .. import _autotune
 from .._common import versions
 
 
@@ -41,9 +42,10 @@ def frozen(t: torch.Tensor) -> torch.Tensor:
 
 
 def keeps_copies(w: torch.Tensor, traced: bool) -> bool:
-    """Whether `derived` keeps w's copies (else it makes them anew on every call: see there)."""
+    """Whether `derived` keeps w's copies (else it makes them anew on every call: see there; nor while launches
+    warm up, `_autotune.compile_ahead`: no kernel writes the copy)."""
     return (isinstance(w, torch.nn.Parameter) or getattr(w, "_dropin_frozen", False)) and not traced \
-        and not _runtime.capturing() and not w.requires_grad
+        and not _runtime.capturing() and not w.requires_grad and not _autotune.warming_up()
 
 
 def derived(w: torch.Tensor, kind: str, make, traced: bool) -> torch.Tensor:
