@@ -65,8 +65,8 @@ class InjectConfig:
       sparsity and the choice. True: SPARSE_THRESHOLD.
     compile_ahead: with example inputs (or input_shape) on a GPU, one forward first compiles the kernels of the
       injected model's forward side by side (`dropin.ops._autotune.compile_ahead`), so that the first real forward
-      (verification's, or the user's) compiles nothing: the compiles take about as long as the slowest of them
-      rather than their sum (a cold ResNet-50: 106 s of first output, compiled one by one).
+      of those inputs' shapes (verification's, or the user's) compiles nothing: the compiles take about as long as
+      the slowest of them rather than their sum (a cold ResNet-50: 106 s of first output, compiled one by one).
     """
     ops: Optional[frozenset] = None
     fusions: bool = True
@@ -385,8 +385,8 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     float64, so that tensors the forward creates match; the caller's is restored); a divergence beyond the dtype's
     tolerance raises VerificationError naming the first replaced module whose output diverged, and an exception
     in any of these runs raises VerificationError naming the module that raised. On a GPU, with inputs, one
-    forward first compiles the injected forward's kernels side by side (InjectConfig.compile_ahead). Any exception inside inject_
-    leaves the model reverted. A model whose floating tensors (or example inputs) are all of dtypes outside
+    forward first compiles the injected forward's kernels side by side (InjectConfig.compile_ahead). Any exception
+    inside inject_ leaves the model reverted. A model whose floating tensors (or example inputs) are all of dtypes outside
     config.dtypes (float64) is left whole, the report saying why. Without inputs nothing is verified (the report
     says so). coverage (with inputs): the report gives the share of
     the FLOPs and of the GPU kernel time in dropin kernels on one forward, and the torch kernels that still ran

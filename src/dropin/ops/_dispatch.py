@@ -167,8 +167,8 @@ class Shortcuts:
     made for: shape, strides, dtype, device, 16-byte alignment); the other
     arguments with their types. No key (no shortcut, none kept) while torch.compile traces, under autocast (it
     casts operands), or where autograd records the call of an op that keeps no `Differentiable`; none is kept
-    during a CUDA graph capture or while launches warm up (its plan is untimed); past MAX_PLANS signatures the cache is
-    emptied.
+    during a CUDA graph capture or while launches warm up (its plan is untimed); past MAX_PLANS signatures the cache
+    is emptied.
 
     A plan's launches read their tensors' addresses alone (a kernel argument is a pointer; the plan fixed the
     strides and dtypes): a shortcut may pass a tensor in place of a view of it that starts at the same address
@@ -338,8 +338,8 @@ class Launch:
                      *args, *self.tail)
 
     def _first(self, *args):
-        """A traced launch, a warm-up (compiled, not launched), or the first eager launch (which keeps the compiled kernel where a
-        direct launch applies)."""
+        """A traced launch, a warm-up (compiled, not launched), or the first eager launch (which keeps the compiled
+        kernel where a direct launch applies)."""
         if self.scratch:
             triton.set_allocator(_fresh_scratch)
         if self.traced:
