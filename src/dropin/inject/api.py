@@ -386,11 +386,11 @@ def inject_(model: torch.nn.Module, config: Optional[InjectConfig] = None, *, ex
     tolerance raises VerificationError naming the first replaced module whose output diverged, and an exception
     in any of these runs raises VerificationError naming the module that raised. On a GPU, with inputs, one
     forward first compiles the injected forward's kernels side by side (InjectConfig.compile_ahead). Any exception
-    inside inject_ leaves the model reverted. A model whose floating tensors (or example inputs) are all of dtypes outside
-    config.dtypes (float64) is left whole, the report saying why. Without inputs nothing is verified (the report
-    says so). coverage (with inputs): the report gives the share of
-    the FLOPs and of the GPU kernel time in dropin kernels on one forward, and the torch kernels that still ran
-    (dropin.inject.coverage, measured with the torch profiler). strict: raise InjectError (model reverted) when any
+    inside inject_ leaves the model reverted. A model whose floating tensors (or example inputs) are all of dtypes
+    outside config.dtypes (float64) is left whole, the report saying why. Without inputs nothing is verified (the
+    report says so). coverage (with inputs): the report gives the share of the FLOPs and of the GPU kernel time in
+    dropin kernels on one forward, and the torch kernels that still ran (dropin.inject.coverage, measured with the
+    torch profiler). strict: raise InjectError (model reverted) when any
     module that computes stays torch. Injecting an injected model again keeps its dropin modules (idempotent)
     and handles what a new config now allows; revert_ undoes all of it.
 
