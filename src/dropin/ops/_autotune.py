@@ -90,8 +90,9 @@ def compile_ahead(run) -> bool:
     compiles side by side, and each tuning's candidates compiled too (timed at their first real use): a first
     call's compiles then take about as long as the slowest of them rather than their sum. What run() computes is
     garbage (no dropin kernel runs), so nothing is kept from it: no plan, no shortcut, no tuning choice, no weight
-    copy; an exception inside run() (a check of garbage values) ends it, the compiles begun standing. False where
-    nothing can be compiled ahead (`can_compile_ahead`): run() is not called."""
+    copy; an exception inside run() (a check of garbage values) ends it, the compiles begun standing. Launches in
+    this thread only: a backward, which autograd runs in threads of its own, would launch on the garbage (forwards
+    under no_grad). False where nothing can be compiled ahead (`can_compile_ahead`): run() is not called."""
     if not can_compile_ahead():
         return False
     try:
