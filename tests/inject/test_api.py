@@ -119,6 +119,31 @@ def test_progress_of_the_slow_stages_is_logged(caplog):
         assert messages[2 + 2 * i].startswith(stage) and " done in " in messages[2 + 2 * i], messages
 
 
+def test_inject_compiles_ahead_with_inputs_unless_asked_not_to(monkeypatch):
+    """With example inputs (where kernels compile: a GPU), inject_ runs one forward inside compile_ahead, under
+    no_grad, the training-mode BatchNorms' statistics restored after it; not with InjectConfig(compile_ahead=False),
+    nor without inputs."""
+    api = __import__("dropin.inject.api", fromlist=["compile_ahead"])
+    runs = []
+
+    def compile_ahead(run):
+        out = run()
+        runs.append((torch.is_grad_enabled(), out.shape))
+        return True
+
+    monkeypatch.setattr(api, "can_compile_ahead", lambda: True)
+    monkeypatch.setattr(api, "compile_ahead", compile_ahead)
+    model = cnn().train()
+    stats = [b.clone() for b in model.buffers()]
+    dropin.inject_(model, example_inputs=torch.randn(2, 3, 8, 8, device=DEVICE), verify=False)
+    assert runs == [(False, (2, 4))]
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), stats))
+    dropin.inject_(cnn(), dropin.InjectConfig(compile_ahead=False), example_inputs=torch.randn(2, 3, 8, 8,
+                                                                                              device=DEVICE))
+    dropin.inject_(cnn())
+    assert len(runs) == 1
+
+
 @gpu
 @pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
 def test_compile_ahead_compiles_the_forward_and_keeps_nothing(tf32):
