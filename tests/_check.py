@@ -3,7 +3,7 @@ test dtype (PyTorch's own error, DESIGN.md's 2x rule), with the memory formats o
 
 One helper for every op: several outputs (rms_norm's (y, new_residual), rope's (q, k)), non-differentiable
 inputs (cos, sin, a mask), views built from the leaves, torch.autocast. `poison_allocations` makes unwritten
-elements show.
+elements show; `replan` makes an op plan again (a test that forces a config).
 """
 import contextlib
 import functools
@@ -11,6 +11,7 @@ import functools
 import torch
 
 from _tol import DEVICE, ON_GPU, assert_close, tolerance
+from dropin.ops import _dispatch
 
 CL = torch.channels_last
 # Below this many numbers in the output or in a leaf, a result is a sum of a few terms (`holds_few_numbers`).
@@ -100,6 +101,13 @@ def assert_grad_calls_repeat_through_shortcuts(calls, monkeypatch) -> None:
     for ref, again, again_twice in zip(refs, agains, agains_twice, strict=True):
         assert_repeats(ref, again)
         assert_repeats(ref, again_twice)
+
+
+def replan(op_module) -> None:
+    """The op module's plans emptied and every kept shortcut dropped (each holds its plan's run): its next calls
+    plan again, e.g. with the config a test forces."""
+    op_module._plans.clear()
+    _dispatch.forget_shortcuts()
 
 
 def _as_tuple(out):

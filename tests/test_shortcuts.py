@@ -258,3 +258,23 @@ def test_attention_decode_step_through_its_shortcut(mask_dtype, taken, monkeypat
                                          None if m is None else m if m.dtype == torch.bool else m.double(),
                                          enable_gqa=True)
     assert_close(out, ref, q.dtype, "fwd", what="a decoding step through its shortcut")
+
+
+def test_replan_drops_the_kept_shortcuts(monkeypatch):
+    """A kept shortcut holds its plan's run, so emptying an op's plans alone leaves it in use (a test forcing another
+    config for a signature called before would run the old plan); `_check.replan` drops every shortcut too, and the
+    next call plans again."""
+    from _check import replan
+
+    matmul = importlib.import_module("dropin.ops.matmul")
+    a, b = torch.randn(24, 40, device=DEVICE), torch.randn(40, 16, device=DEVICE)
+    dropin.matmul(a, b)
+    picks = []
+    monkeypatch.setattr(_dispatch._autotune, "pick", lambda name, key, configs, prepare, **timing: picks.append(
+        name) or configs[0])
+    matmul._plans.clear()
+    dropin.matmul(a, b)
+    assert picks == []
+    replan(matmul)
+    dropin.matmul(a, b)
+    assert picks

@@ -40,11 +40,11 @@ SMALL_TILES = {  # kernel -> config: 32 x 16 tiles (the smallest tl.dot takes) c
 def small_tiles(request, monkeypatch):
     """Forces SMALL_TILES under the interpreter (not on the GPU, nor in test_default_configs); launch plans
     made by other tests are forgotten."""
-    attn._plans.clear()
+    _check.replan(attn)
     if not ON_GPU and request.function.__name__ != "test_default_configs":
         monkeypatch.setattr(attn._autotune, "pick", lambda name, key, configs, prepare: SMALL_TILES[name])
     yield
-    attn._plans.clear()
+    _check.replan(attn)
 
 
 def randn(*shape, dtype=torch.float32):

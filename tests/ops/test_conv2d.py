@@ -405,7 +405,7 @@ def test_registered_ops(case, monkeypatch):
 
     monkeypatch.setattr(_autotune, "pick", pick)
     monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: layout.startswith("tma"))
-    cv._plans.clear()
+    _check.replan(cv)
     x, w = randn(*x_shape, dtype=dtype), randn(*w_shape, dtype=dtype)
     if layout == "strided":
         x = randn(*x_shape[:-1], 2 * x_shape[-1], dtype=dtype)[..., ::2]
@@ -426,7 +426,7 @@ def test_registered_ops(case, monkeypatch):
         _check.opcheck(torch.ops.dropin.conv2d_dgrad.default, dy, x, w, *geometry)
         _check.opcheck(torch.ops.dropin.conv2d_wgrad.default, dy, x, w, *geometry)
     finally:
-        cv._plans.clear()
+        _check.replan(cv)
     assert seen == kernels
 
 

@@ -45,7 +45,7 @@ def _configs():
 def test_tma_forward_resnet_shapes(dtype, cfg, monkeypatch):
     """Each TMA tile on ResNet-50's 3x3 shapes (8 images): vs float64 and the 2x rule."""
     monkeypatch.setattr(_autotune, "pick", lambda name, key, configs, prepare, **timing: dict(cfg, KERNEL="tma"))
-    cv._plans.clear()
+    _check.replan(cv)
     try:
         for c, hw, s in ((64, 56, 1), (256, 14, 1), (512, 7, 1), (128, 56, 2)):
             x = torch.randn(8, c, hw, hw, device=DEVICE, dtype=dtype).to(memory_format=torch.channels_last)
@@ -56,7 +56,65 @@ def test_tma_forward_resnet_shapes(dtype, cfg, monkeypatch):
             assert_close(dropin.conv2d(x, w, b, s, 1), ref, dtype, "fwd", torch_out=F.conv2d(x, w, b, s, 1),
                          what=f"{c} channels at {hw}x{hw}, stride {s}")
     finally:
-        cv._plans.clear()
+        _check.replan(cv)
+
+
+def _forced_tile(which: str, cfg: dict):
+    """A pick that takes, for the `which` pass, the TMA candidate of cfg's tile (as offered: its stages cut to the
+    shared memory), and the first candidate elsewhere."""
+    def pick(name, key, configs, prepare, **timing):
+        if key[0] != which:
+            return configs[0]
+        return next(c for c in configs if c["KERNEL"].startswith("tma")
+                    and dict(c, num_stages=0, KERNEL=0) == dict(cfg, num_stages=0, KERNEL=0))
+    return pick
+
+
+ROW_IDS = lambda c: f"1x{c['TW']}-{c.get('BLOCK_N')}-{c['num_warps']}w-occ{c['OCC']}"  # noqa: E731
+
+
+@gpu
+@pytest.mark.parametrize("cfg", tma.rows(tma.FWD_CONFIGS, torch.empty(1, 1, 1, 1)), ids=ROW_IDS)
+def test_tma_row_tiles_forward_of_conv1d(cfg, monkeypatch):
+    """An input one pixel high (conv1d's views) takes rows of TH * TW pixels (`tma.rows`): each forward row tile on
+    Whisper's second conv (kernel 3, stride 2, padding 1, GELU; 64 channels, 600 -> 300 positions), bf16, the input
+    NCL and NLC, against float64 and the 2x rule."""
+    monkeypatch.setattr(_autotune, "pick", _forced_tile("fwd", cfg))
+    w = torch.randn(64, 64, 3, device=DEVICE, dtype=torch.bfloat16) / 192 ** 0.5
+    b = torch.randn(64, device=DEVICE, dtype=torch.bfloat16)
+    try:
+        for x in (torch.randn(2, 64, 600, device=DEVICE, dtype=torch.bfloat16),
+                  torch.randn(2, 600, 64, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)):
+            _check.replan(cv)
+            ref = F.gelu(F.conv1d(x.cpu().double(), w.cpu().double(), b.cpu().double(), 2, 1)).to(DEVICE)
+            assert_close(dropin.ops.conv1d(x, w, b, 2, 1, activation="gelu"), ref, torch.bfloat16, "fwd",
+                         torch_out=F.gelu(F.conv1d(x, w, b, 2, 1)), what=f"x strides {x.stride()}")
+    finally:
+        _check.replan(cv)
+
+
+@gpu
+@pytest.mark.parametrize("cfg", tma.rows(tma.WGRAD_CONFIGS, torch.empty(1, 1, 1, 1)), ids=ROW_IDS)
+def test_tma_row_tiles_weight_gradient_of_conv1d(cfg, monkeypatch):
+    """Each weight-gradient row tile (`tma.rows`; bf16 keeps its 128 pixels) on an NLC conv1d (kernel 3, stride 2,
+    padding 1; 64 channels, 600 -> 300 positions), whose output and gradient are channels_last too, bf16, against
+    float64 and the 2x rule."""
+    monkeypatch.setattr(_autotune, "pick", _forced_tile("wgrad", cfg))
+    x = torch.randn(2, 600, 64, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)
+    w = torch.randn(64, 64, 3, device=DEVICE, dtype=torch.bfloat16) / 192 ** 0.5
+    _check.replan(cv)
+    try:
+        leaf = w.clone().requires_grad_()
+        y = dropin.ops.conv1d(x, leaf, None, 2, 1)
+        grad = torch.randn_like(y)
+        (dw,) = torch.autograd.grad(y, leaf, grad)
+    finally:
+        _check.replan(cv)
+    w64 = w.cpu().double().requires_grad_()
+    (ref,) = torch.autograd.grad(F.conv1d(x.cpu().double(), w64, None, 2, 1), w64, grad.cpu().double())
+    torch_leaf = w.clone().requires_grad_()
+    (torch_dw,) = torch.autograd.grad(F.conv1d(x, torch_leaf, None, 2, 1), torch_leaf, grad)
+    assert_close(dw, ref.to(DEVICE), torch.bfloat16, "bwd", torch_out=torch_dw, what="weight gradient")
 
 
 @slow
@@ -78,7 +136,7 @@ def test_every_config(which, cfg, monkeypatch):
     monkeypatch.setattr(_autotune, "pick", pick)
     if cfg["KERNEL"] == "tma":  # offered on any device: the interpreter runs it on the CPU
         monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: True)
-    cv._plans.clear()
+    _check.replan(cv)
     try:
         if cfg.get("KERNEL") == "tma":  # one group, channels_last x and w; an NCHW residual (fwd or wgrad)
             # stride 1 with channels past C in a box (32 of 64), then strides 2 and 3 (x viewed by phase)
@@ -140,7 +198,7 @@ def test_every_config(which, cfg, monkeypatch):
             check(dropin_conv("silu", **kw), torch_conv("silu", **kw),
                   leaves(x_shape, w_shape, channels_last=channels_last))
     finally:
-        cv._plans.clear()
+        _check.replan(cv)
 
 
 @gpu
@@ -166,7 +224,7 @@ def _seen_candidates(monkeypatch, first=False) -> dict:
         return configs[0] if first else real_pick(name, key, configs, prepare, **timing)
 
     monkeypatch.setattr(_autotune, "pick", pick)
-    cv._plans.clear()
+    _check.replan(cv)
     return seen
 
 
@@ -189,7 +247,7 @@ def test_depthwise_plan_offers_direct_kernel(monkeypatch):
             assert {k: sorted(set(v), key=v.index) for k, v in seen.items()} == \
                 {k: v for k, v in passes.items() if v is not None}
     finally:
-        cv._plans.clear()
+        _check.replan(cv)
 
 
 DEPTHWISE = {  # id: (x shape, multiplier, kernel, stride, padding, dilation, channels_last, dtype)
@@ -221,7 +279,7 @@ def test_depthwise_direct(case, monkeypatch):
             del first["dgrad"]
         assert {k: v[0] for k, v in seen.items()} == first
     finally:
-        cv._plans.clear()
+        _check.replan(cv)
 
 
 @pytest.mark.parametrize("padding", [0, 2, (2, 0)], ids=["p0", "p2", "p20"])
@@ -308,7 +366,7 @@ def test_staged_tma_forward(layout, allow_tf32, monkeypatch):
         return staged[-(len(offered) % 2)]
 
     monkeypatch.setattr(_autotune, "pick", pick)
-    cv._plans.clear()
+    _check.replan(cv)
     try:
         for x_shape, kw in (((2, 32, 9, 11), dict(padding=(1, 2), dilation=(1, 2))),
                             ((1, 64, 10, 12), dict(stride=2, padding=1))):
@@ -326,7 +384,7 @@ def test_staged_tma_forward(layout, allow_tf32, monkeypatch):
                              what=f"{layout} {x_shape} {kw}")
                 assert out.is_contiguous() == (not tf32)  # in x's layout
     finally:
-        cv._plans.clear()
+        _check.replan(cv)
     assert len(offered) == 2 and min(offered) > 0, "the plan offered no staged TMA config"
     assert made == ["tma-tf32" if tf32 else "tma"] * 2  # once per weight, not per call
 
@@ -349,13 +407,13 @@ def test_backward_through_tma_kernels(kw, monkeypatch):
         return real_pick(name, key, configs, prepare, **timing)
 
     monkeypatch.setattr(_autotune, "pick", pick)
-    cv._plans.clear()
+    _check.replan(cv)
     try:
         c = 64 if "stride" in kw else 16  # a column stride over 1 takes channel blocks (of 64) that divide C
         check(dropin_conv(**kw), torch_conv(**kw),
               leaves((2, c, 8, 10), (32, c, 3, 4), channels_last=True, weight_channels_last=True))
     finally:
-        cv._plans.clear()
+        _check.replan(cv)
     dgrad = ("fwd", "tma") if "stride" not in kw else ("dgrad", "gemm")  # the input gradient's plan
     assert set(kernels) == {("fwd", "tma"), ("wgrad", "tma"), dgrad}
     assert tiles and max(tiles) <= 64

@@ -511,7 +511,7 @@ def test_tf32_products_use_rounded_operands(layout, copies, allow_tf32, monkeypa
         monkeypatch.setattr(_mm_module, "tf32_copies_pay", lambda M, N: True)
         monkeypatch.setattr(_mm_module, "copied_operands", lambda batch, M, K, N, parts, a_aligned=False: copies)
     monkeypatch.setattr(_mm_module, "_shortcuts", _dispatch.Shortcuts(differentiable=True))  # (none kept before)
-    _mm_module._plans.clear()
+    _check.replan(_mm_module)
     a, b = randn(33, 70), randn(70, 20)
     if layout == "tt":
         a, b = a.mT.contiguous().mT, b.mT.contiguous().mT
@@ -525,7 +525,7 @@ def test_tf32_products_use_rounded_operands(layout, copies, allow_tf32, monkeypa
     monkeypatch.setattr(operands, "operand_pair_copy", lambda *args: made.append("ab") or pair_copy(*args))
     out = dropin.matmul(a, b)
     again = dropin.matmul(a, b)  # (no shortcut: each call copies its operands, once; both in one launch)
-    _mm_module._plans.clear()
+    _check.replan(_mm_module)
     assert made == {None: [], "ab": ["ab", "ab"], "b": ["b", "b"]}[copies]
     torch.testing.assert_close(again, out, rtol=0, atol=0)
     assert rel_err(out, rounded(a) @ rounded(b)) < 1e-6
@@ -644,11 +644,11 @@ def tma_launches(monkeypatch):
         return real(kernel, grid, constexprs, **kwargs)
     monkeypatch.setattr(_mm_module, "Launch", spy)
     monkeypatch.setattr(_mm_module, "_shortcuts", _dispatch.Shortcuts(differentiable=True))
-    _mm_module._plans.clear()
+    _check.replan(_mm_module)
     try:
         yield made
     finally:
-        _mm_module._plans.clear()
+        _check.replan(_mm_module)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
@@ -737,11 +737,11 @@ def test_deep_split_k(dtype, monkeypatch):
     ref = F.gelu(a.double() @ b.double() + bias.double())
     for cfg in deep:
         monkeypatch.setattr(_mm_module._autotune, "pick", lambda name, key, configs, prepare, **timing: cfg)
-        _mm_module._plans.clear()
+        _check.replan(_mm_module)
         try:
             out = dropin.linear(a, b.T, bias, activation="gelu")
         finally:
-            _mm_module._plans.clear()
+            _check.replan(_mm_module)
         assert_close(out, ref, dtype, "fwd", torch_out=F.gelu(a @ b + bias), what=f"{cfg}")
 
 

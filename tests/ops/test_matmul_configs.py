@@ -8,6 +8,7 @@ Under the interpreter the TMA kernel runs too (tensor descriptors are emulated).
 import pytest
 import torch
 
+import _check
 import dropin  # noqa: F401
 from dropin.ops import _autotune, _gemm
 from dropin.ops.swiglu import swiglu_mlp_ref
@@ -30,9 +31,9 @@ def forced(monkeypatch):
     """Makes the tuner return the given config for the next plans."""
     def force(cfg):
         monkeypatch.setattr(mm._autotune, "pick", lambda name, key, configs, run, **timing: cfg)
-        mm._plans.clear()
+        _check.replan(mm)
     yield force
-    mm._plans.clear()
+    _check.replan(mm)
 
 
 @slow
@@ -156,13 +157,13 @@ def test_accumulating_tiles_fit_shared_memory(monkeypatch):
     monkeypatch.setattr(mm._runtime, "is_hopper", lambda index=0: True)
     monkeypatch.setattr(mm._autotune, "pick", lambda name, key, configs, prepare, **timing: offered.setdefault(
         "accumulate" in key, configs)[-1])
-    mm._plans.clear()
+    _check.replan(mm)
     a = torch.randn(1, 512, 64, dtype=torch.float16, device=DEVICE)
     b = torch.randn(1, 64, 512, dtype=torch.float16, device=DEVICE)
     mm.mm_impl(a, b, None, "none", False)
     mm.mm_impl(a, b, None, "none", False, accumulate_into=torch.zeros(1, 512, 512, dtype=torch.float16,
                                                                       device=DEVICE))
-    mm._plans.clear()
+    _check.replan(mm)
     tile = {k: max(c["BLOCK_M"] * c["BLOCK_N"] for c in configs if c["KERNEL"] == "tma")
             for k, configs in offered.items()}
     assert tile == {False: 128 * 256, True: mm.ACCUMULATE_MAX_TILE}, tile
@@ -173,12 +174,12 @@ def test_tf32x3(kernel, monkeypatch):
     """True fp32 as three tf32 products (the GPU's default for fp32 without TF32): the split of each operand
     into rounded tf32 halves, with values across the exponent range, the largest finite ones, inf and nan."""
     monkeypatch.setattr(_gemm, "precision", lambda dtype, allow_tf32=None, k=None, macs=None: "tf32x3")
-    mm._plans.clear()
+    _check.replan(mm)
     M, N, K = 40, 24, 72
     a = torch.randn(M, K, device=DEVICE) * torch.logspace(-30, 30, K, device=DEVICE)
     b = torch.randn(K, N, device=DEVICE) * torch.logspace(30, -30, K, device=DEVICE)[:, None]
     a[3, 5], a[7, 9], b[11, 2], b[4, 6] = 3.3e38, float("inf"), float("-inf"), float("nan")
     b[5, :], b[9, :] = 1e-30, 0.99999994  # inf * hi(1) + inf * lo(-2^-24): no nan from the small products
     c = mm.mm_impl(a[None], b[None], None, None, False, tma=kernel == "tma")[0][0]
-    mm._plans.clear()
+    _check.replan(mm)
     assert_close(c, a.double() @ b.double(), torch.float32, "fwd", torch_out=a @ b)

@@ -153,6 +153,17 @@ def _typed(a):
     return (tuple, *map(_typed, a)) if type(a) is tuple else (type(a), a)
 
 
+_SHORTCUTS: list = []  # every op's Shortcuts (`forget_shortcuts`)
+
+
+def forget_shortcuts() -> None:
+    """Drops every op's kept shortcuts: each signature's next call goes through its op's path and finds its plan
+    again (a shortcut holds its plan's run, which emptying the op's plans alone leaves in use: a test that forces
+    another config for a signature called before)."""
+    for shortcuts in _SHORTCUTS:
+        shortcuts._runs.clear()
+
+
 class Shortcuts:
     """A public function's eager calls, each signature's reduced to one function of the call's tensors (its
     shortcut) that allocates the outputs and runs the signature's plan: a repeat call skips the argument checks,
@@ -178,6 +189,7 @@ class Shortcuts:
         """differentiable: the op keeps `Differentiable`s; without, a call that autograd records gets no key."""
         self._runs: dict = {}
         self.differentiable = differentiable
+        _SHORTCUTS.append(self)
 
     def find(self, tensors: tuple, args: tuple):
         """(key, shortcut or None) for this call; key None where no shortcut may serve it."""

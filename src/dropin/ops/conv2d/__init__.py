@@ -151,7 +151,7 @@ def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, rows, residual is not None,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *depthwise.direct_tag(direct, OH, OW),
                 *(("tma",) if tma_configs else ()), *(("tma-staged",) if tma_staged else ()),
-                *(("walk",) if walk else ()))
+                *(("walk",) if walk else ()), *(("rows",) if H == 1 else ()))  # (`tma.rows`: other candidates)
         return planning.pick("conv2d", tkey, configs, launcher, tensors)
 
     return plan(_plans, key, make, traced), tensors
@@ -274,7 +274,7 @@ def _wgrad_plan(dz, x, w, dw, stride, padding, dilation, groups: int, traced: bo
             depthwise.WALK_WGRAD_CONFIGS if walk else ()) if depthwise.wgrad_fits(c, dims, groups)]
         tkey = ("wgrad", x.dtype, precision, is_channels_last(x), KH, KW, stride, C_G == 1,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *depthwise.direct_tag(direct, OH, OW),
-                *(("tma",) if tma_configs else ()), *(("walk",) if walk else ()))
+                *(("tma",) if tma_configs else ()), *(("walk",) if walk else ()), *(("rows",) if H == 1 else ()))
         return planning.pick("conv2d", tkey, configs, launcher, (dz, x, dw))
 
     return plan(_plans, key, make, traced)

@@ -185,11 +185,17 @@ def _fwd_fits(x, stride, groups: int) -> bool:
             and H % stride[0] == 0 and W % stride[1] == 0)
 
 
+def rows(configs: list, x) -> list:
+    """configs' TH x TW pixel tiles as rows of TH * TW pixels (TH 1) where x is one pixel high (conv1d's views:
+    a tile of TH rows would compute TH - 1 rows of padding), unchanged elsewhere."""
+    return configs if x.shape[2] > 1 else [dict(c, TH=1, TW=c["TH"] * c["TW"]) for c in configs]
+
+
 def _fwd_tiles(x, stride, kernel: str) -> list:
     """FWD_CONFIGS as `kernel`'s candidates: with a column stride over 1 only channel blocks that divide C (a box
-    never reaches into the next phase's channels), stages cut to the shared memory."""
+    never reaches into the next phase's channels), stages cut to the shared memory; `rows` of one-pixel-high x."""
     size, C = x.element_size(), x.shape[1]
-    return staged([dict(c, KERNEL=kernel) for c in FWD_CONFIGS if stride[1] == 1 or C % c["BLOCK_K"] == 0],
+    return staged([dict(c, KERNEL=kernel) for c in rows(FWD_CONFIGS, x) if stride[1] == 1 or C % c["BLOCK_K"] == 0],
                   lambda c: (c["TH"] * c["TW"] + c["BLOCK_N"]) * c["BLOCK_K"] * size)
 
 
@@ -216,14 +222,14 @@ def staged_fwd_configs(x, stride, groups: int, precision: str, direct: bool) -> 
 def wgrad_configs(dz, x, stride, groups: int, precision: str, traced: bool) -> list:
     """_conv_wgrad_tma_kernel's candidates, none where it does not apply: the TMA forward's conditions on x
     (fwd_configs), and dz dense channels_last with at least 16 channels in 16-byte rows. A pixel tile is
-    one MMA chain, whose every step truncates in true fp32: there at most _gemm.max_k pixels (TH cut), as the
-    GEMMs' BLOCK_K (with 128-pixel tiles a short reduction reached 2x cuDNN's error; 64 keep it at 0.7x that)."""
+    one MMA chain, whose every step truncates in true fp32: there at most _gemm.max_k pixels (TH cut, then TW), as
+    the GEMMs' BLOCK_K (with 128-pixel tiles a short reduction reached 2x cuDNN's error; 64 keep it at 0.7x that)."""
     size, cout = dz.element_size(), dz.shape[1]  # (dz's layout checked in w's place)
     if not (fwd_configs(x, dz, stride, groups, traced) and cout >= 16 and cout * size % 16 == 0):
         return []
     pixels = _gemm.max_k(precision, size, chain=64)
-    fitting = [dict(c, KERNEL="tma", TH=min(c["TH"], max(1, pixels // c["TW"]))) for c in WGRAD_CONFIGS
-               if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
+    fitting = [dict(c, KERNEL="tma", TH=min(c["TH"], max(1, pixels // c["TW"])), TW=min(c["TW"], pixels))
+               for c in rows(WGRAD_CONFIGS, x) if stride[1] == 1 or x.shape[1] % c["BLOCK_N"] == 0]
     return staged(fitting, lambda c: c["TH"] * c["TW"] * (c["BLOCK_M"] + c["BLOCK_N"]) * size)
 
 
