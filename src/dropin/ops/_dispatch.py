@@ -16,6 +16,7 @@ constexprs) made for the call's signature. The impl takes `traced`:
   `switch` calls the registered op while torch.compile traces and the impl otherwise.
 """
 import inspect
+import weakref
 
 import torch
 import triton
@@ -153,7 +154,8 @@ def _typed(a):
     return (tuple, *map(_typed, a)) if type(a) is tuple else (type(a), a)
 
 
-_SHORTCUTS: list = []  # every op's Shortcuts (`forget_shortcuts`)
+# every live Shortcuts (`forget_shortcuts`): an op's, and those a test puts in its place for a while
+_SHORTCUTS: weakref.WeakSet = weakref.WeakSet()
 
 
 def forget_shortcuts() -> None:
@@ -189,7 +191,7 @@ class Shortcuts:
         """differentiable: the op keeps `Differentiable`s; without, a call that autograd records gets no key."""
         self._runs: dict = {}
         self.differentiable = differentiable
-        _SHORTCUTS.append(self)
+        _SHORTCUTS.add(self)
 
     def find(self, tensors: tuple, args: tuple):
         """(key, shortcut or None) for this call; key None where no shortcut may serve it."""
