@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import dropin
-from _tol import DEVICE, assert_close
+from _tol import DEVICE, assert_close, rel_err, tolerance
 
 
 def randomize_batchnorms(model: nn.Module) -> nn.Module:
@@ -80,7 +80,8 @@ def check_backward(injected: nn.Module, original: nn.Module, x: torch.Tensor) ->
                                                    for out, leaves in runs]
     assert_close(out, ref, x.dtype, "fwd")
     for name, g, g_t, g_64 in zip(["input", *names], grads, grads_t, grads_64):
-        assert_close(g, g_64, x.dtype, "bwd", torch_out=g_t, what=f"gradient of {name}")
+        peer = g_t if rel_err(g_t, g_64) > tolerance(x.dtype, "bwd") else None
+        assert_close(g, g_64, x.dtype, "bwd", torch_out=peer, what=f"gradient of {name}")
 
 
 def injected_pair(make, train=False, **inject_kw):
