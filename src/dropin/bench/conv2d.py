@@ -3,6 +3,7 @@
 Shape classes (bench/classes.py), each in bf16 and fp16, the first shape of the NCHW classes also in fp32 with
 cuDNN's TF32 allowed ("tf32") and off (true fp32, "fp32"): seed 000's seven convs and seed 003's single-channel
 image (true fp32), ResNet-50's distinct convs (batch 64, channels_last), CvT-13's embedding and a depthwise conv,
+the zoo's depthwise convs (ConvNeXt, MobileNetV2, EfficientNet at batch 8),
 conv + BatchNorm (+ identity) + ReLU fused vs the eager sequence (the one class with torch.compile beside: a lone
 conv compiles to the cuDNN call), forward + backward, large images with few channels, non-square and large
 kernels, dilated and padded, strided, 1x1 at large sizes (NCHW, as users pass them) and a 3x3 in NCHW beside
@@ -155,6 +156,15 @@ CONV2D_CLASSES = [
                [_shape("resnet50 3x3", 64, 64, 64, 56, 3, padding=1),
                 _shape("cvt13 depthwise", 64, 192, 192, 28, 3, padding=1, groups=192)],
                [_shape("backward", 2, 4, 8, (9, 7), 3, stride=2, padding=1)], **FP16_BF16),
+    ShapeClass("depthwise", "the zoo's depthwise convs, batch 8, NCHW as the models pass them: ConvNeXt's 7x7, "
+               "MobileNetV2's 3x3, EfficientNet's 5x5 stride 2", _conv(),
+               [_shape("convnext", 8, 96, 96, 56, 7, padding=3, groups=96),
+                _shape("convnext", 8, 768, 768, 7, 7, padding=3, groups=768),
+                _shape("mobilenetv2", 8, 96, 96, 112, 3, stride=2, padding=1, groups=96),
+                _shape("mobilenetv2", 8, 960, 960, 7, 3, padding=1, groups=960),
+                _shape("efficientnet", 8, 144, 144, 56, 5, stride=2, padding=2, groups=144)],
+               [_shape("convnext", 2, 8, 8, 9, 7, padding=3, groups=8),
+                _shape("efficientnet", 2, 6, 6, (11, 10), 5, stride=2, padding=2, groups=6)]),
     ShapeClass("large-image", "256^2 to 1024^2 images with 3 to 64 channels, a few of them", _conv(),
                [_shape("large-image", 2, 3, 64, 1024, 3, padding=1),
                 _shape("large-image", 8, 64, 64, 256, 3, padding=1)],
