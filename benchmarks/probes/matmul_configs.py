@@ -1,5 +1,7 @@
 """Per-config timing of the matmul kernels on the GPU (a tuning aid, not the benchmark): for each shape and
-operand layout, every candidate config of both kernels against torch, with its error vs float64."""
+operand layout, every candidate config of both kernels against torch, with its error vs float64.
+Usage: PYTHONPATH=src ONLY=long-k,few-rows python3 benchmarks/probes/matmul_configs.py (ONLY: substrings of the
+case names; default: every case)"""
 import importlib
 import os
 import time
@@ -23,7 +25,7 @@ def candidates(aa, bb, c, z):
     real = mm._autotune.pick
     mm._autotune.pick = lambda name, key, configs, run, **timing: seen.extend(configs) or configs[0]
     try:
-        mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype), False)
+        mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype), False, False)
     finally:
         mm._autotune.pick = real
     return seen
@@ -33,7 +35,7 @@ def plan_for(aa, bb, c, z, cfg):
     real = mm._autotune.pick
     mm._autotune.pick = lambda name, key, configs, run, **timing: cfg
     try:
-        return mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype), False)
+        return mm._make_plan(aa, bb, c, None, z, "none", False, None, _gemm.precision(aa.dtype), False, False)
     finally:
         mm._autotune.pick = real
 
@@ -87,6 +89,14 @@ CASES = [
     ("bmm 2x1x10x512", 2, 1, 10, 512, torch.float32, False, ("nn",)),
     ("bmm 2x512x16x32", 2, 512, 16, 32, torch.float32, False, ("nn",)),
     ("bmm 64x2048x2048x128 bf16", 64, 2048, 2048, 128, torch.bfloat16, False, ("nn",)),
+    # bench matmul's long-k and few-rows cases below 0.9x cuBLAS (H200, 2026-11-28 re-measurement)
+    ("long-k bf16 16x16x2^20", 1, 16, 16, 2**20, torch.bfloat16, False, ("nn",)),
+    ("long-k bf16 1024x1024x65536", 1, 1024, 1024, 65536, torch.bfloat16, False, ("nn",)),
+    ("long-k tf32 1024x1024x65536", 1, 1024, 1024, 65536, torch.float32, True, ("nn",)),
+    ("long-k bf16 256x256x262144", 1, 256, 256, 262144, torch.bfloat16, False, ("nn",)),
+    ("long-k bf16 64x128x2^20", 1, 64, 128, 2**20, torch.bfloat16, False, ("nn",)),
+    ("few-rows bf16 8192x1x8192", 1, 8192, 1, 8192, torch.bfloat16, False, ("nn",)),
+    ("few-rows fp32 1x4096x4096", 1, 1, 4096, 4096, torch.float32, False, ("nn",)),
 ]
 
 if __name__ == "__main__":
