@@ -30,6 +30,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 matmul = importlib.import_module("dropin.ops.matmul")  # (dropin.ops.matmul is also the function)
 matmul_kernels = importlib.import_module("dropin.ops.matmul_kernels")
+matmul_configs = importlib.import_module("dropin.ops.matmul_configs")
 depthwise = importlib.import_module("dropin.ops.conv2d.depthwise")
 attention_kernels = importlib.import_module("dropin.ops.attention_kernels")
 attention_decode = importlib.import_module("dropin.ops.attention_decode")
@@ -88,6 +89,20 @@ def matmul_cases(quick: bool, match: str = ""):
                           NUM_PROGRAMS=132, C_PTR=False, **tiles)
         pointers = dict.fromkeys(("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "z_ptr"), dtype)
         report(f"mm_tma {dtype} {precision} A_T={a_t} B_T={b_t} {config_name(cfg)}",
+               lambda: compiled(matmul_kernels.mm_tma_kernel, pointers, constexprs, cfg))
+    # K split (`matmul_configs.tma_split_configs`: the first TMA_SPLIT_TILES tiles): fp32 partials through pointers
+    split_cases = [("bf16", "ieee", cfg) for cfg in matmul.TMA_CONFIGS[2][:matmul_configs.TMA_SPLIT_TILES]]
+    split_cases += [("fp32", p, cfg) for p, configs in (("tf32_rounded", matmul.TMA_CONFIGS[4]),
+                                                        ("tf32x3_split", matmul.TMA_SPLIT_CONFIGS))
+                    for cfg in configs[:matmul_configs.TMA_SPLIT_TILES]]
+    for dtype, precision, cfg in split_cases[:: 3 if quick else 1]:
+        if match and match not in f"{dtype} {precision} split":
+            continue
+        tiles = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages", "OCC")}
+        constexprs = dict(A_T=False, B_T=True, HAS_BIAS=False, ACT="none", STORE_Z=False, PRECISION=precision,
+                          GROUP_M=8, NUM_PROGRAMS=132, C_PTR=True, SPLIT_K=4, **tiles)
+        pointers = dict.fromkeys(("a_ptr", "b_ptr", "bias_ptr", "z_ptr"), dtype) | {"c_ptr": "fp32"}
+        report(f"mm_tma {dtype} {precision} split 4 {config_name(cfg)}",
                lambda: compiled(matmul_kernels.mm_tma_kernel, pointers, constexprs, cfg))
 
 

@@ -21,7 +21,7 @@ import triton.language as tl
 
 import _check
 import dropin
-from dropin.ops import _dispatch, _gemm
+from dropin.ops import _dispatch, _gemm, matmul_configs
 from dropin.ops.activations import activation_ref
 
 _mm_module = importlib.import_module("dropin.ops.matmul")  # dropin.ops.matmul is also the function
@@ -722,17 +722,17 @@ def test_true_fp32_on_split_copies(chain, copies, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_deep_split_k(dtype, monkeypatch):
     """A product with fewer tiles than SMs and a long K offers K split over about two programs per SM
-    (`_deep_split_configs`, none that the fixed configs hold); forced, each matches float64 (fp32 partials
+    (`matmul_configs.deep_split_configs`, none that the fixed configs hold); forced, each matches float64 (fp32 partials
     summed by split_sum_kernel's loop over the splits) with bias and activation. None for a product that fills
     the SMs or has a short K."""
     monkeypatch.setattr(_mm_module._runtime, "num_sms", lambda index=0: 64)
     M, K, N = 5, 32768 + 40, 24
     size, max_k = dtype.itemsize, _gemm.max_k(_gemm.precision(dtype, k=K), dtype.itemsize)
-    deep = _mm_module._deep_split_configs(1, M, N, K, size, max_k, 0)
+    deep = matmul_configs.deep_split_configs(1, M, N, K, size, max_k, 0)
     assert deep and all(c["SPLIT_K"] > 1 and c["KERNEL"] == "ptr" for c in deep)
-    assert [c["SPLIT_K"] for c in _mm_module._deep_split_configs(1, 1024, 1024, 65536, size, max_k, 0)] == [2]
-    assert not _mm_module._deep_split_configs(1, M, N, 256, size, max_k, 0)
-    assert not _mm_module._deep_split_configs(64, 512, 512, K, size, max_k, 0)
+    assert [c["SPLIT_K"] for c in matmul_configs.deep_split_configs(1, 1024, 1024, 65536, size, max_k, 0)] == [2]
+    assert not matmul_configs.deep_split_configs(1, M, N, 256, size, max_k, 0)
+    assert not matmul_configs.deep_split_configs(64, 512, 512, K, size, max_k, 0)
     a, b, bias = randn(M, K, dtype=dtype), randn(K, N, dtype=dtype), randn(N, dtype=dtype)
     ref = F.gelu(a.double() @ b.double() + bias.double())
     for cfg in deep:

@@ -10,7 +10,7 @@ import torch
 
 import _check
 import dropin  # noqa: F401
-from dropin.ops import _autotune, _gemm
+from dropin.ops import _autotune, _gemm, matmul_configs
 from dropin.ops.swiglu import swiglu_mlp_ref
 from _tol import DEVICE, ON_GPU, assert_close, gpu, slow
 
@@ -21,7 +21,7 @@ CONFIGS = [pytest.param("tma", c, _DTYPE[size], id=f"tma-{size}B-{i}") for size,
            for i, c in enumerate(cs)] + \
           [pytest.param("ptr", c, _DTYPE[size], id=f"ptr-{size}B-{i}") for size, cs in mm.PTR_CONFIGS.items()
            for i, c in enumerate(cs)] + \
-          [pytest.param("skinny", c, torch.float16, id=f"skinny-{i}") for i, c in enumerate(mm.SKINNY_CONFIGS)] + \
+          [pytest.param("skinny", c, torch.float16, id=f"skinny-{i}") for i, c in enumerate(matmul_configs.SKINNY_CONFIGS)] + \
           [pytest.param("fma", c, torch.float32, id=f"fma-{kind}-{i}") for kind, cs in mm.FMA_CONFIGS.items()
            for i, c in enumerate(cs)]  # the CUDA-core kernel in fp32, the strictest tolerance
 
@@ -120,7 +120,7 @@ ACCUMULATING = [  # (kernel, config, rows): each kernel's epilogue (split K's is
     pytest.param("tma", dict(mm.TMA_CONFIGS[2][-1], EPILOGUE_SUBTILE=True), 88, id="tma-halves"),
     pytest.param("ptr", [c for c in mm.PTR_CONFIGS[2] if c.get("SPLIT_K", 1) == 1][-1], 13, id="ptr"),
     pytest.param("ptr", [c for c in mm.PTR_CONFIGS[2] if c.get("SPLIT_K", 1) > 1][-1], 88, id="ptr-split-k"),
-    pytest.param("skinny", mm.SKINNY_CONFIGS[0], 13, id="skinny"),
+    pytest.param("skinny", matmul_configs.SKINNY_CONFIGS[0], 13, id="skinny"),
     pytest.param("fma", mm.FMA_CONFIGS["narrow"][-1], 88, id="fma"),
 ] + [pytest.param("tma", c, 88, id=f"tma-{i}", marks=gpu)  # (every one the tuner times for the weight gradient)
      for i, c in enumerate(mm.TMA_CONFIGS[2] + mm.TMA_ROUNDED_CONFIGS[1:])
@@ -167,6 +167,48 @@ def test_accumulating_tiles_fit_shared_memory(monkeypatch):
     tile = {k: max(c["BLOCK_M"] * c["BLOCK_N"] for c in configs if c["KERNEL"] == "tma")
             for k, configs in offered.items()}
     assert tile == {False: 128 * 256, True: mm.ACCUMULATE_MAX_TILE}, tile
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_tma_split_k(dtype, layout, forced):
+    """The TMA kernel with K split (SPLIT_K items per tile, fp32 partials summed by split_sum_kernel with the bias,
+    activation and saved pre-activation), forced: 16 K tiles in 3 splits (6, 6, 4) and in 5 (4, 4, 4, 4 and one
+    past the last K tile, whose partial is zeros); against float64, in each operand layout."""
+    cfg = mm.TMA_CONFIGS[dtype.itemsize][5 if dtype == torch.float16 else 4]  # (64 x 64 tiles for the interpreter)
+    batch, M, N = 2, 40, 24
+    K = 16 * cfg["BLOCK_K"] - 24  # (the last K tile ragged)
+    a = torch.randn(batch, M, K, dtype=dtype, device=DEVICE)
+    b = torch.randn(batch, K, N, dtype=dtype, device=DEVICE)
+    bias = torch.randn(N, dtype=dtype, device=DEVICE)
+    aa = a.mT.contiguous().mT if layout[0] == "t" else a
+    bb = b.mT.contiguous().mT if layout[1] == "t" else b
+    z_ref = torch.bmm(a.double(), b.double()) + bias.double()
+    for splits in (3, 5):
+        forced(dict(cfg, KERNEL="tma", SPLIT_K=splits))
+        c, z = mm.mm_impl(aa, bb, bias, "silu", True, tma=True)
+        torch_z = torch.baddbmm(bias, a, b)
+        assert_close(z, z_ref, dtype, "fwd", torch_out=torch_z, what=f"pre-activation, {splits} splits")
+        assert_close(c, torch.nn.functional.silu(z_ref), dtype, "fwd", torch_out=torch.nn.functional.silu(torch_z),
+                     what=f"output, {splits} splits")
+
+
+def test_tma_split_candidates(monkeypatch):
+    """Where the TMA kernel is offered K splits (`matmul_configs.tma_split_configs`): a product of fewer tiles than programs and
+    a long K, about one and two (split, tile) items a program (64 SMs here: 128 x 256 tiles of a 1024 x 1024
+    product, 32 of them, in 2 and 4 splits; the 128 x 128 tiles fill the SMs); a K past one accumulator's
+    (ACC_K) split however many tiles there are, each split within it (16 x 16 @ 2^20 rows: 64 and 128 splits, over
+    the 16 it needs); none for a short K."""
+    monkeypatch.setattr(mm._runtime, "num_sms", lambda index=0: 64)
+    fitting = _gemm.fits(mm.TMA_CONFIGS[2], 1024, 1024, 65536, 64, 64)
+    wide = [c["SPLIT_K"] for c in matmul_configs.tma_split_configs(1, 1024, 1024, 65536, fitting, 0)]
+    assert wide == [2, 4, 2, 4], wide
+    fitting = _gemm.fits(mm.TMA_CONFIGS[2], 16, 16, 2**20, 64, 64)
+    deep = matmul_configs.tma_split_configs(1, 16, 16, 2**20, fitting, 0)
+    assert [c["SPLIT_K"] for c in deep] == [64, 128] and all(c["KERNEL"] == "tma" for c in deep), deep
+    cdiv = mm._runtime.cdiv
+    assert all(cdiv(cdiv(2**20, c["BLOCK_K"]), c["SPLIT_K"]) * c["BLOCK_K"] <= _gemm.ACC_K.value for c in deep)
+    assert not matmul_configs.tma_split_configs(1, 1024, 1024, 512, _gemm.fits(mm.TMA_CONFIGS[2], 1024, 1024, 512), 0)
 
 
 @pytest.mark.parametrize("kernel", ["tma", "ptr"])

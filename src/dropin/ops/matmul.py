@@ -23,8 +23,8 @@ from . import _autotune, _gemm
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op,
                         writing)
 from .activations import FROM_OUTPUT, activation_ref, check_activation, derivative_at, stores_preactivation
-from .matmul_configs import (ACCUMULATE_MAX_TILE, DEEP_SPLIT_BASES, FMA_CONFIGS, PTR_CONFIGS, SKINNY_CONFIGS,
-                             TMA_CONFIGS, TMA_ROUNDED_CONFIGS, TMA_SPLIT_CONFIGS)
+from .matmul_configs import (ACCUMULATE_MAX_TILE, FMA_CONFIGS, PTR_CONFIGS, TMA_CONFIGS, TMA_ROUNDED_CONFIGS,
+                             TMA_SPLIT_CONFIGS, deep_split_configs, skinny_configs, tma_split_configs)
 from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel
 from .matmul_operands import aligned_copies_pay, copied_operands, operand_copies, split_copies_pay, tf32_copies_pay
 
@@ -307,28 +307,6 @@ class ProductShortcut(Differentiable):
         return run
 
 
-def _deep_split_configs(batch, M, N, K, size: int, max_k: int, device_index: int) -> list:
-    """Pointer-kernel candidates for a product with fewer tiles than SMs and a long K (16 x 2^20 @ 2^20 x 16, 1024
-    x 65536 @ 65536 x 1024): K split so that about two programs run per SM, each over at least 8 K tiles (none that
-    the fixed configs hold); their fp32 partials (at most 64 MiB) summed by split_sum_kernel."""
-    batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
-    sms, out = _runtime.num_sms(device_index), []
-    if K < 1024:  # (`_gemm.fits`' rule for K splits)
-        return out
-    for cfg in _gemm.fits(DEEP_SPLIT_BASES[min(size, 4)], M, N, K, max_k):
-        tiles = batch * _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
-        split = dict(cfg, SPLIT_K=min(2 * sms // tiles, K // (8 * cfg["BLOCK_K"])))
-        if split["SPLIT_K"] > 1 and split["SPLIT_K"] * batch * M * N * 4 <= 64 << 20 \
-                and split not in PTR_CONFIGS[min(size, 4)]:
-            out.append(dict(split, KERNEL="ptr"))
-    return out
-
-
-def _skinny_configs(N, K) -> list:
-    """The few-rows kernel's candidates (the first is the untimed choice)."""
-    return [dict(cfg, KERNEL="skinny") for cfg in _gemm.fits(SKINNY_CONFIGS, 16, N, K)]
-
-
 def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced: bool, accumulate: bool):
     """Chooses the kernel and its config for this signature (tuning on first use); returns the launcher.
     Candidates: the TMA kernel's where it applies, and the pointer kernel's where it may win (skinny or
@@ -349,18 +327,24 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
         TMA_CONFIGS[size] + (TMA_ROUNDED_CONFIGS if precision in ("tf32_rounded", "tf32_rounded_b") else [])
     if accumulate:
         tma_configs = [c for c in tma_configs if c["BLOCK_M"] * c["BLOCK_N"] <= ACCUMULATE_MAX_TILE]
-    configs = [dict(cfg, KERNEL="tma") for cfg in _gemm.fits(tma_configs, M, N, K, max_k, 64)] if tma else []
+    tma_fitting = _gemm.fits(tma_configs, M, N, K, max_k, 64)
+    configs = [dict(cfg, KERNEL="tma") for cfg in tma_fitting] if tma else []
     if ptr:
         configs += [dict(cfg, KERNEL="ptr") for cfg in _gemm.fits(PTR_CONFIGS[min(size, 4)], M, N, K, max_k)]
-    deep = _deep_split_configs(batch, M, N, K, size, max_k, a.device.index or 0) if tuned and ptr else []
+    deep = deep_split_configs(batch, M, N, K, size, max_k, a.device.index or 0) if tuned and ptr else []
     configs += deep
+    # (the TMA kernel's splits also where K is past one accumulator's: each split within it)
+    tma_split = tma_split_configs(batch, M, N, K, tma_fitting, a.device.index or 0) \
+        if tuned and a_layout is not None and b_layout is not None and _runtime.is_hopper(a.device.index or 0) \
+        else []
+    configs += tma_split
     if M == 1 and tuned and not split:
         configs = [dict(cfg, KERNEL="fma") for cfg in _gemm.fits(FMA_CONFIGS["vector"], 1, N, K, min_m=1)] + configs
     elif N <= 16 and tuned and not split:
         configs += [dict(cfg, KERNEL="fma") for cfg in _gemm.cap_k(FMA_CONFIGS["narrow"], max_k)]
     skinny = M <= 16 and size == 2 and tuned and _runtime.size_hint(K) <= _gemm.ACC_K.value  # (its one accumulator)
     if skinny:
-        configs = _skinny_configs(N, K) + configs
+        configs = skinny_configs(N, K) + configs
     epilogue = dict(HAS_BIAS=bias is not None, ACT=activation, STORE_Z=save_preact, PRECISION=precision,
                     ACCUMULATE=accumulate)
 
@@ -375,37 +359,41 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
             scalars = (M, N, K, *a.stride(), *b.stride())
             launch = Launch(fma_kernel, (tiles, batch), meta, traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
+        # a split product's kernel writes fp32 partials that split_sum_kernel sums (with the epilogue)
+        meta = epilogue if splits == 1 else dict(epilogue, HAS_BIAS=False, ACT="none", STORE_Z=False,
+                                                 ACCUMULATE=False)
         if kernel == "tma":
             programs = cfg.pop("OCC", 1) * _runtime.num_sms(a.device.index or 0)
-            grid = (min(programs, batch * tiles),)
+            grid = (min(programs, splits * batch * tiles),)
             scalars = (M, N, K, batch, a_layout[2], a_layout[1], b_layout[2], b_layout[1])
-            meta = dict(epilogue, GROUP_M=8, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs,
-                        C_PTR=(N * size) % 16 != 0)
-            meta.update(cfg)
+            # (split partials stored by pointers: an fp32 tile in shared memory would not fit beside the stages)
+            meta = dict(meta, GROUP_M=8, A_T=a_layout[0], B_T=b_layout[0], NUM_PROGRAMS=programs,
+                        C_PTR=(N * size) % 16 != 0 or splits > 1, **cfg)
+            if splits > 1:
+                meta["SPLIT_K"] = splits
             launch = Launch(mm_tma_kernel, grid, meta, scratch=True, traced=traced)
-            return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
-        scalars = (M, N, K, *a.stride(), *b.stride())
-        tile_kernel, tile_meta = (skinny_kernel, {}) if kernel == "skinny" else \
-            (mm_kernel, dict(GROUP_M=8, SHARES=_gemm.shares(K, splits, cfg["BLOCK_K"])))
+        else:
+            scalars = (M, N, K, *a.stride(), *b.stride())
+            tile_kernel, tile_meta = (skinny_kernel, {}) if kernel == "skinny" else \
+                (mm_kernel, dict(GROUP_M=8, SHARES=_gemm.shares(K, splits, cfg["BLOCK_K"])))
+            launch = Launch(tile_kernel, (tiles, batch, splits), dict(meta, **tile_meta, **cfg), traced=traced)
         if splits == 1:
-            launch = Launch(tile_kernel, (tiles, batch, 1), dict(epilogue, **tile_meta, **cfg), traced=traced)
             return lambda a, b, c, bias, z: launch(a, b, c, bias, z, *scalars)
-        partial_meta = dict(epilogue, **tile_meta, **cfg, HAS_BIAS=False, ACT="none", STORE_Z=False, ACCUMULATE=False)
         sum_meta = dict(SPLITS=splits, HAS_BIAS=epilogue["HAS_BIAS"], ACT=activation, STORE_Z=save_preact,
                         ACCUMULATE=accumulate, BLOCK_R=32, BLOCK_N=64)
-        launch_partial = Launch(tile_kernel, (tiles, batch, splits), partial_meta, traced=traced)
         sum_grid = (_runtime.cdiv(batch * M, 32), _runtime.cdiv(N, 64))
         launch_sum = Launch(split_sum_kernel, sum_grid, sum_meta, traced=traced)
 
         def run_split(a, b, c, bias, z):
             partial = torch.empty((splits, batch, M, N), device=a.device, dtype=torch.float32)
-            launch_partial(a, b, partial, absent(partial, traced), absent(partial, traced), *scalars)
+            launch(a, b, partial, absent(partial, traced), absent(partial, traced), *scalars)
             launch_sum(partial, c, bias, z, batch * M, N)
         return run_split
 
     key = ("mm", a.dtype, precision, tma, ptr, M == 1, N <= 16, a.stride(2) != 1, b.stride(2) != 1)
     key += tuple(map(_autotune.bucket, (batch, M, N, K))) + (("skinny",) if skinny else ())
     key += ("deep",) if deep else ()
+    key += ("tma-split",) if tma_split else ()
     key += ("accumulate",) if accumulate else ()
     args = [a, b, c, absent(c, traced) if bias is None else bias, absent(c, traced) if z is c else z]
 

@@ -1,6 +1,8 @@
 """The candidate configs of the matrix products' kernels (`matmul_kernels`), which `matmul`'s plans offer the tuner:
 block sizes, warps, stages and each kernel's own constexprs, the untimed default first."""
+from .. import _runtime
 from . import _autotune
+from ._gemm import ACC_K, fits
 
 _cfg = _autotune.config
 # Hopper TMA kernel, 16-bit and 32-bit operands: the largest tiles first (the default when not tuning).
@@ -43,7 +45,7 @@ PTR_CONFIGS = {
         _cfg(32, 64, 64, 4, 3), _cfg(16, 64, 256, 4, 2), _cfg(16, 16, 256, 4, 2), _cfg(16, 64, 128, 4, 3, SPLIT_K=4),
         _cfg(16, 32, 128, 4, 3, SPLIT_K=8)],
 }
-# Bases of the deep K splits (matmul's `_deep_split_configs`), each operand size: full tiles, few rows, few rows and
+# Bases of the deep K splits (`deep_split_configs`), each operand size: full tiles, few rows, few rows and
 # columns (the smallest last: `_gemm.fits` keeps it where none fits).
 DEEP_SPLIT_BASES = {2: [_cfg(128, 128, 64, 8, 3), _cfg(16, 64, 128, 4, 4), _cfg(16, 16, 256, 4, 3)],
                      4: [_cfg(128, 128, 32, 8, 3), _cfg(16, 64, 64, 4, 3), _cfg(16, 16, 32, 4, 3)]}
@@ -59,3 +61,53 @@ FMA_CONFIGS = {
                _cfg(1, 256, 32, 8, 1)],
     "narrow": [_cfg(32, 16, 32, 4, 3), _cfg(64, 16, 16, 4, 3), _cfg(16, 16, 64, 4, 2), _cfg(128, 16, 16, 8, 3)],
 }
+
+
+def deep_split_configs(batch, M, N, K, size: int, max_k: int, device_index: int) -> list:
+    """Pointer-kernel candidates for a product with fewer tiles than SMs and a long K (16 x 2^20 @ 2^20 x 16, 1024
+    x 65536 @ 65536 x 1024): K split so that about two programs run per SM, each over at least 8 K tiles (none that
+    the fixed configs hold); their fp32 partials (at most 64 MiB) summed by split_sum_kernel."""
+    batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
+    sms, out = _runtime.num_sms(device_index), []
+    if K < 1024:  # (`fits`' rule for K splits)
+        return out
+    for cfg in fits(DEEP_SPLIT_BASES[min(size, 4)], M, N, K, max_k):
+        tiles = batch * _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
+        split = dict(cfg, SPLIT_K=min(2 * sms // tiles, K // (8 * cfg["BLOCK_K"])))
+        if split["SPLIT_K"] > 1 and split["SPLIT_K"] * batch * M * N * 4 <= 64 << 20 \
+                and split not in PTR_CONFIGS[min(size, 4)]:
+            out.append(dict(split, KERNEL="ptr"))
+    return out
+
+
+TMA_SPLIT_TILES = 3  # the TMA kernel's K splits are offered for its first this many fitting tiles
+
+
+def tma_split_configs(batch, M, N, K, configs: list, device_index: int) -> list:
+    """The TMA kernel's candidates for a product with fewer tiles than programs and a long K (1024 x 65536 @ 65536
+    x 1024: 64 tiles of 128 x 128 on 132 SMs; 16 x 2^20 @ 2^20 x 16, whose K one accumulator would not take): for
+    each of the first TMA_SPLIT_TILES of `configs` (its fitting ones), K split so that the (split, tile) items come
+    to about one and about two a program, each split at least 8 K tiles and at most ACC_K long; their fp32 partials
+    (at most 64 MiB) summed by split_sum_kernel."""
+    batch, M, N, K = (_runtime.size_hint(v) for v in (batch, M, N, K))
+    out = []
+    if K < 1024:  # (`fits`' rule for K splits)
+        return out
+    for cfg in configs[:TMA_SPLIT_TILES]:
+        tiles = batch * _runtime.cdiv(M, cfg["BLOCK_M"]) * _runtime.cdiv(N, cfg["BLOCK_N"])
+        programs = cfg.get("OCC", 1) * _runtime.num_sms(device_index)
+        k_tiles = _runtime.cdiv(K, cfg["BLOCK_K"])
+        fewest = _runtime.cdiv(k_tiles, ACC_K.value // cfg["BLOCK_K"])  # (each split within one accumulator)
+        if tiles >= programs and fewest == 1:
+            continue
+        for per_program in (1, 2):
+            split = dict(cfg, SPLIT_K=max(2, fewest, per_program * programs // tiles), KERNEL="tma")
+            if k_tiles >= 8 * split["SPLIT_K"] and split["SPLIT_K"] * batch * M * N * 4 <= 64 << 20 \
+                    and split not in out:
+                out.append(split)
+    return out
+
+
+def skinny_configs(N, K) -> list:
+    """The few-rows kernel's candidates (the first is the untimed choice)."""
+    return [dict(cfg, KERNEL="skinny") for cfg in fits(SKINNY_CONFIGS, 16, N, K)]

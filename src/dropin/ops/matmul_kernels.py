@@ -203,7 +203,7 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, C_PTR: tl.constexpr = False,
                    EPILOGUE_SUBTILE: tl.constexpr = False, CORRECTION_CHAIN: tl.constexpr = False,
-                   ACCUMULATE: tl.constexpr = False):
+                   ACCUMULATE: tl.constexpr = False, SPLIT_K: tl.constexpr = 1):
     """Persistent: NUM_PROGRAMS programs (a multiple of the SM count) walk the [batch, m, n] tiles.
     A is stored [BATCH, M, K] (A_T: [BATCH, K, M]) with unit inner stride and outer stride `stride_a`;
     likewise B [BATCH, K, N] (B_T: [BATCH, N, K]). C (and Z) contiguous [BATCH, M, N], stored through
@@ -217,7 +217,12 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     2^-11 of it, whose chain's truncations do not matter) accumulating over all of K in one chain of their own,
     added at the end: the PTX waits for MMA results twice a K tile, the last product's left in flight into the next
     tile, where dot_parts's waits three times (benchmarks/probes/compile_sm90.py).
-    ACCUMULATE: C's tile is added to what C held (loaded through pointers: `_with_old`)."""
+    ACCUMULATE: C's tile is added to what C held (loaded through pointers: `_with_old`).
+    SPLIT_K > 1 (a product of fewer tiles than programs, or whose K one accumulator would not take: ACC_K): the
+    programs walk (split, batch, m, n) items, split s summing K tiles [s, s + 1) * cdiv(K tiles, SPLIT_K) of its
+    tile into C [SPLIT_K * BATCH, M, N] at batch s * BATCH + batch: fp32 partials that `split_sum_kernel` adds
+    (with bias, activation and accumulation: the launcher gives none here). A split past the last K tile stores
+    zeros."""
     SPLIT_B: tl.constexpr = PRECISION == "tf32x3_split" or PRECISION == "tf32x3_split_b"
     PARTS_A: tl.constexpr = 2 if PRECISION == "tf32x3_split" else 1
     PARTS_B: tl.constexpr = 2 if SPLIT_B else 1
@@ -235,24 +240,35 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
                                            [1, BLOCK_K, BLOCK_N])
     if not C_PTR:
         STORE_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
-        c_desc = tl.make_tensor_descriptor(c_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, STORE_N])
+        c_desc = tl.make_tensor_descriptor(c_ptr, [SPLIT_K * BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, STORE_N])
         if STORE_Z:
-            z_desc = tl.make_tensor_descriptor(z_ptr, [BATCH, M, N], [M * N, N, 1], [1, BLOCK_M, STORE_N])
+            z_desc = tl.make_tensor_descriptor(z_ptr, [SPLIT_K * BATCH, M, N], [M * N, N, 1],
+                                               [1, BLOCK_M, STORE_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    # The epilogue recomputes its tile from a counter of its own, which keeps it out of the load pipeline.
+    k_split = tl.cdiv(k_tiles, SPLIT_K)
+    # The epilogue recomputes its tile from a counter of its own, which keeps it out of the load pipeline (an
+    # item's C batch, split * BATCH + batch, is item // tiles for splits too).
     tile_c = tl.program_id(0) - NUM_PROGRAMS
-    for tile in tl.range(tl.program_id(0), BATCH * tiles, NUM_PROGRAMS, flatten=True,
+    for item in tl.range(tl.program_id(0), SPLIT_K * BATCH * tiles, NUM_PROGRAMS, flatten=True,
                          warp_specialize=WARP_SPECIALIZE):
+        if SPLIT_K == 1:
+            tile = item
+            k_first = 0
+            k_last = k_tiles
+        else:
+            tile = item % (BATCH * tiles)
+            k_first = item // (BATCH * tiles) * k_split
+            k_last = tl.minimum(k_first + k_split, k_tiles)
         batch = tile // tiles
         pid_m, pid_n = tile_coords(tile % tiles, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         correction = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
+        for ki in range(k_first, k_last):
             off_k = ki * BLOCK_K
             a = _tma_tile(a_desc, batch, off_m, off_k, A_T, True, BLOCK_M, BLOCK_K)
             b = _tma_tile(b_desc, batch, off_n, off_k, B_T, False, BLOCK_N, BLOCK_K)
