@@ -2,13 +2,13 @@
 GPU? Triton compiles for a named target with the ptxas its wheel bundles; the kernels are not run.
 
 Answers, for matmul's TMA kernel in each layout and precision and every config of `TMA_CONFIGS` /
-`TMA_ROUNDED_CONFIGS` / `TMA_SPLIT_CONFIGS` (matmul_configs), for the depthwise walk and input gradient, the
-attention kernels and swiglu's fp32 FMA tiles (one token's one-row tiles among them): compiles or not, the
-shared memory the compiled kernel takes (over 232,448 bytes a launch fails: the tuner times such a config as
-infinite), the waits for MMA results in the PTX (`wgmma.wait_group`: where a sum reads them in registers), and reads
-back from shared memory (`ld.shared` in the PTX: operand tiles taken into registers, as tf32x3's split in
-registers does (8 at 128 x 128 x 32, none from split copies), or the epilogue's layout conversion of C (16-32 in
-the 16-bit configs with 128-256 columns)).
+`TMA_ROUNDED_CONFIGS` / `TMA_SPLIT_CONFIGS` (matmul_configs) and its K splits, for the depthwise walk and input
+gradient, conv2d's TMA forward whole and split along K, the attention kernels and swiglu's fp32 FMA tiles (one
+token's one-row tiles among them): compiles or not, the shared memory the compiled kernel takes (over 232,448 bytes
+a launch fails: the tuner times such a config as infinite), the waits for MMA results in the PTX
+(`wgmma.wait_group`: where a sum reads them in registers), and reads back from shared memory (`ld.shared` in the
+PTX: operand tiles taken into registers, as tf32x3's split in registers does (8 at 128 x 128 x 32, none from split
+copies), or the epilogue's layout conversion of C (16-32 in the 16-bit configs with 128-256 columns)).
 
 Caveat: the CPU's Triton (3.8 here) is not the GPU's (3.6): a kernel that compiles here may still fail there,
 and the shared memory can differ; a first check before a GPU session, not a substitute.
@@ -32,6 +32,7 @@ matmul = importlib.import_module("dropin.ops.matmul")  # (dropin.ops.matmul is a
 matmul_kernels = importlib.import_module("dropin.ops.matmul_kernels")
 matmul_configs = importlib.import_module("dropin.ops.matmul_configs")
 depthwise = importlib.import_module("dropin.ops.conv2d.depthwise")
+conv_tma = importlib.import_module("dropin.ops.conv2d.tma")
 attention_kernels = importlib.import_module("dropin.ops.attention_kernels")
 attention_decode = importlib.import_module("dropin.ops.attention_decode")
 swiglu = importlib.import_module("dropin.ops.swiglu")
@@ -122,6 +123,24 @@ def depthwise_cases(quick: bool):
                lambda: compiled(depthwise._conv_dw_dgrad_kernel, pointers, constexprs, cfg))
 
 
+def conv_tma_cases(quick: bool):
+    """conv2d's TMA forward (a 3x3 of stride 1, bias and ReLU) whole and split along K (`tma.split_configs`:
+    fp32 partials by pointers), and the split's sum with the epilogue."""
+    pointers = dict.fromkeys(("x_ptr", "w_ptr", "y_ptr", "bias_ptr", "z_ptr", "r_ptr"), "bf16")
+    for cfg, splits in itertools.product(conv_tma.FWD_CONFIGS[:1 if quick else conv_tma.SPLIT_TILES], (1, 4)):
+        tiles = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages", "OCC")}
+        constexprs = dict(STRIDE_H=1, STRIDE_W=1, PAD_H=1, PAD_W=1, DIL_H=1, DIL_W=1, KH=3, KW=3, PRECISION="ieee",
+                          HAS_BIAS=splits == 1, HAS_RES=False, ACT="relu" if splits == 1 else "none", STORE_Z=False,
+                          SPLIT_K=splits, **tiles)
+        report(f"conv tma fwd bf16 split {splits} {tiles}",
+               lambda: compiled(conv_tma._conv_fwd_tma_kernel, dict(pointers, y_ptr="fp32" if splits > 1 else "bf16"),
+                                constexprs, cfg))
+    report("conv tma split sum bf16", lambda: compiled(
+        conv_tma._conv_split_sum_kernel, dict(pointers, part_ptr="fp32"),
+        dict(SPLITS=4, HAS_BIAS=True, HAS_RES=True, ACT="relu", STORE_Z=False, BLOCK_P=64, BLOCK_N=64),
+        dict(num_warps=4)))
+
+
 def attention_cases():
     """The attention kernels with a float mask (natural units: fp32 takes `natural_exp`'s corrected exponent)."""
     for dtype, precision in (("fp32", "tf32x3"), ("fp32", "ieee"), ("bf16", "ieee")):
@@ -164,6 +183,7 @@ def main():
     args = parser.parse_args()
     matmul_cases(args.quick, args.match)
     depthwise_cases(args.quick)
+    conv_tma_cases(args.quick)
     attention_cases()
     swiglu_cases()
 

@@ -575,10 +575,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains SUBSTRING")
     bench.add_argument("--class", dest="shape_class", metavar="NAME", help="only the cases of one shape class "
                        "(matmul: llm, epilogue, few-rows, long-k, odd, tall-skinny, short-wide, batched-small, "
-                       "decode; conv2d: seed, resnet50, cvt13, depthwise, fused, backward, large-image, kernels, "
-                       "dilated, strided, pointwise, layouts; the README says what each holds); default: every "
-                       "class (matmul and conv2d take over 10 minutes on an H100 or H200 with tuning: measured in "
-                       "parts with --update)")
+                       "decode; conv2d: seed, resnet50, cvt13, small-batch, depthwise, fused, backward, large-image, "
+                       "kernels, dilated, strided, pointwise, layouts; the README says what each holds); default: "
+                       "every class (matmul and conv2d take over 10 minutes on an H100 or H200 with tuning: measured "
+                       "in parts with --update)")
     bench.add_argument("--quick", action="store_true", help="small cases only (always on without a GPU)")
     bench.add_argument("--results-dir", default="benchmarks/results", help="default: %(default)s")
     bench.add_argument("--no-save", action="store_true", help="do not write the result file")

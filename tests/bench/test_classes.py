@@ -129,6 +129,7 @@ def test_full_sizes_fit_their_class():
     assert all(256 <= min(s[4]) and max(s[4]) <= 1024 and 3 <= s[2] <= 64 and s[1] <= 8 for s in images)
     assert {s[5] for s in by_name["kernels"].shapes} == {(5, 7), (5, 9), (7, 7)}
     assert all(s[2] == s[3] == s[6]["groups"] and s[1] == 8 for s in by_name["depthwise"].shapes)
+    assert all(s[1] == 8 and s[4][0] <= 14 for s in by_name["small-batch"].shapes)
     assert all(s[6].get("dilation", 1) != 1 for s in by_name["dilated"].shapes)
     assert all(s[6]["stride"] > 1 for s in by_name["strided"].shapes)
     assert all(s[5] == (1, 1) and min(s[4]) >= 256 for s in by_name["pointwise"].shapes)

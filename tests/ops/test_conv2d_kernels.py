@@ -70,6 +70,49 @@ def _forced_tile(which: str, cfg: dict):
     return pick
 
 
+@pytest.mark.parametrize("splits", [3, 4])
+def test_tma_split_forward(splits, monkeypatch):
+    """The TMA forward with K split (`tma.split_configs`' variants, forced; the interpreter runs it on the CPU):
+    6 (tap, channel block) steps in 3 splits and in 4 (the last past every step: zeros), fp32 partials summed with
+    the bias, an NCHW residual and ReLU by `_conv_split_sum_kernel`; strides 1 and 2, fp16; the output and the
+    gradients against float64 (the backward's passes as tuned)."""
+    cfg, real_pick = tma.FWD_CONFIGS[2], _autotune.pick  # (8 x 8 pixels, 64 channels a tile and a step)
+
+    def pick(name, key, configs, prepare, **timing):
+        if key[0] != "fwd":
+            return real_pick(name, key, configs, prepare, **timing)
+        base = next(c for c in configs if c["KERNEL"] == "tma"
+                    and dict(c, num_stages=0, KERNEL=0) == dict(cfg, num_stages=0, KERNEL=0))
+        return dict(base, SPLIT_K=splits)
+    monkeypatch.setattr(_autotune, "pick", pick)
+    monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: True)
+    _check.replan(cv)
+    try:
+        for x_shape, stride in (((2, 64, 9, 11), 1), ((2, 64, 10, 12), (2, 2))):
+            kw = dict(stride=stride, padding=(1, 0))
+            inputs = leaves(x_shape, (24, 64, 3, 2), dtype=torch.float16, channels_last=True,
+                            weight_channels_last=True)
+            inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE,
+                                      dtype=torch.float16)
+            check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
+                  lambda x, w, b, r: F.relu(F.conv2d(x, w, b, **kw) + r), inputs)
+    finally:
+        _check.replan(cv)
+
+
+def test_tma_split_candidates(monkeypatch):
+    """K splits are offered (`tma.split_configs`) where the TMA forward's tiles fill fewer than half the SMs:
+    ResNet-50's 3x3 of 512 channels at 7 x 7, batch 8 (64 tiles of 64 channels: 2 and 4 splits; 32 of 128: 4
+    and 8; the first three candidates' tiles), not at batch 64."""
+    monkeypatch.setattr(_runtime, "num_sms", lambda index=0: 132)
+    configs = [dict(c, KERNEL="tma") for c in tma.FWD_CONFIGS]
+    small = tma.split_configs(configs, (8, 512, 7, 7, 512, 7, 7, 3, 3), 0)
+    assert [(c["TH"] * c["TW"], c["BLOCK_N"], c["SPLIT_K"]) for c in small] == [
+        (128, 64, 2), (128, 64, 4), (64, 128, 4), (64, 128, 8), (64, 64, 2), (64, 64, 4)], small
+    assert all(c["KERNEL"] == "tma" for c in small)
+    assert not tma.split_configs(configs, (64, 512, 7, 7, 512, 7, 7, 3, 3), 0)
+
+
 ROW_IDS = lambda c: f"1x{c['TW']}-{c.get('BLOCK_N')}-{c['num_warps']}w-occ{c['OCC']}"  # noqa: E731
 
 

@@ -3,7 +3,7 @@
 Shape classes (bench/classes.py), each in bf16 and fp16, the first shape of the NCHW classes also in fp32 with
 cuDNN's TF32 allowed ("tf32") and off (true fp32, "fp32"): seed 000's seven convs and seed 003's single-channel
 image (true fp32), ResNet-50's distinct convs (batch 64, channels_last), CvT-13's embedding and a depthwise conv,
-the zoo's depthwise convs (ConvNeXt, MobileNetV2, EfficientNet at batch 8),
+ResNet-50's late convs and the zoo's depthwise convs (ConvNeXt, MobileNetV2, EfficientNet) at batch 8,
 conv + BatchNorm (+ identity) + ReLU fused vs the eager sequence (the one class with torch.compile beside: a lone
 conv compiles to the cuDNN call), forward + backward, large images with few channels, non-square and large
 kernels, dilated and padded, strided, 1x1 at large sizes (NCHW, as users pass them) and a 3x3 in NCHW beside
@@ -156,6 +156,12 @@ CONV2D_CLASSES = [
                [_shape("resnet50 3x3", 64, 64, 64, 56, 3, padding=1),
                 _shape("cvt13 depthwise", 64, 192, 192, 28, 3, padding=1, groups=192)],
                [_shape("backward", 2, 4, 8, (9, 7), 3, stride=2, padding=1)], **FP16_BF16),
+    ShapeClass("small-batch", "ResNet-50's late convs at the zoo's batch 8, NCHW as the models pass them: 32-128 "
+               "output tiles on 132 SMs (K split)", _conv(),
+               [_shape("resnet50 3x3", 8, 256, 256, 14, 3, padding=1),
+                _shape("resnet50 3x3", 8, 512, 512, 7, 3, padding=1),
+                _shape("resnet50 1x1", 8, 2048, 512, 7, 1), _shape("resnet50 1x1", 8, 1024, 256, 14, 1)],
+               [_shape("resnet50 3x3", 2, 32, 32, 7, 3, padding=1)]),
     ShapeClass("depthwise", "the zoo's depthwise convs, batch 8, NCHW as the models pass them: ConvNeXt's 7x7, "
                "MobileNetV2's 3x3, EfficientNet's 5x5 stride 2", _conv(),
                [_shape("convnext", 8, 96, 96, 56, 7, padding=3, groups=96),

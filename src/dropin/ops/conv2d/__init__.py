@@ -146,12 +146,15 @@ def _fwd_plan(x, w, y, z, bias, residual, stride, padding, dilation, groups: int
                                        depthwise.WALK_FWD_CONFIGS if walk else ())
         tma_configs = tma.fwd_configs(x, w, stride, groups, traced)
         tma_staged = tma.staged_fwd_configs(x, stride, groups, precision, bool(tma_configs))
-        configs = (tma_staged + tma_configs if precision == "tf32" else tma_configs + tma_staged) + configs
+        tma_all = tma_staged + tma_configs if precision == "tf32" else tma_configs + tma_staged
+        tma_split = tma.split_configs(tma_all, dims, x.device.index or 0)
+        configs = tma_all + configs + tma_split
         # one channel per group is told apart from 2-15 (same bucket): only there is the direct kernel a candidate
         tkey = ("fwd", x.dtype, precision, fmt, KH, KW, stride, rows, residual is not None,
                 *map(_autotune.bucket, (P, COUT_G, C_G, groups)), *depthwise.direct_tag(direct, OH, OW),
                 *(("tma",) if tma_configs else ()), *(("tma-staged",) if tma_staged else ()),
-                *(("walk",) if walk else ()), *(("rows",) if H == 1 else ()))  # (`tma.rows`: other candidates)
+                *(("walk",) if walk else ()), *(("rows",) if H == 1 else ()),  # (`tma.rows`: other candidates)
+                *(("tma-split",) if tma_split else ()))
         return planning.pick("conv2d", tkey, configs, launcher, tensors)
 
     return plan(_plans, key, make, traced), tensors

@@ -56,7 +56,8 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
                          DIL_H: tl.constexpr, DIL_W: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, STORE_Z: tl.constexpr,
                          PRECISION: tl.constexpr,
-                         TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         TH: tl.constexpr, TW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         SPLIT_K: tl.constexpr = 1):
     """_conv_fwd_kernel's result for one group, x and w dense channels_last (Hopper TMA): a tile is TH x TW
     output pixels of one image x BLOCK_N output channels; per (tap, channel block) one box of x and one
     [BLOCK_N, BLOCK_K] box of w viewed as [COUT, KH*KW*C] (_tap_box: the x box, by stride phase, the padding
@@ -64,7 +65,10 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     nothing; with a larger STRIDE_W the caller takes BLOCK_K dividing C. `programs` programs walk the (image,
     pixel tile, channel tile) tiles in one flattened loop: persistent, as matmul's TMA kernel, where they are
     fewer than the tiles (a tile's loads start while the previous tile's epilogue runs), one tile each where
-    they are as many (more programs resident per SM: measured faster on small images)."""
+    they are as many (more programs resident per SM: measured faster on small images).
+    SPLIT_K > 1 (fewer tiles than half the SMs: a small batch's late stages): the programs walk (split, tile)
+    items, split s summing its share of the (tap, channel block) steps into fp32 partials, y_ptr then being
+    [SPLIT_K, N, OH, OW, COUT] dense, that `_conv_split_sum_kernel` adds with the epilogue (none here)."""
     x_desc = _phase_desc(x_ptr, N, C, H, W, STRIDE_H, STRIDE_W, TH, TW, BLOCK_K)
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[COUT, KH * KW * C], strides=[KH * KW * C, 1],
                                        block_shape=[BLOCK_N, BLOCK_K])
@@ -72,11 +76,22 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     tiles_hw = tl.cdiv(OH, TH) * tiles_w
     tiles_n = tl.cdiv(COUT, BLOCK_N)
     c_blocks = tl.cdiv(C, BLOCK_K)
+    steps = KH * KW * c_blocks
+    step_split = tl.cdiv(steps, SPLIT_K)
+    tiles = N * tiles_hw * tiles_n
     tile_c = tl.program_id(0) - programs  # the epilogue's own counter keeps it out of the load pipeline
-    for tile in tl.range(tl.program_id(0), N * tiles_hw * tiles_n, programs, flatten=True):
+    for item in tl.range(tl.program_id(0), SPLIT_K * tiles, programs, flatten=True):
+        if SPLIT_K == 1:
+            tile = item
+            first = 0
+            last = steps
+        else:
+            tile = item % tiles
+            first = item // tiles * step_split
+            last = tl.minimum(first + step_split, steps)
         n, oh0, ow0, co0 = _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
         acc = tl.zeros((TH * TW, BLOCK_N), dtype=tl.float32)
-        for step in range(0, KH * KW * c_blocks):
+        for step in range(first, last):
             tap = step // c_blocks
             c0 = (step - tap * c_blocks) * BLOCK_K
             kh = tap // KW
@@ -85,14 +100,42 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
             b = w_desc.load([co0, tap * C + c0])
             acc = dot_acc(acc, a, tl.trans(b), PRECISION)
         tile_c += programs
-        n, oh0, ow0, co0 = _tma_tile(tile_c, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
+        if SPLIT_K == 1:
+            n, oh0, ow0, co0 = _tma_tile(tile_c, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
+        else:
+            n, oh0, ow0, co0 = _tma_tile(tile_c % tiles, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
         offs = tl.arange(0, TH * TW)
         oh = oh0 + offs // TW
         ow = ow0 + offs % TW
         co = co0 + tl.arange(0, BLOCK_N)
         n = n.to(tl.int64)
-        epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw,
-                 co, (oh < OH) & (ow < OW), co < COUT, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
+        if SPLIT_K == 1:
+            epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw,
+                     n * srn + oh * srh + ow * srw, co, (oh < OH) & (ow < OW), co < COUT, syc, src, HAS_BIAS,
+                     HAS_RES, ACT, STORE_Z)
+        else:
+            pixel = ((tile_c // tiles * N + n) * OH + oh) * OW + ow
+            tl.store(y_ptr + pixel[:, None] * COUT + co[None, :], acc,
+                     mask=((oh < OH) & (ow < OW))[:, None] & (co < COUT)[None, :])
+
+
+@triton.jit
+def _conv_split_sum_kernel(part_ptr, y_ptr, bias_ptr, z_ptr, r_ptr, P, COUT, OH, OW,
+                           syn, syc, syh, syw, srn, src, srh, srw,
+                           SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+                           STORE_Z: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue of a forward split along K: y = act(sum_s part[s] + bias + residual) over [P = N * OH * OW
+    pixels, COUT] tiles, part [SPLITS, P, COUT] dense fp32 (`_conv_fwd_tma_kernel`'s SPLIT_K)."""
+    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    co = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    p_ok, co_ok = p < P, co < COUT
+    offs = p[:, None] * COUT + co[None, :]
+    acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    for s in range(SPLITS):
+        acc += tl.load(part_ptr + s * P * COUT + offs, mask=p_ok[:, None] & co_ok[None, :], other=0.0)
+    n, oh, ow = p // (OH * OW), p // OW % OH, p % OW
+    epilogue(acc, y_ptr, z_ptr, bias_ptr, r_ptr, n * syn + oh * syh + ow * syw, n * srn + oh * srh + ow * srw, co,
+             p_ok, co_ok, syc, src, HAS_BIAS, HAS_RES, ACT, STORE_Z)
 
 
 @triton.jit
@@ -247,17 +290,57 @@ def dgrad_as_conv(dz, x, w, stride, padding, dilation, groups: int, traced: bool
     return flipped(w, traced), tuple(r - p for p, r in zip(padding, reach))
 
 
+SPLIT_TILES = 3  # K splits are offered for the first this many TMA forward candidates
+
+
+def split_configs(configs: list, dims: tuple, device_index: int) -> list:
+    """K-split variants of the first SPLIT_TILES of the TMA forward's candidates `configs`, for a problem whose
+    tiles fill fewer than half the SMs (a small batch's late stages: ResNet-50's 7 x 7 x 512 convs at batch 8 make
+    32-64 tiles on 132 SMs): about one and two (split, tile) items an SM, each split at least 4 (tap, channel
+    block) steps, the fp32 partials within WORKSPACE."""
+    N, C_G, H, W, COUT_G, OH, OW, KH, KW = (_runtime.size_hint(v) for v in dims)
+    sms, out = _runtime.num_sms(device_index), []
+    for cfg in configs[:SPLIT_TILES]:
+        tiles = N * spatial_tiles(OH, OW, cfg) * _runtime.cdiv(COUT_G, cfg["BLOCK_N"])
+        steps = KH * KW * _runtime.cdiv(C_G, cfg["BLOCK_K"])
+        if 2 * tiles > sms:
+            continue
+        for per_sm in (1, 2):
+            split = dict(cfg, SPLIT_K=max(2, per_sm * sms // tiles))
+            if steps >= 4 * split["SPLIT_K"] and split["SPLIT_K"] * N * OH * OW * COUT_G * 4 <= WORKSPACE \
+                    and split not in out:
+                out.append(split)
+    return out
+
+
 def fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, dilation, precision: str, epilogue_meta: dict,
                  traced: bool):
-    """_conv_fwd_tma_kernel's launch for cfg (KERNEL taken out): run(x, w, y, bias, z, r)."""
+    """_conv_fwd_tma_kernel's launch for cfg (KERNEL taken out): run(x, w, y, bias, z, r); with SPLIT_K, fp32
+    partials summed with the epilogue by `_conv_split_sum_kernel`."""
     N, C_G, H, W, COUT_G, OH, OW, KH, KW = dims
+    splits = cfg.pop("SPLIT_K", 1)
     tiles = N * spatial_tiles(OH, OW, cfg) * _runtime.cdiv(COUT_G, cfg["BLOCK_N"])
-    occupancy = cfg.pop("OCC")  # programs per SM; 0: one program per tile
-    programs = min(tiles, occupancy * _runtime.num_sms(x.device.index or 0) if occupancy else _MAX_PROGRAMS)
-    meta = dict(geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **epilogue_meta, **cfg)
+    occupancy = cfg.pop("OCC")  # programs per SM; 0: one program per (split, tile) item
+    programs = min(splits * tiles, occupancy * _runtime.num_sms(x.device.index or 0) if occupancy else _MAX_PROGRAMS)
+    meta = dict(geometry_meta(stride, padding, dilation), KH=KH, KW=KW, PRECISION=precision, **cfg)
+    if splits == 1:
+        meta.update(epilogue_meta)
+    else:
+        meta.update(HAS_BIAS=False, HAS_RES=False, ACT="none", STORE_Z=False, SPLIT_K=splits)
     launch = Launch(_conv_fwd_tma_kernel, (programs,), meta, scratch=True, traced=traced)
     scalars = (N, C_G, H, W, COUT_G, OH, OW, *y.stride(), *r.stride(), programs)
-    return lambda *tensors: launch(*tensors, *scalars)
+    if splits == 1:
+        return lambda *tensors: launch(*tensors, *scalars)
+    pixels = N * OH * OW
+    launch_sum = Launch(_conv_split_sum_kernel, (_runtime.cdiv(pixels, 64), _runtime.cdiv(COUT_G, 64)),
+                        dict(SPLITS=splits, **epilogue_meta, BLOCK_P=64, BLOCK_N=64), traced=traced)
+    sum_scalars = (pixels, COUT_G, OH, OW, *y.stride(), *r.stride())
+
+    def run(x, w, y, bias, z, r):
+        part = torch.empty((splits, pixels, COUT_G), device=x.device, dtype=torch.float32)
+        launch(x, w, part, bias, z, r, *scalars)
+        launch_sum(part, y, bias, z, r, *sum_scalars)
+    return run
 
 
 def staged_fwd_launcher(cfg: dict, dims: tuple, x, y, r, stride, padding, dilation, precision: str,
