@@ -315,7 +315,35 @@ def report() -> dict:
                   if n.startswith("dropin::")}
     called = {r["op"].split("::")[1] for r in records if r["op"]}
     return {"records": records, "failed": failed, "uncalled": sorted(registered - called - OPAQUE),
-            "without_case": sorted(set(ops.__all__) - NOT_OPS - OPAQUE - {c[0] for c in cases})}
+            "without_case": sorted(set(ops.__all__) - NOT_OPS - OPAQUE - {c[0] for c in cases}),
+            "memo": memo_report()}
+
+
+def memo_report() -> dict:
+    """torch's launch analysis as dropin memoizes it (`_runtime.memoize_launch_analysis`) on every recorded launch,
+    against torch's own steps (`analyse`): the launches whose written tensors differ, and the kernels whose repeated
+    call returned the first call's object (not a copy)."""
+    from torch._higher_order_ops import triton_kernel_wrap as wrap
+
+    from dropin import _runtime
+
+    name = next((n for n in _runtime._LAUNCH_ANALYSES if hasattr(wrap, n)), None)
+    analysis = getattr(wrap, name) if name else None
+    if analysis is None or not hasattr(analysis, "__wrapped__"):
+        return {"installed": False}
+    extra = [{}] if len(inspect.signature(analysis.__wrapped__).parameters) > 2 else []
+    seen, mismatched, same_object = set(), [], []
+    for _, kernel, kwargs in launches:
+        result = analysis(kernel, dict(kwargs), *extra)
+        names = [d.name for d in result.read_writes.writes] if hasattr(result, "read_writes") else result
+        written = sorted(n for n in set(names) if isinstance(kwargs.get(n), torch.Tensor))
+        if written != analyse(kernel, kwargs)[0]:
+            mismatched.append(f"{kernel.fn.__name__}: {written} against {analyse(kernel, kwargs)[0]}")
+        if kernel not in seen and analysis(kernel, dict(kwargs), *extra) is result:
+            same_object.append(kernel.fn.__name__)
+        seen.add(kernel)
+    return {"installed": True, "launches": len(launches), "kernels": len(seen), "mismatched": mismatched,
+            "same_object": same_object}
 
 
 if __name__ == "__main__":

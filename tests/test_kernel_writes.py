@@ -5,7 +5,8 @@ Every public op of dropin.ops runs forward and backward through its registered o
 with one). A launch fails where torch's analysis raises (Inductor then takes every tensor argument as written),
 where a tensor it takes as written is, or shares storage with, an input of the registered op that does not
 declare it written (mutates_args: Inductor clones the input; under autograd a leaf that requires grad fails "in
-an in-place operation"), or where one tensor fills two of its slots (`_dispatch.absent`)."""
+an in-place operation"), or where one tensor fills two of its slots (`_dispatch.absent`). dropin's memo of that
+analysis (`_runtime.memoize_launch_analysis`) gives torch's own results."""
 import json
 import os
 import subprocess
@@ -49,3 +50,6 @@ def test_kernels_write_only_their_outputs():
         if r["shared"]:
             problems.add(f"{where}: one tensor in two slots {r['shared']}")
     assert not problems, "\n".join(sorted(problems))
+    memo = report["memo"]  # (the memo of torch's analysis: its results torch's own, a copy each call)
+    assert memo["installed"] and memo["kernels"] > 20, memo
+    assert not memo["mismatched"] and not memo["same_object"], memo

@@ -4,15 +4,17 @@ batch 8, H200): a zoo row pays it twice (default and reduce-overhead) and a user
 Known on the CPU (Triton's frontend for a pretend sm_90): torch reads each wrap_triton launch's TTIR to find the
 tensors it writes (`identify_accessed_tensors`, in functionalization and again in Inductor's lowering), and
 generating it takes 9.7 s for ConvNeXt-tiny's 86 launches (18 depthwise 7x7 launches at 384 ms each), 3.6 s for
-ResNet-50's 57. What the rest is (Dynamo's tracing of dropin's Python, Inductor's code generation, Triton's
-compiles of dropin's kernels, cudagraph trees' recording) this probe says.
+ResNet-50's 57; dropin memoizes it per kernel specialization (`_runtime.memoize_launch_analysis`: 4 passes over
+ConvNeXt's launches 40.7 -> 3.1 s on that CPU). What the rest is (Dynamo's tracing of dropin's Python, Inductor's
+code generation, Triton's compiles of dropin's kernels, cudagraph trees' recording) this probe says.
 Each (side, mode) runs in a process of its own with empty Inductor and Triton caches (temporary directories; --warm
 keeps the ones of the run before): the model (the zoo's builder, bf16, eval, no_grad), for the injected side
 `dropin.inject_` with the example inputs, one eager forward, then the first compiled call under cProfile. Printed:
 its wall seconds; torch's own phase timers (`torch._dynamo.utils.compile_times`); the cumulative seconds and calls
 of the functions named in PARTS; the top functions by cumulative time.
 Usage: PYTHONPATH=src python3 benchmarks/probes/compile_time.py MODEL [MODEL ...] [--sides original dropin]
-[--modes default reduce-overhead] [--top N] [--warm]   (MODEL: a zoo name, e.g. hf/convnext torchvision/resnet50)"""
+[--modes default reduce-overhead] [--top N] [--warm] [--no-memo]   (MODEL: a zoo name, e.g. hf/convnext
+torchvision/resnet50; --no-memo: the injected side also without dropin's memo of torch's launch analysis)"""
 import argparse
 import cProfile
 import json
@@ -33,15 +35,22 @@ PARTS = (("_dynamo/convert_frame.py", "_compile"), ("_functorch/aot_autograd.py"
          ("triton/compiler/compiler.py", "compile"))
 
 
-def one(model_name: str, side: str, mode: str, top: int) -> None:
-    """Runs one (side, mode) in this process and prints its report."""
+def one(model_name: str, side: str, mode: str, top: int, memo: bool) -> None:
+    """Runs one (side, mode) in this process and prints its report (memo False: torch's launch analysis without
+    dropin's memo, `_runtime.memoize_launch_analysis`)."""
     import torch
 
     import dropin
+    import dropin.ops  # noqa: F401 (registers the ops, which installs the memo)
     from dropin import _runtime
     from dropin.bench import zoo_models
     from dropin.bench.models import main_output
 
+    if not memo:
+        from torch._higher_order_ops import triton_kernel_wrap as wrap
+        for name in _runtime._LAUNCH_ANALYSES:
+            analysis = getattr(wrap, name, None)
+            setattr(wrap, name, getattr(analysis, "__wrapped__", analysis))
     torch.manual_seed(0)
     model, inputs = zoo_models.entry(model_name).build(False)
     device = _runtime.KERNEL_DEVICE
@@ -62,7 +71,7 @@ def one(model_name: str, side: str, mode: str, top: int) -> None:
         profiler.disable()
         wall = time.perf_counter() - start
     stats = pstats.Stats(profiler)
-    print(f"== {model_name} {side} {mode}: first compiled call {wall:.1f} s")
+    print(f"== {model_name} {side} {mode}{'' if memo else ' (no memo)'}: first compiled call {wall:.1f} s")
     print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
     rows = list(stats.stats.items())
     for suffix, part in PARTS:
@@ -81,21 +90,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--modes", nargs="+", default=["default"], choices=["default", "reduce-overhead"])
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--warm", action="store_true", help="keep the Inductor and Triton caches between runs")
+    parser.add_argument("--no-memo", action="store_true", help="also each run without dropin's memo of torch's "
+                        "launch analysis (`_runtime.memoize_launch_analysis`)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # (a child process's task, JSON)
     args = parser.parse_args(argv)
     if args.one:
         task = json.loads(args.one)
-        one(task["model"], task["side"], task["mode"], args.top)
+        one(task["model"], task["side"], task["mode"], args.top, task["memo"])
         return 0
     with tempfile.TemporaryDirectory() as kept:
         for model_name in args.models:
             for mode in args.modes:
-                for side in args.sides:
+                for side, memo in [(side, memo) for side in args.sides
+                                   for memo in ((True, False) if args.no_memo and side == "dropin" else (True,))]:
                     with tempfile.TemporaryDirectory() as fresh:
                         cache = kept if args.warm else fresh
                         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
                                "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
-                        task = json.dumps({"model": model_name, "side": side, "mode": mode})
+                        task = json.dumps({"model": model_name, "side": side, "mode": mode, "memo": memo})
                         subprocess.run([sys.executable, __file__, model_name, "--one", task, "--top", str(args.top)],
                                        env=env, check=False)
     return 0

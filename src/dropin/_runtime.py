@@ -4,6 +4,7 @@ Importing this module switches Triton's interpreter on (TRITON_INTERPRET=1) when
 present, so that every kernel runs on the CPU. It must therefore be imported before any kernel is defined (triton
 itself may have been imported before: its own jit functions are then made interpreted ones).
 """
+import copy
 import functools
 import os
 import sys
@@ -104,6 +105,63 @@ def size_hint(n) -> int:
     shapes = torch.fx.experimental.symbolic_shapes
     # torch 2.11 names it hint_int; later versions optimization_hint
     return (shapes.optimization_hint if hasattr(shapes, "optimization_hint") else shapes.hint_int)(n)
+
+
+# torch's analysis of the tensors a wrap_triton launch reads and writes, by the names torch versions give it
+_LAUNCH_ANALYSES = ("identify_accessed_tensors", "identify_mutated_tensors")
+_LAUNCH_ANALYSIS_MEMO = 4096  # entries kept at most
+
+
+def memoize_launch_analysis() -> None:
+    """Makes torch.compile generate each dropin kernel's TTIR once per specialization when it finds what a
+    wrap_triton launch writes: torch's analysis regenerates the TTIR for every launch, up to four times a launch in
+    one compile (functionalization, Inductor's lowering and graph passes), 9.7 s a pass for ConvNeXt-tiny's 86
+    launches on a 2-core CPU (a depthwise 7x7 launch 384 ms). Its result depends on the kernel, the tensors' dtypes
+    (torch compiles against `torch.empty(2, dtype)` stand-ins and 2 for each symbolic value) and the other
+    arguments' values: those key the memo, which returns a copy (its callers may change the result). Other kernels
+    than dropin's go straight to torch's; without the analysis (another torch) nothing changes."""
+    try:
+        from torch._higher_order_ops import triton_kernel_wrap as wrap
+    except ImportError:
+        return
+    for name in _LAUNCH_ANALYSES:
+        analysis = getattr(wrap, name, None)
+        if analysis is not None and not hasattr(analysis, "__wrapped__"):
+            setattr(wrap, name, _memoized(analysis))
+
+
+def _memoized(analysis):
+    cache = {}
+
+    @functools.wraps(analysis)
+    def memo(kernel, kwargs, *rest):
+        fn = kernel
+        while hasattr(fn, "fn"):  # (an Autotuner holds its JITFunction, which holds the Python function)
+            fn = fn.fn
+        if not getattr(fn, "__module__", "").startswith("dropin."):
+            return analysis(kernel, kwargs, *rest)
+        try:
+            key = (kernel, tuple(sorted((name, _argument_key(v)) for name, v in kwargs.items())), repr(rest))
+            result = cache.get(key)
+        except Exception:  # noqa: BLE001 (an argument that cannot key: torch's own analysis decides)
+            return analysis(kernel, kwargs, *rest)
+        if result is None:
+            if len(cache) >= _LAUNCH_ANALYSIS_MEMO:
+                cache.clear()
+            result = cache[key] = analysis(kernel, kwargs, *rest)
+        return copy.deepcopy(result)
+    return memo
+
+
+def _argument_key(value):
+    """What torch's TTIR generation reads of one launch argument: a tensor's dtype (a FakeTensor or Inductor's
+    TensorBox alike), nothing of a symbolic value, the value of anything else."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or type(value).__module__.startswith("sympy"):
+        return ("symbolic",)
+    ir = sys.modules.get("torch._inductor.ir")
+    if isinstance(value, torch.Tensor) or ir is not None and isinstance(value, ir.IRNode):
+        return ("tensor", str(value.dtype))
+    return ("value", type(value).__name__, value)
 
 
 def capturing() -> bool:

@@ -34,6 +34,7 @@ def torch_op(name: str, mutates_args=()):
     tensors without data (wrap_triton does not wrap it), and torch.compile does not run interpreted kernels."""
     def register(fn):
         if not _runtime.INTERPRET:
+            _runtime.memoize_launch_analysis()
             return triton_op(name, fn, mutates_args=mutates_args)
         op = torch.library.custom_op(name, fn, mutates_args=mutates_args)
         op.register_fake(fn)
