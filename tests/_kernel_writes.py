@@ -323,6 +323,7 @@ def memo_report() -> dict:
     """torch's launch analysis as dropin memoizes it (`_runtime.memoize_launch_analysis`) on every recorded launch,
     against torch's own steps (`analyse`): the launches whose written tensors differ, and the kernels whose repeated
     call returned the first call's object (not a copy)."""
+    import triton
     from torch._higher_order_ops import triton_kernel_wrap as wrap
 
     from dropin import _runtime
@@ -333,17 +334,24 @@ def memo_report() -> dict:
         return {"installed": False}
     extra = [{}] if len(inspect.signature(analysis.__wrapped__).parameters) > 2 else []
     seen, mismatched, same_object = set(), [], []
+    before = analysis.cache_info()
     for _, kernel, kwargs in launches:
-        result = analysis(kernel, dict(kwargs), *extra)
+        # as torch.compile passes it: num_warps and num_stages in the one config of an Autotuner of its own
+        special = {n: kwargs[n] for n in ("num_warps", "num_stages", "num_ctas") if n in kwargs}
+        arguments = {n: v for n, v in kwargs.items() if n not in special}
+        wrapped = triton.autotune(configs=[triton.Config({}, **special)], key=[])(kernel) if special else kernel
+        result = analysis(wrapped, arguments, *extra)
         names = [d.name for d in result.read_writes.writes] if hasattr(result, "read_writes") else result
         written = sorted(n for n in set(names) if isinstance(kwargs.get(n), torch.Tensor))
         if written != analyse(kernel, kwargs)[0]:
             mismatched.append(f"{kernel.fn.__name__}: {written} against {analyse(kernel, kwargs)[0]}")
-        if kernel not in seen and analysis(kernel, dict(kwargs), *extra) is result:
+        if kernel not in seen and analysis(wrapped, dict(arguments), *extra) is result:
             same_object.append(kernel.fn.__name__)
         seen.add(kernel)
+    after = analysis.cache_info()
     return {"installed": True, "launches": len(launches), "kernels": len(seen), "mismatched": mismatched,
-            "same_object": same_object}
+            "same_object": same_object, "misses": after["misses"] - before["misses"],
+            "hits": after["hits"] - before["hits"], "specializations": len(_analysed)}
 
 
 if __name__ == "__main__":

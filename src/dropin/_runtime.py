@@ -131,7 +131,8 @@ def memoize_launch_analysis() -> None:
 
 
 def _memoized(analysis):
-    cache = {}
+    """analysis memoized; `memo.cache_info()`: its hits, misses and entries."""
+    cache, counts = {}, {"hits": 0, "misses": 0}
 
     @functools.wraps(analysis)
     def memo(kernel, kwargs, *rest):
@@ -140,16 +141,24 @@ def _memoized(analysis):
             fn = fn.fn
         if not getattr(fn, "__module__", "").startswith("dropin."):
             return analysis(kernel, kwargs, *rest)
+        # torch.compile wraps a launch given num_warps or num_stages in an Autotuner of its own, one per launch
+        # site, and analyses its JITFunction with the first config's arguments: the key is those
+        jit, arguments = kernel, dict(kwargs)
+        if isinstance(kernel, triton.runtime.Autotuner):
+            jit = kernel.fn
+            arguments.update(kernel.configs[0].kwargs if kernel.configs else {})
         try:
-            key = (kernel, tuple(sorted((name, _argument_key(v)) for name, v in kwargs.items())), repr(rest))
+            key = (jit, tuple(sorted((name, _argument_key(v)) for name, v in arguments.items())), repr(rest))
             result = cache.get(key)
         except Exception:  # noqa: BLE001 (an argument that cannot key: torch's own analysis decides)
             return analysis(kernel, kwargs, *rest)
+        counts["hits" if result is not None else "misses"] += 1
         if result is None:
             if len(cache) >= _LAUNCH_ANALYSIS_MEMO:
                 cache.clear()
             result = cache[key] = analysis(kernel, kwargs, *rest)
         return copy.deepcopy(result)
+    memo.cache_info = lambda: dict(counts, entries=len(cache))
     return memo
 
 
