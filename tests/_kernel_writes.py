@@ -64,9 +64,10 @@ class Recorder:
         return record
 
 
-def setup() -> None:
-    """Triton compiling (for a pretend H100 where there is no GPU), dropin imported, its launches recorded.
-    Raises RuntimeError where this environment cannot generate TTIR."""
+def setup(record: bool = True) -> None:
+    """Triton compiling (for a pretend H100 where there is no GPU), dropin imported, its launches recorded (record
+    False: its launches left to torch's wrap_triton, for torch.compile's tracing). Raises RuntimeError where this
+    environment cannot generate TTIR."""
     os.environ["TRITON_INTERPRET"] = "0"
     import triton
     from torch._higher_order_ops import triton_kernel_wrap as wrap
@@ -104,7 +105,8 @@ def setup() -> None:
         _runtime.is_hopper = lambda device_index=0: True
         _runtime.check_kernel_device = lambda *args, **kwargs: None
         _runtime.KERNEL_DEVICE = "cpu"
-    _dispatch.wrap_triton = Recorder
+    if record:
+        _dispatch.wrap_triton = Recorder
 
 
 @contextlib.contextmanager
