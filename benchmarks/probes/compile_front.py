@@ -1,6 +1,6 @@
-"""Probe (CPU, no GPU needed): the front half of torch.compile on an injected model against the original: Dynamo's
-export of the forward and AOT autograd's export of that graph (functionalization, where torch analyses each
-wrap_triton launch's TTIR for the tensors it writes), with dropin's memo of that analysis and without
+"""Probe (CPU, no GPU needed): the front half of torch.compile's first call on an injected model against the
+original: Dynamo's tracing of the forward and AOT autograd's of its graph (functionalization, where torch analyses
+each wrap_triton launch's TTIR for the tensors it writes), with dropin's memo of that analysis and without
 (`_runtime.memoize_launch_analysis`). Kernels compile for a pretend sm_90 (tests/_kernel_writes.py's setup) and
 never run: Inductor's lowering, code generation and Triton's compiles are the GPU probe's (compile_time.py).
 Usage: PYTHONPATH=src python3 benchmarks/probes/compile_front.py [torchvision model, default convnext_tiny] [--batch 8]"""
@@ -18,30 +18,35 @@ import _kernel_writes  # noqa: E402  (the pretend sm_90 that tests/test_kernel_w
 _kernel_writes.setup(record=False)
 import dropin  # noqa: E402
 import dropin.ops  # noqa: E402,F401 (registers the ops, which installs the memo)
-from torch._functorch.aot_autograd import aot_export_module  # noqa: E402
 from torch._higher_order_ops import triton_kernel_wrap as wrap  # noqa: E402
 
 
-class _Tuple(torch.nn.Module):
-    """An exported graph returning a tuple, as aot_export_module takes it."""
-
-    def __init__(self, graph):
-        super().__init__()
-        self.graph_module = graph
-
-    def forward(self, x):
-        return (self.graph_module(x),)
-
-
 def front(model, x) -> tuple:
-    """(Dynamo export s, AOT export s, call nodes in the AOT graph) of model(x), no grad."""
+    """(Dynamo s, AOT autograd s, call nodes in AOT's forward graph) of the first torch.compile'd call of
+    model(x), no grad, through a backend that stops after AOT autograd: its compiled forward returns empty tensors
+    of the outputs' metadata (no kernel runs)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    marks, calls = {}, []
+
+    def forward_compiler(graph, example_inputs):
+        marks["aot"] = time.perf_counter()
+        calls.append(sum(n.op == "call_function" for n in graph.graph.nodes))
+        outputs = [a.meta["val"] for a in next(n for n in graph.graph.nodes if n.op == "output").args[0]]
+        return make_boxed_func(lambda *args: [torch.empty(o.shape, dtype=o.dtype) for o in outputs])
+
+    aot = aot_autograd(fw_compiler=forward_compiler)
+
+    def backend(graph, example_inputs):
+        marks["dynamo"] = time.perf_counter()
+        return aot(graph, example_inputs)
+
     torch._dynamo.reset()
     with torch.no_grad():
         start = time.perf_counter()
-        graph, _ = torch._dynamo.export(model)(x)
-        exported = time.perf_counter()
-        aot, _ = aot_export_module(_Tuple(graph), [x], trace_joint=False)
-    return exported - start, time.perf_counter() - exported, sum(n.op == "call_function" for n in aot.graph.nodes)
+        torch.compile(model, backend=backend)(x)
+    return marks["dynamo"] - start, marks["aot"] - marks["dynamo"], sum(calls)
 
 
 def main() -> None:
@@ -60,7 +65,7 @@ def main() -> None:
                                    ("dropin without the memo", injected, memo.__wrapped__)):
         wrap.identify_accessed_tensors = analysis
         dynamo_s, aot_s, calls = front(model, x)
-        print(f"{label}: Dynamo export {dynamo_s:.1f} s, AOT export {aot_s:.1f} s ({calls} calls in its graph)")
+        print(f"{label}: Dynamo {dynamo_s:.1f} s, AOT autograd {aot_s:.1f} s ({calls} calls in its graph)")
     wrap.identify_accessed_tensors = memo
     print("memo:", memo.cache_info())
 
