@@ -74,7 +74,8 @@ def one(model_name: str, side: str, mode: str, top: int, memo: bool) -> None:
     print(f"== {model_name} {side} {mode}{'' if memo else ' (no memo)'}: first compiled call {wall:.1f} s")
     print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
     from torch._higher_order_ops import triton_kernel_wrap as wrap
-    memo_info = getattr(getattr(wrap, _runtime._LAUNCH_ANALYSES[0], None), "cache_info", None)
+    analysis = next((getattr(wrap, n) for n in _runtime._LAUNCH_ANALYSES if hasattr(wrap, n)), None)
+    memo_info = getattr(analysis, "cache_info", None)
     if memo_info is not None:
         print(f"  launch-analysis memo: {memo_info()}")
     rows = list(stats.stats.items())
