@@ -126,8 +126,13 @@ def memoize_launch_analysis() -> None:
         return
     for name in _LAUNCH_ANALYSES:
         analysis = getattr(wrap, name, None)
-        if analysis is not None and not hasattr(analysis, "__wrapped__"):
-            setattr(wrap, name, _memoized(analysis))
+        if analysis is None or hasattr(analysis, "__wrapped__"):
+            continue
+        memo = _memoized(analysis)
+        # (a module that imported the function by name, Inductor's, holds it too)
+        for module in (wrap, sys.modules.get("torch._inductor.ir"), sys.modules.get("torch._inductor.graph")):
+            if getattr(module, name, None) is analysis:
+                setattr(module, name, memo)
 
 
 def _memoized(analysis):
