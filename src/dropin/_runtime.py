@@ -162,7 +162,10 @@ def _memoized(analysis):
             if len(cache) >= _LAUNCH_ANALYSIS_MEMO:
                 cache.clear()
             result = cache[key] = analysis(kernel, kwargs, *rest)
-        return copy.deepcopy(result)
+        try:
+            return copy.deepcopy(result)
+        except Exception:  # noqa: BLE001 (a result that does not copy: torch's own analysis again)
+            return analysis(kernel, kwargs, *rest)
     memo.cache_info = lambda: dict(counts, entries=len(cache))
     return memo
 
