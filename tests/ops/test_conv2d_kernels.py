@@ -74,24 +74,26 @@ def _forced_tile(which: str, cfg: dict):
 def test_tma_split_forward(splits, monkeypatch):
     """The TMA forward with K split (`tma.split_configs`' variants, forced; the interpreter runs it on the CPU):
     6 (tap, channel block) steps in 3 splits and in 4 (the last past every step: zeros), fp32 partials summed with
-    the bias, an NCHW residual and ReLU by `_conv_split_sum_kernel`; strides 1 and 2, fp16; the output and the
-    gradients against float64 (the backward's passes as tuned)."""
+    the bias, an NCHW residual and ReLU by `_conv_split_sum_kernel`; strides 1 and 2, fp16, channels_last x (the
+    direct TMA forward) and NCHW x (the staged one, over a channels_last copy); the output and the gradients
+    against float64 (the backward's passes as tuned)."""
     cfg, real_pick = tma.FWD_CONFIGS[2], _autotune.pick  # (8 x 8 pixels, 64 channels a tile and a step)
 
     def pick(name, key, configs, prepare, **timing):
         if key[0] != "fwd":
             return real_pick(name, key, configs, prepare, **timing)
-        base = next(c for c in configs if c["KERNEL"] == "tma"
+        base = next(c for c in configs if c["KERNEL"].startswith("tma")
                     and dict(c, num_stages=0, KERNEL=0) == dict(cfg, num_stages=0, KERNEL=0))
         return dict(base, SPLIT_K=splits)
     monkeypatch.setattr(_autotune, "pick", pick)
     monkeypatch.setattr(_runtime, "is_hopper", lambda index=0: True)
     _check.replan(cv)
     try:
-        for x_shape, stride in (((2, 64, 9, 11), 1), ((2, 64, 10, 12), (2, 2))):
+        for x_shape, stride, channels_last in (((2, 64, 9, 11), 1, True), ((2, 64, 10, 12), (2, 2), True),
+                                               ((2, 64, 9, 11), 1, False)):
             kw = dict(stride=stride, padding=(1, 0))
-            inputs = leaves(x_shape, (24, 64, 3, 2), dtype=torch.float16, channels_last=True,
-                            weight_channels_last=True)
+            inputs = leaves(x_shape, (24, 64, 3, 2), dtype=torch.float16, channels_last=channels_last,
+                            weight_channels_last=channels_last)
             inputs["r"] = torch.randn(F.conv2d(inputs["x"], inputs["w"], **kw).shape, device=DEVICE,
                                       dtype=torch.float16)
             check(lambda x, w, b, r: dropin.conv2d(x, w, b, activation="relu", residual=r, **kw),
