@@ -3,7 +3,8 @@ original: Dynamo's tracing of the forward and AOT autograd's of its graph (funct
 each wrap_triton launch's TTIR for the tensors it writes), with dropin's memo of that analysis and without
 (`_runtime.memoize_launch_analysis`). Kernels compile for a pretend sm_90 (tests/_kernel_writes.py's setup) and
 never run: Inductor's lowering, code generation and Triton's compiles are the GPU probe's (compile_time.py).
-Usage: PYTHONPATH=src python3 benchmarks/probes/compile_front.py [torchvision model, default convnext_tiny] [--batch 8]"""
+Usage: PYTHONPATH=src python3 benchmarks/probes/compile_front.py [MODEL] [--batch 8]   (MODEL: a torchvision model,
+default convnext_tiny)"""
 import argparse
 import copy
 import os

@@ -21,7 +21,8 @@ CONFIGS = [pytest.param("tma", c, _DTYPE[size], id=f"tma-{size}B-{i}") for size,
            for i, c in enumerate(cs)] + \
           [pytest.param("ptr", c, _DTYPE[size], id=f"ptr-{size}B-{i}") for size, cs in mm.PTR_CONFIGS.items()
            for i, c in enumerate(cs)] + \
-          [pytest.param("skinny", c, torch.float16, id=f"skinny-{i}") for i, c in enumerate(matmul_configs.SKINNY_CONFIGS)] + \
+          [pytest.param("skinny", c, torch.float16, id=f"skinny-{i}")
+           for i, c in enumerate(matmul_configs.SKINNY_CONFIGS)] + \
           [pytest.param("fma", c, torch.float32, id=f"fma-{kind}-{i}") for kind, cs in mm.FMA_CONFIGS.items()
            for i, c in enumerate(cs)]  # the CUDA-core kernel in fp32, the strictest tolerance
 
@@ -194,9 +195,9 @@ def test_tma_split_k(dtype, layout, forced):
 
 
 def test_tma_split_candidates(monkeypatch):
-    """Where the TMA kernel is offered K splits (`matmul_configs.tma_split_configs`): a product of fewer tiles than programs and
-    a long K, about one and two (split, tile) items a program (64 SMs here: 128 x 256 tiles of a 1024 x 1024
-    product, 32 of them, in 2 and 4 splits; the 128 x 128 tiles fill the SMs); a K past one accumulator's
+    """Where the TMA kernel is offered K splits (`matmul_configs.tma_split_configs`): a product of fewer tiles than
+    programs and a long K, about one and two (split, tile) items a program (64 SMs here: 128 x 256 tiles of a 1024 x
+    1024 product, 32 of them, in 2 and 4 splits; the 128 x 128 tiles fill the SMs); a K past one accumulator's
     (ACC_K) split however many tiles there are, each split within it (16 x 16 @ 2^20 rows: 64 and 128 splits, over
     the 16 it needs); none for a short K."""
     monkeypatch.setattr(mm._runtime, "num_sms", lambda index=0: 64)
