@@ -29,6 +29,18 @@ def shares(K, splits: int, block_k: int) -> bool:
     return _runtime.cdiv(_runtime.cdiv(_runtime.size_hint(K), block_k), splits) * block_k > ACC_K.value
 
 
+def split_counts(tiles: int, programs: int, steps: int, min_steps: int, fewest: int = 1) -> list:
+    """How many ways a split-K kernel's candidates cut a reduction of `steps` steps over `tiles` output tiles on
+    `programs` programs: about one and about two (split, tile) items a program, at least 2 and `fewest`, each split
+    at least `min_steps` steps; distinct counts, fewest splits first."""
+    counts = []
+    for per_program in (1, 2):
+        splits = max(2, fewest, per_program * programs // tiles)
+        if steps >= min_steps * splits and splits not in counts:
+            counts.append(splits)
+    return counts
+
+
 @triton.jit
 def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """Grouped order: GROUP_M row-tiles sweep the columns together, so tiles of B are reused from L2."""
@@ -41,12 +53,12 @@ def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def split_range(split, K, BLOCK_K: tl.constexpr):
-    """[first, last) K tiles of reduction split `split` out of tl.num_programs(2) splits."""
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
-    k_first = split * per_split
-    return k_first, tl.minimum(k_first + per_split, k_tiles)
+def split_range(split, splits, steps):
+    """[first, last) of a reduction's `steps` (K tiles, a conv's (tap, channel block) steps) for split `split` of
+    `splits`: equal shares, the last one shorter, or empty where the shares run out first."""
+    per_split = tl.cdiv(steps, splits)
+    first = split * per_split
+    return first, tl.minimum(first + per_split, steps)
 
 
 @triton.jit

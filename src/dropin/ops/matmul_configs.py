@@ -2,7 +2,7 @@
 block sizes, warps, stages and each kernel's own constexprs, the untimed default first."""
 from .. import _runtime
 from . import _autotune
-from ._gemm import ACC_K, fits
+from ._gemm import ACC_K, fits, split_counts
 
 _cfg = _autotune.config
 # Hopper TMA kernel, 16-bit and 32-bit operands: the largest tiles first (the default when not tuning).
@@ -100,11 +100,8 @@ def tma_split_configs(batch, M, N, K, configs: list, device_index: int) -> list:
         fewest = _runtime.cdiv(k_tiles, ACC_K.value // cfg["BLOCK_K"])  # (each split within one accumulator)
         if tiles >= programs and fewest == 1:
             continue
-        for per_program in (1, 2):
-            split = dict(cfg, SPLIT_K=max(2, fewest, per_program * programs // tiles), KERNEL="tma")
-            if k_tiles >= 8 * split["SPLIT_K"] and split["SPLIT_K"] * batch * M * N * 4 <= 64 << 20 \
-                    and split not in out:
-                out.append(split)
+        out += [dict(cfg, SPLIT_K=splits, KERNEL="tma") for splits in split_counts(tiles, programs, k_tiles, 8, fewest)
+                if splits * batch * M * N * 4 <= 64 << 20]
     return out
 
 

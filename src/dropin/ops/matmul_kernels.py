@@ -37,7 +37,7 @@ def _tile_start(pid_m, pid_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, B
     pid_n); grid (tiles, batch, splits of K)."""
     batch = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2).to(tl.int64)
-    k_first, k_last = split_range(split, K, BLOCK_K)
+    k_first, k_last = split_range(split, tl.num_programs(2), tl.cdiv(K, BLOCK_K))
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return batch, split, k_first, k_last, offs_m, offs_n, k_first * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -248,7 +248,6 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     num_pid_n = tl.cdiv(N, BLOCK_N)
     tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    k_split = tl.cdiv(k_tiles, SPLIT_K)
     # The epilogue recomputes its tile from a counter of its own, which keeps it out of the load pipeline (an
     # item's C batch, split * BATCH + batch, is item // tiles for splits too).
     tile_c = tl.program_id(0) - NUM_PROGRAMS
@@ -260,8 +259,7 @@ def mm_tma_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
             k_last = k_tiles
         else:
             tile = item % (BATCH * tiles)
-            k_first = item // (BATCH * tiles) * k_split
-            k_last = tl.minimum(k_first + k_split, k_tiles)
+            k_first, k_last = split_range(item // (BATCH * tiles), SPLIT_K, k_tiles)
         batch = tile // tiles
         pid_m, pid_n = tile_coords(tile % tiles, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M

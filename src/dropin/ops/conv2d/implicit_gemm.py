@@ -216,7 +216,7 @@ def _conv_wgrad_kernel(dy_ptr, x_ptr, dw_ptr,
     pid_n = pid % tiles_n
     g = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    k_first, k_last = split_range(split, P, BLOCK_K)
+    k_first, k_last = split_range(split, tl.num_programs(2), tl.cdiv(P, BLOCK_K))
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < COUT_G

@@ -10,7 +10,7 @@ import triton.language as tl
 from ... import _runtime
 from .. import _gemm
 from .._dispatch import Launch, aligned, launch
-from .._gemm import ACC_K, dot_acc
+from .._gemm import ACC_K, dot_acc, split_range
 from .planning import WORKSPACE, conv_meta, geometry_meta, spatial_tiles, staged
 from .tiles import epilogue
 from .weights import derived
@@ -77,7 +77,6 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
     tiles_n = tl.cdiv(COUT, BLOCK_N)
     c_blocks = tl.cdiv(C, BLOCK_K)
     steps = KH * KW * c_blocks
-    step_split = tl.cdiv(steps, SPLIT_K)
     tiles = N * tiles_hw * tiles_n
     tile_c = tl.program_id(0) - programs  # the epilogue's own counter keeps it out of the load pipeline
     for item in tl.range(tl.program_id(0), SPLIT_K * tiles, programs, flatten=True):
@@ -87,8 +86,7 @@ def _conv_fwd_tma_kernel(x_ptr, w_ptr, y_ptr, bias_ptr, z_ptr, r_ptr,
             last = steps
         else:
             tile = item % tiles
-            first = item // tiles * step_split
-            last = tl.minimum(first + step_split, steps)
+            first, last = split_range(item // tiles, SPLIT_K, steps)
         n, oh0, ow0, co0 = _tma_tile(tile, tiles_n, tiles_hw, tiles_w, TH, TW, BLOCK_N)
         acc = tl.zeros((TH * TW, BLOCK_N), dtype=tl.float32)
         for step in range(first, last):
@@ -303,13 +301,9 @@ def split_configs(configs: list, dims: tuple, device_index: int) -> list:
     for cfg in configs[:SPLIT_TILES]:
         tiles = N * spatial_tiles(OH, OW, cfg) * _runtime.cdiv(COUT_G, cfg["BLOCK_N"])
         steps = KH * KW * _runtime.cdiv(C_G, cfg["BLOCK_K"])
-        if 2 * tiles > sms:
-            continue
-        for per_sm in (1, 2):
-            split = dict(cfg, SPLIT_K=max(2, per_sm * sms // tiles))
-            if steps >= 4 * split["SPLIT_K"] and split["SPLIT_K"] * N * OH * OW * COUT_G * 4 <= WORKSPACE \
-                    and split not in out:
-                out.append(split)
+        if 2 * tiles <= sms:
+            out += [dict(cfg, SPLIT_K=splits) for splits in _gemm.split_counts(tiles, sms, steps, 4)
+                    if splits * N * OH * OW * COUT_G * 4 <= WORKSPACE]
     return out
 
 
