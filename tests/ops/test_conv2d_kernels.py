@@ -142,11 +142,11 @@ def test_tma_row_tiles_forward_of_conv1d(cfg, monkeypatch):
 @pytest.mark.parametrize("cfg", tma.rows(tma.WGRAD_CONFIGS, torch.empty(1, 1, 1, 1)), ids=ROW_IDS)
 def test_tma_row_tiles_weight_gradient_of_conv1d(cfg, monkeypatch):
     """Each weight-gradient row tile (`tma.rows`; bf16 keeps its 128 pixels) on an NLC conv1d (kernel 3, stride 2,
-    padding 1; 64 channels, 600 -> 300 positions), whose output and gradient are channels_last too, bf16, against
-    float64 and the 2x rule."""
+    padding 1; 128 channels, that every tile's channel block divides, as a column stride over 1 asks; 600 -> 300
+    positions), whose output and gradient are channels_last too, bf16, against float64 and the 2x rule."""
     monkeypatch.setattr(_autotune, "pick", _forced_tile("wgrad", cfg))
-    x = torch.randn(2, 600, 64, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)
-    w = torch.randn(64, 64, 3, device=DEVICE, dtype=torch.bfloat16) / 192 ** 0.5
+    x = torch.randn(2, 600, 128, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)
+    w = torch.randn(128, 128, 3, device=DEVICE, dtype=torch.bfloat16) / 384 ** 0.5
     _check.replan(cv)
     try:
         leaf = w.clone().requires_grad_()
