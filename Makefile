@@ -49,6 +49,6 @@ SLOW_TESTS_ALL = tests
 SLOW_TESTS_1 = tests/ops/test_attention.py tests/test_cli_inject.py
 SLOW_TESTS_2 = tests --ignore=tests/ops/test_attention.py --ignore=tests/test_cli_inject.py
 
-fuzz-gpu:         # tests/fuzz's hypothesis suite, DROPIN_FUZZ_EXAMPLES cases an op (default 700: ~12,200 in all);
+fuzz-gpu:         # tests/fuzz's hypothesis suite, DROPIN_FUZZ_EXAMPLES cases an op (default 600: ~10,500 in all);
                   # items handed out in order (IN_ORDER), the slowest tests' first (tests/fuzz/conftest.py)
 	$(GPU_PYTEST) $(IN_ORDER) -m fuzz --junitxml=$(or $(REPORT),fuzz-gpu.xml) tests/fuzz
