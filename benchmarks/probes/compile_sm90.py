@@ -82,12 +82,16 @@ def matmul_cases(quick: bool, match: str = ""):
     cases += [("fp32", "tf32_rounded_b", False, True, cfg) for cfg in matmul.TMA_CONFIGS[4][:1 if quick else None]]
     cases += [("fp32", p, False, True, cfg) for p in ("tf32x3_split", "tf32x3_split_b")
               for cfg in matmul.TMA_SPLIT_CONFIGS[:1 if quick else None]]
+    cases += [("bf16", "ieee narrow", a_t, b_t, cfg) for a_t, b_t in ((False, False), (True, True))
+              for cfg in matmul.TMA_NARROW_CONFIGS[2][:1 if quick else None]]
+    cases += [("fp32", p + " narrow", False, True, dict(cfg, BLOCK_K=min(cfg["BLOCK_K"], 256 if "rounded" in p else 32)))
+              for p in ("tf32x3", "tf32_rounded") for cfg in matmul.TMA_NARROW_CONFIGS[4][:1 if quick else None]]
     for dtype, precision, a_t, b_t, cfg in cases:
         if match and match not in f"{dtype} {precision}":
             continue
         tiles = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages", "OCC")}
-        constexprs = dict(A_T=a_t, B_T=b_t, HAS_BIAS=True, ACT="gelu", STORE_Z=True, PRECISION=precision, GROUP_M=8,
-                          NUM_PROGRAMS=132, C_PTR=False, **tiles)
+        constexprs = dict(A_T=a_t, B_T=b_t, HAS_BIAS=True, ACT="gelu", STORE_Z=True, PRECISION=precision.split()[0],
+                          GROUP_M=8, NUM_PROGRAMS=132, C_PTR=False, **tiles)
         pointers = dict.fromkeys(("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "z_ptr"), dtype)
         report(f"mm_tma {dtype} {precision} A_T={a_t} B_T={b_t} {config_name(cfg)}",
                lambda: compiled(matmul_kernels.mm_tma_kernel, pointers, constexprs, cfg))
@@ -96,6 +100,7 @@ def matmul_cases(quick: bool, match: str = ""):
     split_cases += [("fp32", p, cfg) for p, configs in (("tf32_rounded", matmul.TMA_CONFIGS[4]),
                                                         ("tf32x3_split", matmul.TMA_SPLIT_CONFIGS))
                     for cfg in configs[:matmul_configs.TMA_SPLIT_TILES]]
+    split_cases += [("bf16", "ieee", cfg) for cfg in matmul.TMA_NARROW_CONFIGS[2]]
     for dtype, precision, cfg in split_cases[:: 3 if quick else 1]:
         if match and match not in f"{dtype} {precision} split":
             continue

@@ -1,7 +1,7 @@
 """Every candidate config of the matmul kernels is right, whatever the tuner picks.
 
 The tuner is bypassed: each config of matmul_configs' `TMA_CONFIGS`, `PTR_CONFIGS`, `SKINNY_CONFIGS` and
-`FMA_CONFIGS` (split-K ones included) is forced on operands with ragged edges, with bias, activation and the saved
+`FMA_CONFIGS` (split-K ones included) and `TMA_NARROW_CONFIGS` is forced on operands with ragged edges, with bias, activation and the saved
 pre-activation, in every operand layout.
 Under the interpreter the TMA kernel runs too (tensor descriptors are emulated).
 """
@@ -19,6 +19,8 @@ mm = __import__("dropin.ops.matmul", fromlist=["_make_plan"])
 _DTYPE = {2: torch.float16, 4: torch.float32}
 CONFIGS = [pytest.param("tma", c, _DTYPE[size], id=f"tma-{size}B-{i}") for size, cs in mm.TMA_CONFIGS.items()
            for i, c in enumerate(cs)] + \
+          [pytest.param("tma", c, _DTYPE[size], id=f"tma-narrow-{size}B-{i}")
+           for size, cs in matmul_configs.TMA_NARROW_CONFIGS.items() for i, c in enumerate(cs)] + \
           [pytest.param("ptr", c, _DTYPE[size], id=f"ptr-{size}B-{i}") for size, cs in mm.PTR_CONFIGS.items()
            for i, c in enumerate(cs)] + \
           [pytest.param("skinny", c, torch.float16, id=f"skinny-{i}")
@@ -198,18 +200,44 @@ def test_tma_split_candidates(monkeypatch):
     """Where the TMA kernel is offered K splits (`matmul_configs.tma_split_configs`): a product of fewer tiles than
     programs and a long K, about one and two (split, tile) items a program (64 SMs here: 128 x 256 tiles of a 1024 x
     1024 product, 32 of them, in 2 and 4 splits; the 128 x 128 tiles fill the SMs); a K past one accumulator's
-    (ACC_K) split however many tiles there are, each split within it (16 x 16 @ 2^20 rows: 64 and 128 splits, over
-    the 16 it needs); none for a short K."""
+    (ACC_K) split however many tiles there are, each split within it (16 x 16 @ 2^20 rows, narrow tiles: 64 and
+    128 splits, over the 16 it needs); none for a short K."""
     monkeypatch.setattr(mm._runtime, "num_sms", lambda index=0: 64)
     fitting = _gemm.fits(mm.TMA_CONFIGS[2], 1024, 1024, 65536, 64, 64)
     wide = [c["SPLIT_K"] for c in matmul_configs.tma_split_configs(1, 1024, 1024, 65536, fitting, 0)]
     assert wide == [2, 4, 2, 4], wide
-    fitting = _gemm.fits(mm.TMA_CONFIGS[2], 16, 16, 2**20, 64, 64)
+    fitting = _gemm.fits(matmul_configs.TMA_NARROW_CONFIGS[2], 16, 16, 2**20, 256, 64)
     deep = matmul_configs.tma_split_configs(1, 16, 16, 2**20, fitting, 0)
-    assert [c["SPLIT_K"] for c in deep] == [64, 128] and all(c["KERNEL"] == "tma" for c in deep), deep
+    assert [c["SPLIT_K"] for c in deep] == [64, 128] * 2 and all(c["KERNEL"] == "tma" for c in deep), deep
     cdiv = mm._runtime.cdiv
     assert all(cdiv(cdiv(2**20, c["BLOCK_K"]), c["SPLIT_K"]) * c["BLOCK_K"] <= _gemm.ACC_K.value for c in deep)
     assert not matmul_configs.tma_split_configs(1, 1024, 1024, 512, _gemm.fits(mm.TMA_CONFIGS[2], 1024, 1024, 512), 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_narrow_tma_tiles(dtype, monkeypatch):
+    """A product of at most 16 columns is offered the TMA kernel's narrow tiles alone (`TMA_NARROW_CONFIGS`: 64 x
+    16, where the others would multiply zero columns), K split where its tiles are fewer than the programs: the
+    split candidate forced, 12 x 4104 @ 4104 x 16 on two SMs (A's rows past 12 and the last K tile ragged), against
+    float64."""
+    monkeypatch.setattr(mm._runtime, "num_sms", lambda index=0: 2)
+    monkeypatch.setattr(mm._runtime, "is_hopper", lambda index=0: True)
+    offered = []
+
+    def pick(name, key, configs, prepare, **timing):
+        offered.extend(configs)
+        return next(c for c in configs if c["KERNEL"] == "tma" and c.get("SPLIT_K", 1) > 1)
+    monkeypatch.setattr(mm._autotune, "pick", pick)
+    a = torch.randn(1, 12, 4104, dtype=dtype, device=DEVICE)
+    b = torch.randn(1, 4104, 16, dtype=dtype, device=DEVICE)
+    _check.replan(mm)
+    try:
+        c = mm.mm_impl(a, b, None, "none", False)[0]
+    finally:
+        _check.replan(mm)
+    tma = [c for c in offered if c["KERNEL"] == "tma"]
+    assert tma and all(c["BLOCK_N"] == 16 for c in tma), tma
+    assert_close(c, a.double() @ b.double(), dtype, "fwd", torch_out=a @ b)
 
 
 @pytest.mark.parametrize("kernel", ["tma", "ptr"])

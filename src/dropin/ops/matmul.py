@@ -23,8 +23,9 @@ from . import _autotune, _gemm
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op,
                         writing)
 from .activations import FROM_OUTPUT, activation_ref, check_activation, derivative_at, stores_preactivation
-from .matmul_configs import (ACCUMULATE_MAX_TILE, FMA_CONFIGS, PTR_CONFIGS, TMA_CONFIGS, TMA_ROUNDED_CONFIGS,
-                             TMA_SPLIT_CONFIGS, deep_split_configs, skinny_configs, tma_split_configs)
+from .matmul_configs import (ACCUMULATE_MAX_TILE, FMA_CONFIGS, PTR_CONFIGS, TMA_CONFIGS, TMA_NARROW_CONFIGS,
+                             TMA_ROUNDED_CONFIGS, TMA_SPLIT_CONFIGS, deep_split_configs, skinny_configs,
+                             tma_split_configs)
 from .matmul_kernels import act_grad_kernel, fma_kernel, mm_kernel, mm_tma_kernel, skinny_kernel, split_sum_kernel
 from .matmul_operands import aligned_copies_pay, copied_operands, operand_copies, split_copies_pay, tf32_copies_pay
 
@@ -323,7 +324,7 @@ def _make_plan(a, b, c, bias, z, activation, save_preact, tma, precision, traced
     else:
         ptr = not tma
     max_k = _gemm.max_k(precision, size)
-    tma_configs = TMA_SPLIT_CONFIGS if split else \
+    tma_configs = TMA_SPLIT_CONFIGS if split else TMA_NARROW_CONFIGS[size] if _autotune.bucket(N) <= 16 else \
         TMA_CONFIGS[size] + (TMA_ROUNDED_CONFIGS if precision in ("tf32_rounded", "tf32_rounded_b") else [])
     if accumulate:
         tma_configs = [c for c in tma_configs if c["BLOCK_M"] * c["BLOCK_N"] <= ACCUMULATE_MAX_TILE]

@@ -18,6 +18,10 @@ TMA_CONFIGS = {
         _cfg(128, 128, 64, 8, 2, WARP_SPECIALIZE=False), _cfg(128, 64, 32, 4, 4, WARP_SPECIALIZE=False),
         _cfg(64, 64, 64, 4, 3, WARP_SPECIALIZE=False), _cfg(64, 32, 64, 4, 3, WARP_SPECIALIZE=False)],
 }
+# The TMA kernel for products of at most 16 columns (16 x 2^20 @ 2^20 x 16), whose columns the tiles above would
+# fill with zeros (a 64 x 256 tile multiplies 16x the MMA work): 16 columns, long K tiles, A's rows past M never read.
+TMA_NARROW_CONFIGS = {size: [_cfg(64, 16, block_k, 4, stages, WARP_SPECIALIZE=False) for block_k, stages in tiles]
+                      for size, tiles in ((2, [(256, 4), (128, 6)]), (4, [(128, 4), (64, 6)]))}
 # The TMA kernel on tf32-rounded copies ("tf32_rounded"), beside TMA_CONFIGS[4]: 128 x 256 tiles in 3 stages with
 # C stored in halves (its fp32 tile whole would take 128 KB): 214 KB by compile_sm90.py, 246 KB where tiles are
 # split or rounded in registers too.
