@@ -12,7 +12,9 @@ CONFIGS = [at.config(64, 64, 32, 4, 3), at.config(32, 32, 32, 4, 2)]
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """An empty memory, an empty user cache in tmp_path/user and a shipped table in tmp_path/shipped."""
+    """An empty memory, an empty user cache in tmp_path/user and a shipped table in tmp_path/shipped; no screening
+    launch (`_once`) before the timing."""
+    monkeypatch.setattr(at, "_once", lambda prepare, config: 0.0)
     monkeypatch.setattr(at, "_memory", {})
     monkeypatch.setattr(at, "_disk", None)
     monkeypatch.setattr(at, "_CACHE_DIR", tmp_path / "user")
@@ -52,6 +54,20 @@ def test_tuning_times_every_candidate_and_saves_the_fastest(fresh, monkeypatch):
     assert at.pick("k", (3,), CONFIGS, None) == CONFIGS[1]
     saved = fresh / "user" / at._cache_file().name  # the patched folder, never the real user cache
     assert json.loads(saved.read_text())["k|3"] == CONFIGS[1]
+
+
+@pytest.mark.parametrize("fastest", [4.0, 0.4])
+def test_slow_candidates_screened_out_by_one_launch(fresh, monkeypatch, fastest):
+    """Where the fastest candidate's single launch takes SCREEN_MS or more, candidates over SCREEN times it are not
+    benchmarked (inf); below SCREEN_MS every candidate is."""
+    monkeypatch.setattr(at, "TUNING", True)
+    configs = [at.config(16 * i, 16, 16, 4, 2) for i in range(1, 5)]
+    once = dict(zip((16, 32, 48, 64), (fastest * 3, fastest, fastest * 1.4, fastest * 1.6)))
+    monkeypatch.setattr(at, "_once", lambda prepare, config: once[config["BLOCK_M"]])
+    timed = []
+    monkeypatch.setattr(at, "_time", lambda prepare, config, graph: timed.append(config["BLOCK_M"]) or 1.0)
+    assert at.pick("screen", (fastest,), configs, None) == configs[1 if fastest >= at.SCREEN_MS else 0]
+    assert timed == ([32, 48] if fastest >= at.SCREEN_MS else [16, 32, 48, 64])
 
 
 @pytest.mark.gpu

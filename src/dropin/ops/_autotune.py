@@ -14,6 +14,7 @@ import os
 import pathlib
 import threading
 
+import torch
 import triton
 
 from .. import _runtime
@@ -159,9 +160,38 @@ def _time(prepare, config, graph: bool) -> float:
         return float("inf")
 
 
+# Benchmarking a candidate launches it 16-30 times: where the fastest candidate's single launch takes over
+# SCREEN_MS, those whose single launch takes over SCREEN times it are not benchmarked (linear_cross_entropy's products
+# at a 128k vocabulary take 10-40 ms a launch, 20-30 candidates a key: minutes of tuning a first call).
+SCREEN, SCREEN_MS = 1.5, 1.0
+
+
+def _once(prepare, config) -> float:
+    """The ms of one launch of the candidate, after an untimed one (its module loaded); inf where it cannot run."""
+    try:
+        launch = prepare(config)
+        launch()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    except triton.runtime.errors.OutOfResources:
+        return float("inf")
+
+
+def _tuning_times(prepare, configs: list, graph: bool) -> list:
+    """Each candidate's benchmarked time (`_time`), inf for those that one launch each screens out (SCREEN)."""
+    once = [_once(prepare, c) for c in configs]
+    fastest = min(once)
+    return [_time(prepare, c, graph) if fastest < SCREEN_MS or t <= SCREEN * fastest else float("inf")
+            for c, t in zip(configs, once)]
+
+
 def pick(name: str, key: tuple, configs: list, prepare, graph: bool = False) -> dict:
     """The config for `key`: a remembered one if it is still a candidate, else (when tuning) the one whose
-    launch `prepare(config)` runs fastest, else configs[0]. While a CUDA graph is being captured nothing can
+    launch `prepare(config)` runs fastest (slow ones screened out by one launch each: SCREEN), else configs[0]. While a CUDA graph is being captured nothing can
     be timed, nor under `untimed`: configs[0], not remembered, so that the next call that may time tunes.
     graph: time the launches replayed in a CUDA graph, the GPU's time alone (the launch must be capture-safe), L2
     flushed before each; timed as eager calls, kernels shorter than their launch's host time (a decoding step's
@@ -179,7 +209,7 @@ def pick(name: str, key: tuple, configs: list, prepare, graph: bool = False) -> 
             _warm(prepare, configs)
             return config
         compile_ahead(lambda: _warm(prepare, configs))  # (the candidates compiled side by side, then timed)
-        times = [_time(prepare, c, graph) for c in configs]
+        times = _tuning_times(prepare, configs, graph)
         config = configs[min(range(len(configs)), key=times.__getitem__)]
         _save_disk(full_key, config)
     _memory[full_key] = config
