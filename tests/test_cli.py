@@ -27,16 +27,6 @@ def test_info_runs_as_a_module():
         assert key in out
 
 
-def test_bench_matmul_quick(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    rc = main(["bench", "matmul", "--quick", "--no-save", *FAST])
-    out = capsys.readouterr().out
-    assert "[PASSED]" in out or "[FAILED]" in out
-    assert rc == (1 if "[FAILED]" in out else 0)
-    assert not any(tmp_path.iterdir())  # --no-save
-    assert ("timings and speed-ups are not meaningful" in out) == _runtime.INTERPRET
-
-
 def test_bench_bmm_files_and_filter(tmp_path, capsys):
     rc = main(["bench", "bmm", "--quick", "--cases", "fp16", "--results-dir", str(tmp_path),
                "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"), *FAST])

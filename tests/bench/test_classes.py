@@ -1,6 +1,8 @@
 """Shape classes of `dropin bench matmul` and `dropin bench conv2d`: every class runs (scaled down) with its rows
 named, checked and measured; the per-class summary and its bars; `--class` selects; the full sizes fit each
 class's definition."""
+import contextlib
+import io
 import json
 import math
 
@@ -16,27 +18,27 @@ SUITES = {"matmul": matmul.MATMUL_CLASSES, "conv2d": conv2d.CONV2D_CLASSES}
 FAST = ["--quick", "--no-save", "--warmup", "1", "--rep", "1"]
 
 
-@pytest.fixture(scope="module", params=sorted(SUITES))
-def suite_run(request, tmp_path_factory):
-    """(suite, exit code, result file) of one run of every class, scaled down."""
-    path = tmp_path_factory.mktemp(request.param) / "result.json"
-    rc = main(["bench", request.param, *FAST, "--json", str(path)])
-    return request.param, rc, json.loads(path.read_text())
+@pytest.mark.parametrize("suite", sorted(SUITES))
+def test_every_class_runs_checked_and_summarized(suite, tmp_path, monkeypatch):
+    """One run of every class of the suite, scaled down (one run a suite: on the GPU it takes 60-110 s): each
+    class's rows named by its cases; dropin and torch ran, were checked against float64 and passed on every case;
+    each row has its peak memory (a number on the GPU) and dropin's row the bars; the per-class summaries in the
+    file; the exit code; --no-save writes nothing but the --json file; the interpreter's note."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "result.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["bench", suite, *FAST, "--json", str(path)])
+    result, out = json.loads(path.read_text()), out.getvalue()
+    assert list(tmp_path.iterdir()) == [path]  # --no-save
+    assert ("timings and speed-ups are not meaningful" in out) == _runtime.INTERPRET
 
-
-def test_every_class_has_rows_named_by_class(suite_run):
-    suite, _, result = suite_run
     expected = {c.name: {case.name for case in c.cases(quick=True)} for c in SUITES[suite]}
     got = {}
     for r in result["rows"]:
         got.setdefault(r["class"], set()).add(r["case"])
     assert got == expected and all(got.values())
 
-
-def test_every_row_is_checked_and_measured(suite_run):
-    """dropin and torch ran, were checked against float64 and passed on every case; each row has its peak memory
-    (a number on the GPU) and dropin's row the bars."""
-    _, rc, result = suite_run
     ran = [r for r in result["rows"] if r["provider"] in ("dropin", "torch")]
     assert ran and all(r["correct"] is True and math.isfinite(r["rel_err"]) for r in ran), \
         [(r["case"], r["provider"], r.get("error")) for r in ran if r["correct"] is not True]
@@ -45,11 +47,8 @@ def test_every_row_is_checked_and_measured(suite_run):
     ours = [r for r in ran if r["provider"] == "dropin"]
     assert all(r["bars"].keys() == {"speed", "memory"} for r in ours)
     assert all((r["bars"]["memory"] is None) == _runtime.INTERPRET for r in ours)
-    assert rc == 0
+    assert rc == 0 and "[FAILED]" not in out
 
-
-def test_class_summaries_in_the_file(suite_run):
-    suite, _, result = suite_run
     summaries = {s["class"]: s for s in result["classes"]}
     assert list(summaries) == [c.name for c in SUITES[suite]]
     for c in SUITES[suite]:
