@@ -70,30 +70,34 @@ SLOWEST_FIRST = (
 
 
 # test-gpu's tests that take longest, slowest first (seconds on an H200 beside the fuzz suite on the other GPU,
-# 2026-11-28: 97, 83, 78, 76, 55, 53, 52, 49, 40, 35 and 28-34). Its 3,066 tests take 6,470 s in all, 404 s on 16
-# workers evenly shared, and the run took 505 s: in file order these started late and ran past the others' ends.
-# conftest puts them first and `make test-gpu` hands items out in order (the Makefile's IN_ORDER).
+# 2026-11-28 18:56: 108, 99, 91, 85, 64, 58, 57, 56, 53, 49, 48 and 38-48). Its 3,150 tests took 8,045 s in all,
+# 503 s on 16 workers evenly shared; in file order these start late and run past the others' ends. conftest puts
+# them first and `make test-gpu` hands items out in order (the Makefile's IN_ORDER).
 TEST_GPU_LONGEST_FIRST = (
+    "tests/bench/test_classes.py::test_every_class_runs_checked_and_summarized",
     "tests/test_cli_inject.py::test_inject_bench_writes_rows",
-    "tests/test_modes.py::test_model_reduce_overhead",
+    "tests/inject/test_torchvision.py::test_maxvit_attention",
     "tests/bench/test_zoo.py::test_tiny_run_rows_resume_and_failures",
-    "tests/test_cli.py::test_bench_matmul_quick",
-    "tests/test_cli_inject.py::test_inject_bench_every_mode_runs",
-    "tests/bench/test_classes.py::test_every_class_has_rows_named_by_class",
-    "tests/test_cli_inject.py::test_inject_hf_models_full_size",
-    "tests/test_cli_inject.py::test_inject_generate_rows",
     "tests/test_cli_inject.py::test_rows_after_a_device_error_run_in_a_fresh_process",
     "tests/test_kernel_writes.py::test_kernels_write_only_their_outputs",
-    "tests/inject/test_torchvision.py::test_torchvision_resnet",
-    "tests/inject/test_hf_families.py::test_hf_convnext_layer_as_one_block",
-    "tests/bench/test_zoo.py::test_torchvision_inputs_fit_each_model",
-    "tests/inject/test_cvt.py::test_cvt_training_backward_matches_torch",
-    "tests/inject/test_timm.py::test_timm_convnext_block",
-    "tests/bench/test_attention_suite.py::test_quick_cases_pass",
+    "tests/test_cli_inject.py::test_inject_hf_models_full_size",
+    "tests/test_cli_inject.py::test_inject_generate_rows",
+    "tests/test_cli_inject.py::test_inject_bench_every_mode_runs",
     "tests/test_cli_inject.py::test_inject_train_curve_writes_the_losses",
-    "tests/test_cli_inject.py::test_inject_hf_models_verified",
-    "tests/inject/test_torchvision.py::test_training_mode_blocks_not_fused_and_backward_matches_torch",
-    "tests/test_modes.py::test_model_cuda_graph",
     "tests/test_cli_inject.py::test_inject_bench_llama_has_no_plain_graph_rows",
-    "tests/test_cli.py::test_bench_layer_suites_quick",  # (new: 14 torch.compile providers, not yet timed)
+    "tests/bench/test_zoo.py::test_torchvision_inputs_fit_each_model",
+    "tests/bench/test_attention_suite.py::test_quick_cases_pass",
+    "tests/test_modes.py::test_model_reduce_overhead",
+    "tests/inject/test_hf_families.py::test_hf_convnext_layer_as_one_block",
+    "tests/inject/test_timm.py::test_timm_convnext_block",
+    "tests/inject/test_cvt.py::test_cvt_training_backward_matches_torch",
+    "tests/test_cli_inject.py::test_failed_curve_still_writes_the_rows",
+    "tests/inject/test_torchvision.py::test_training_mode_blocks_not_fused_and_backward_matches_torch",
+    "tests/test_cli_inject.py::test_inject_hf_models_verified",
+    "tests/test_cli.py::test_bench_layer_suites_quick",
+    "tests/test_suites.py::test_slowest_first_names_slow_tests",
+    "tests/test_distributed.py::test_ddp_two_processes",
+    "tests/inject/test_torchvision.py::test_swin_window_attention",
+    "tests/test_modes.py::test_model_cuda_graph",
+    "tests/inject/test_torchvision.py::test_torchvision_resnet",
 )
