@@ -87,6 +87,16 @@ _DELTA_BLOCK_M = 64
 # of dS: in 16-bit dtypes O's rounding (fp16, 2 keys: dQ 5.1e-3 against 2.7e-4 with the exact delta), in fp32 the
 # two sums' orders (a row of one key, whose dS is 0: dQ 7.5e-7 against torch's 2.4e-7 on the H200, 2 x 32 keys
 # causal; probes/fuzz_repro.py). Few keys keep the pass cheap.
+# There the backward's probabilities are normalized by the backward's own row sums, not the forward's: each pass
+# recomputes the scores, and where its products round otherwise than the forward's (other tiles, orientation or
+# chunks), P = exp(s - m) / l with the forward's l is off on each row's largest probability by the two roundings'
+# difference, which a softmax's own sum cancels, and a delta summed from such P is off by (sum of P - 1) * dP.
+# Peaked rows of large scores (scale 1.5, head dim 32, 31 keys, a float mask: |s| up to ~30) took dK to 2.4x
+# torch's error on the H200 (GPU fuzz); on the CPU, the dK / dV pass's products rounded otherwise: dK 1.5x, dV
+# 1.9x; the forward's too (in chunks): dQ and dK 3.7x (test_backward_independent_of_forward_rounding). So the DELTA
+# pass writes its own 1 / l beside delta, which the dQ pass (the same tiles: the same scores) takes as stats, and
+# the dK / dV pass, whose tile mostly holds every key there (Lk <= BLOCK_N: SELF_NORM), sums its own l and delta
+# per query, as torch's softmax backward does (on a walk of several key tiles it takes the DELTA pass's).
 SHORT_KEYS = 64
 
 
@@ -172,12 +182,14 @@ def _signature(*tensors, traced: bool = False) -> tuple:
     return tuple(None if t is None else (t.shape, t.stride(), t.dtype, aligned(t, traced)) for t in tensors)
 
 
-def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta: dict, args: tuple,
+def _tuned(kernel, name: str, key: tuple, configs: list, grid, meta, args: tuple,
            traced: bool = False) -> Launch:
     """A launcher of `kernel` with the config that `_autotune.pick` chooses for `key` (timing launches on
-    `args` when tuning; traced: timing nothing, `_dispatch.plan`); grid(config) gives its grid."""
+    `args` when tuning; traced: timing nothing, `_dispatch.plan`); grid(config) gives its grid, meta (a dict, or a
+    function of the config giving one) the other constexprs."""
     def launcher(cfg):
-        return Launch(kernel, grid(cfg), dict(meta, **cfg), scratch=cfg["TMA"], traced=traced)
+        return Launch(kernel, grid(cfg), dict(meta(cfg) if callable(meta) else meta, **cfg), scratch=cfg["TMA"],
+                      traced=traced)
 
     def prepare(cfg):  # a launch to time: built once, so it is timed on its fast path
         launch = launcher(cfg)
@@ -311,33 +323,39 @@ def _bwd_plan(grad_out, q, k, v, mask, out, stats, delta, dq, dk, dv, is_causal:
         dq_configs = _candidates(_DQ_CONFIGS, q, Lq, Lk, tma, masked, chunk, "BLOCK_N")
         dkdv_strides = (*strides, *by_key.strides, *_strides(grad_out), *dk.stride(), *dv.stride())
         dq_strides = (*strides, *by_query.strides, *_strides(grad_out), *dq.stride())
+        short = Lk <= SHORT_KEYS
+        dkdv_meta = lambda c: dict(meta, SELF_NORM=short and Lk <= c["BLOCK_N"])  # noqa: E731
         launch_dkdv = _tuned(dkdv_kernel, "attention_dkdv", key, dkdv_configs,
-                             lambda c: (_runtime.cdiv(Lk, c["BLOCK_N"]), B * HK), meta,
+                             lambda c: (_runtime.cdiv(Lk, c["BLOCK_N"]), B * HK), dkdv_meta,
                              () if traced else (q, k, v, mask_t, by_key(mask_t), grad_out, stats, delta, dk, dv,
                                                 *fixed, qk_scale, scale, *dkdv_strides), traced=traced)
         launch_dq = _tuned(dq_kernel, "attention_dq", key, dq_configs,
                            lambda c: (_runtime.cdiv(Lq, c["BLOCK_M"]), B * H), meta,
                            () if traced else (q, k, v, mask_t, by_query(mask_t), grad_out, stats, delta, dq,
                                               *fixed, qk_scale, scale, *dq_strides), traced=traced)
-        if Lk <= SHORT_KEYS:
+        if short:
             # the dQ pass's tiles and warps (the same P and dP bit for bit: a row of one key gets dS = 0 exactly),
             # unpipelined: a range this short has a tile or two
             scores_delta = Launch(dq_kernel, launch_dq.grid, dict(launch_dq.constexprs, DELTA=True, num_stages=1),
                                   scratch=launch_dq.scratch, traced=traced)
 
             def launch_delta(out, grad_out, delta, q, k, v, m, summary, stats, qk_scale, scale):
-                scores_delta(q, k, v, m, summary, grad_out, stats, delta, absent(delta, traced), *fixed, qk_scale,
-                             scale, *dq_strides)
+                """delta, and the stats the dK / dV and dQ passes take: the forward's maxima and the DELTA pass's
+                own 1 / row sums (in the dq slot: `dq_kernel`)."""
+                own = torch.empty_like(stats)
+                scores_delta(q, k, v, m, summary, grad_out, stats, delta, own, *fixed, qk_scale, scale, *dq_strides)
+                return own
         else:
             rows_delta = Launch(delta_kernel, (_runtime.cdiv(Lq, _DELTA_BLOCK_M), B * H),
                                 dict(HEAD_DIM=E, BLOCK_D=_block_d(E), BLOCK_M=_DELTA_BLOCK_M), traced=traced)
 
             def launch_delta(out, grad_out, delta, q, k, v, m, summary, stats, qk_scale, scale):
                 rows_delta(out, grad_out, delta, *delta_fixed)
+                return stats
 
         def run(grad_out, q, k, v, m, out, stats, delta, dq, dk, dv, qk_scale, scale):
             summary = by_query(m)
-            launch_delta(out, grad_out, delta, q, k, v, m, summary, stats, qk_scale, scale)
+            stats = launch_delta(out, grad_out, delta, q, k, v, m, summary, stats, qk_scale, scale)
             launch_dkdv(q, k, v, m, by_key(m), grad_out, stats, delta, dk, dv, *fixed, qk_scale, scale, *dkdv_strides)
             launch_dq(q, k, v, m, summary, grad_out, stats, delta, dq, *fixed, qk_scale, scale, *dq_strides)
         return run

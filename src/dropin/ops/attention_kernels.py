@@ -313,10 +313,12 @@ def _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, st
                 stride_db, stride_dh, stride_dm, stride_dd, stride_mq, stride_mk,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, FULL: tl.constexpr,
                 PRECISION: tl.constexpr, TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+                BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, SELF_NORM: tl.constexpr):
     """dK, dV of one key tile summed over the query tiles [lo, hi) of head h, in the transposed orientation
     (rows are keys), so that P^T and dS^T feed the products as they come out of the score product. FULL: the
-    mask attends wholly on these tiles and is not read (as `_fwd_tiles`)."""
+    mask attends wholly on these tiles and is not read (as `_fwd_tiles`). SELF_NORM (the tile holds every key):
+    each query's probabilities are normalized by their own sum and delta = rowsum(P * dP) taken from them, as
+    torch's softmax backward does, instead of the row sum and delta that stats and delta hold."""
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)  # every lo is one (or its range is empty)
         offs_m, rows_m = _rows(start_m, Lq, BLOCK_M, EDGE)
@@ -332,15 +334,27 @@ def _dkdv_tiles(dk, dv, k, v, k_ptr, v_ptr, hk, rows_n, stride_kb, stride_kh, st
             st = _scores(kq, offs_m[None, :], offs_n[:, None], Lq, Lk,
                          mask_base, stride_mq, stride_mk, qk_scale, MASK, CAUSAL, EDGE)
         m = tl.load(stats_base + rows_m)
-        inv_l = tl.load(stats_base + Lq + rows_m)
-        pt = _exp(st - m[None, :], MASK, q_ptr.dtype.element_ty == tl.float32) * inv_l[None, :]
+        et = _exp(st - m[None, :], MASK, q_ptr.dtype.element_ty == tl.float32)
+        if SELF_NORM:
+            # this pass's own row sums: the forward's, of scores rounded otherwise, would leave each row's largest
+            # probability off by the two roundings' difference (a softmax's own sum cancels its rounding there).
+            # Key rows past Lk (copies of the last key) are out of the sums.
+            et = tl.where(offs_n[:, None] < Lk, et, 0.0)
+            l_t = tl.sum(et, 0)
+            pt = et * (1.0 / tl.where(l_t > 0.0, l_t, 1.0))[None, :]  # (a query with no key: et and P 0)
+        else:
+            pt = et * tl.load(stats_base + Lq + rows_m)[None, :]
         do = _tile(do_src, b, h, start_m, rows_m, stride_db, stride_dh, stride_dm, stride_dd,
                    HEAD_DIM, BLOCK_D, BLOCK_M, TMA)
         dv = dot_acc(dv, pt.to(do.dtype), do, PRECISION)
         dpt = _dot_t(v, v_ptr, b, hk, rows_n, stride_vb, stride_vh, stride_vn, stride_vd,
                      do, do_ptr, b, h, rows_m, stride_db, stride_dh, stride_dm, stride_dd, PRECISION, HEAD_DIM,
                      BLOCK_D, CHUNK)
-        dst = pt * (dpt - tl.load(delta_base + rows_m)[None, :])
+        if SELF_NORM:
+            delta = tl.sum(pt * dpt, 0)
+        else:
+            delta = tl.load(delta_base + rows_m)
+        dst = pt * (dpt - delta[None, :])
         dk = dot_acc(dk, dst.to(q.dtype), q, PRECISION)
     return dk, dv
 
@@ -354,10 +368,12 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, de
                  stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                  MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CHUNK: tl.constexpr, RANGE_ROWS: tl.constexpr):
+                 CHUNK: tl.constexpr, RANGE_ROWS: tl.constexpr, SELF_NORM: tl.constexpr = False):
     """Grid (key tiles, B * HK); dk and dv [B, HK, Lk, E], any strides. BLOCK_N is a multiple of BLOCK_M.
     Causal: query tiles before the key tile see none of it; those on the diagonal are EDGE tiles. With a mask,
-    ranges: the summary of the transposed mask (per key rows, the query tiles to skip, read or take wholly)."""
+    ranges: the summary of the transposed mask (per key rows, the query tiles to skip, read or take wholly).
+    SELF_NORM (Lk <= BLOCK_N: one key tile): the probabilities' row sums and delta from this pass's own scores
+    (`_dkdv_tiles`); stats' maxima only shift the exponents, delta is not read."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
     sm_scale = tl.cast(sm_scale, tl.float32)
     start_n = tl.program_id(0) * BLOCK_N
@@ -399,7 +415,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, de
                                  do_ptr, do_src, b, h, stats_ptr + 2 * row, delta_ptr + row, mask_base, Lq, Lk,
                                  qk_scale, stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh,
                                  stride_dm, stride_dd, stride_mq, stride_mk, MASK, CAUSAL, part != 1, part == 1,
-                                 PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M, CHUNK)
+                                 PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_M, CHUNK, SELF_NORM)
     offs_d = tl.arange(0, BLOCK_D)
     store_mask = (offs_n[:, None] < Lk) & (offs_d[None, :] < HEAD_DIM)
     n = offs_n[:, None].to(tl.int64)
@@ -412,7 +428,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, de
 
 
 @triton.jit
-def _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
+def _dq_tiles(dq, dsum, lsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
               stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, lo, hi, k_ptr, k_src, v_ptr,
               v_src, b, hk, mask_base, Lq, Lk, qk_scale,
               stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
@@ -420,8 +436,8 @@ def _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, s
               MASK: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, FULL: tl.constexpr,
               PRECISION: tl.constexpr, TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, DELTA: tl.constexpr):
-    """(dq, dsum): dQ of one query tile summed over the key tiles [lo, hi), or (DELTA) the row sums of P * dP
-    there instead; FULL as in `_dkdv_tiles`."""
+    """(dq, dsum, lsum): dQ of one query tile summed over the key tiles [lo, hi), or (DELTA, inv_l 1: p is
+    exp(s - m)) the row sums of p * dP and of p there instead; FULL as in `_dkdv_tiles`."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)  # every lo is one (or its range is empty)
         offs_n, rows_n = _rows(start_n, Lk, BLOCK_N, EDGE)
@@ -444,10 +460,11 @@ def _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, s
                     BLOCK_D, CHUNK)
         if DELTA:
             dsum += tl.sum(p * dp, 1)
+            lsum += tl.sum(p, 1)
         else:
             ds = p * (dp - delta[:, None])
             dq = dot_acc(dq, ds.to(k.dtype), k, PRECISION)
-    return dq, dsum
+    return dq, dsum, lsum
 
 
 @triton.jit
@@ -460,9 +477,11 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, delt
                MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CHUNK: tl.constexpr, RANGE_ROWS: tl.constexpr, DELTA: tl.constexpr = False):
-    """Grid (query tiles, B * H); dq [B, H, Lq, E], any strides. Key tiles as the forward walks them. DELTA: writes
-    delta = rowsum(P * dP) instead (dq untouched): the sum that rowsum(dO * O) stands for, without O's rounding
-    (`attention.SHORT_KEYS`)."""
+    """Grid (query tiles, B * H); dq [B, H, Lq, E], any strides. Key tiles as the forward walks them. DELTA: from
+    this pass's own scores, each row's sum l of exp(s - m) and delta = rowsum(P * dP) with P = exp(s - m) / l (the
+    sum that rowsum(dO * O) stands for, without O's rounding; `attention.SHORT_KEYS`): delta into delta_ptr, and
+    into dq_ptr, laid out as stats [B, H, 2, Lq], the maxima of stats and 1 / l, which the dQ pass on the same tiles
+    (the same scores bit for bit) then takes as its stats: its P sums to 1 over its own scores, as delta's does."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # (Inductor passes Python floats as fp64)
     sm_scale = tl.cast(sm_scale, tl.float32)
     start_m = tl.program_id(0) * BLOCK_M
@@ -479,14 +498,16 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, delt
     v_src = _source(v_ptr, B, HK, Lk, stride_vb, stride_vh, stride_vn, HEAD_DIM, BLOCK_D, BLOCK_N, TMA)
     row = bh.to(tl.int64) * Lq
     m = tl.load(stats_ptr + 2 * row + rows_m)
-    inv_l = tl.load(stats_ptr + 2 * row + Lq + rows_m)
     if DELTA:
+        inv_l = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
         delta = tl.zeros((BLOCK_M,), dtype=tl.float32)
     else:
+        inv_l = tl.load(stats_ptr + 2 * row + Lq + rows_m)
         delta = tl.load(delta_ptr + row + rows_m)
     mask_base = mask_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     dsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    lsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if MASK == "none":  # key tiles [0, full_hi) unmasked, [full_hi, hi) EDGE
         lo = 0
         full_lo = 0
@@ -496,14 +517,18 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, ranges_ptr, do_ptr, stats_ptr, delt
         lo, full_lo, full_hi, hi = query_tile_ranges(ranges_base, start_m, Lq, Lk, BLOCK_M, BLOCK_N, RANGE_ROWS)
     for part in tl.static_range(3):  # [lo, full_lo) EDGE, [full_lo, full_hi) attended wholly (FULL), [full_hi, hi) EDGE
         start, stop = _part(part, lo, full_lo, full_lo, full_hi, full_hi, hi)
-        dq, dsum = _dq_tiles(dq, dsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh, stride_qm, stride_qd,
-                             stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta, offs_m, start, stop, k_ptr,
-                             k_src, v_ptr, v_src, b, hk, mask_base, Lq, Lk, qk_scale, stride_kb, stride_kh,
-                             stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_mq, stride_mk,
-                             MASK, CAUSAL, part != 1, part == 1, PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK,
-                             DELTA)
+        dq, dsum, lsum = _dq_tiles(dq, dsum, lsum, q, do, q_ptr, do_ptr, h, rows_m, stride_qb, stride_qh,
+                                   stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd, m, inv_l, delta,
+                                   offs_m, start, stop, k_ptr, k_src, v_ptr, v_src, b, hk, mask_base, Lq, Lk,
+                                   qk_scale, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh,
+                                   stride_vn, stride_vd, stride_mq, stride_mk, MASK, CAUSAL, part != 1, part == 1,
+                                   PRECISION, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, CHUNK, DELTA)
     if DELTA:
-        tl.store(delta_ptr + row + offs_m, dsum, mask=offs_m < Lq)
+        in_rows = offs_m < Lq
+        inv = 1.0 / tl.where(lsum > 0.0, lsum, 1.0)  # (a row with no key: p, P and delta 0)
+        tl.store(delta_ptr + row + offs_m, dsum * inv, mask=in_rows)
+        tl.store(dq_ptr + 2 * row + offs_m, m, mask=in_rows)
+        tl.store(dq_ptr + 2 * row + Lq + offs_m, inv, mask=in_rows)
     else:
         offs_d = tl.arange(0, BLOCK_D)
         offs = (b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
