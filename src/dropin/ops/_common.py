@@ -70,10 +70,11 @@ def check_float(op: str, **tensors) -> None:
     op's input, whose dtype torch's kernels dispatch on) raises NotImplementedError, as torch's AT_DISPATCH
     (`"..." not implemented for 'Long'`, on CPU and CUDA alike; float64, which torch runs and dropin has no kernel
     for, too); a later one (a parameter) RuntimeError, as torch's mixed-dtype checks."""
-    for i, (name, t) in enumerate(tensors.items()):
+    error = NotImplementedError
+    for name, t in tensors.items():  # (no enumerate: Dynamo traces its polyfill on every call)
         if t is not None and t.dtype not in FLOAT_DTYPES:
-            error = NotImplementedError if i == 0 else RuntimeError
             raise error(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
+        error = RuntimeError
 
 
 def merge_dims(sizes, strides) -> list:

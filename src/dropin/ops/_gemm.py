@@ -262,10 +262,13 @@ def check_operands(op: str, **tensors) -> None:
     argument: mixed dtypes RuntimeError (torch's "expected m1 and m2 to have the same dtype"), then one dtype that
     is not fp16/bf16/fp32 NotImplementedError (`check_float`: cuBLAS's "addmm_cuda" not implemented for 'Int')."""
     _runtime.check_kernel_device(op, **tensors)
-    given = [(name, t) for name, t in tensors.items() if t is not None]
-    first, dtype = given[0][0], given[0][1].dtype
-    for name, t in given[1:]:
-        if t.dtype != dtype:
+    first = None  # (a loop, not a comprehension: Dynamo traces a comprehension as a call of its own)
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first, dtype = name, t.dtype
+        elif t.dtype != dtype:
             raise RuntimeError(f"{op}: expected '{first}' and '{name}' to have the same dtype, "
                                f"but got {dtype} and {t.dtype}")
-    check_float(op, **{first: given[0][1]})
+    check_float(op, **{first: tensors[first]})

@@ -377,8 +377,11 @@ class _LayerNormFunction(torch.autograd.Function):
 # --- 6. Public function ----------------------------------------------------------------------------------
 
 def _flat_param(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """weight / bias as one unit-stride dim (a copy only for a non-contiguous parameter, N elements)."""
-    return None if t is None else t.reshape(-1).contiguous()
+    """weight / bias as one unit-stride dim (a copy only for a non-contiguous parameter, N elements): a 1-D
+    unit-stride one as it is (no view: under torch.compile each is a node of the graph)."""
+    if t is None or t.dim() == 1 and t.stride(0) == 1:
+        return t
+    return t.reshape(-1).contiguous()
 
 
 def _check_layer_norm(input, normalized_shape, weight, bias) -> int:
@@ -387,8 +390,10 @@ def _check_layer_norm(input, normalized_shape, weight, bias) -> int:
     _runtime.check_kernel_device(op, input=input, weight=weight, bias=bias)
     check_float(op, input=input, weight=weight, bias=bias)
     shape = [normalized_shape] if isinstance(normalized_shape, int) else normalized_shape
-    if not (isinstance(shape, (list, tuple, torch.Size)) and len(shape) > 0 and all(
-            isinstance(s, int) and not isinstance(s, bool) for s in shape)):
+    valid = isinstance(shape, (list, tuple, torch.Size)) and len(shape) > 0
+    for s in shape if valid else ():  # (a loop, not all() of a generator: Dynamo traces each as a call)
+        valid = valid and isinstance(s, int) and not isinstance(s, bool)
+    if not valid:
         raise RuntimeError(f"{op}: expected 'normalized_shape' to be an int or a non-empty list of ints, "
                            f"but got {normalized_shape!r}")
     shape = list(shape)

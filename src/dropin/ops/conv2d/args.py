@@ -9,8 +9,14 @@ from .planning import conv_out_hw
 
 
 def _pair(op: str, value, name: str, positive: bool) -> tuple:
-    if type(value) is int and (value > 0 or not positive and value == 0):  # the common case, checked fast
+    # the common cases, an int and a module's pair of ints, checked in few steps (Dynamo traces each)
+    if type(value) is int and (value > 0 or not positive and value == 0):
         return value, value
+    if type(value) is tuple and len(value) == 2:
+        first, second = value
+        if type(first) is int and type(second) is int and (
+                first > 0 and second > 0 if positive else first >= 0 and second >= 0):
+            return value
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value, value)
     elif isinstance(value, (tuple, list)) and len(value) == 1:
