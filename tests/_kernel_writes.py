@@ -135,6 +135,7 @@ def traced(case: str = ""):
 
 
 _analysed: dict = {}
+_ttirs: dict = {}  # the TTIR text that `analyse` generated, by its key
 
 
 def analyse(kernel, kwargs: dict):
@@ -150,6 +151,7 @@ def analyse(kernel, kwargs: dict):
     try:
         if hasattr(wrap, "identify_accessed_tensors"):  # its own steps, without its catch-all fallback
             ttir, names = wrap.generate_ttir(kernel, kwargs, {})
+            _ttirs[key] = str(ttir)
             functions = wrap.ttir_to_functions(ttir)
             name = next(iter(functions))
             if kernel.fn.__name__ not in name:
@@ -323,8 +325,9 @@ def report() -> dict:
 
 def memo_report() -> dict:
     """torch's launch analysis as dropin memoizes it (`_runtime.memoize_launch_analysis`) on every recorded launch,
-    against torch's own steps (`analyse`): the launches whose written tensors differ, and the kernels whose repeated
-    call returned the first call's object (not a copy)."""
+    against torch's own steps (`analyse`): the launches whose written tensors differ, the kernels whose repeated
+    call returned the first call's object (not a copy), and, of the specializations that the memo's key takes as
+    one, how many joined another (`shared`) and the kernels whose joined ones generated different TTIR (`split`)."""
     import triton
     from torch._higher_order_ops import triton_kernel_wrap as wrap
 
@@ -351,9 +354,19 @@ def memo_report() -> dict:
             same_object.append(kernel.fn.__name__)
         seen.add(kernel)
     after = analysis.cache_info()
+    # the specializations that the memo's key takes as one (integers that are no constexprs by what Triton
+    # specializes them on) and the distinct TTIRs they generated: one a group
+    groups: dict = {}
+    for (kernel, arguments), text in _ttirs.items():
+        constexpr = {p.name: p.is_constexpr for p in kernel.params}
+        key = (kernel, tuple(a if len(a) == 3 else (a[0], _runtime._argument_key(a[1], constexpr.get(a[0], True)))
+                             for a in arguments))
+        groups.setdefault(key, []).append(text)
     return {"installed": True, "launches": len(launches), "kernels": len(seen), "mismatched": mismatched,
             "same_object": same_object, "misses": after["misses"] - before["misses"],
-            "hits": after["hits"] - before["hits"], "specializations": len(_analysed)}
+            "hits": after["hits"] - before["hits"], "specializations": len(_analysed),
+            "shared": sum(len(texts) - 1 for texts in groups.values()),
+            "split": sorted(k[0].fn.__name__ for k, texts in groups.items() if len(set(texts)) > 1)}
 
 
 if __name__ == "__main__":

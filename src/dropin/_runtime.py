@@ -117,9 +117,10 @@ def memoize_launch_analysis() -> None:
     wrap_triton launch writes: torch's analysis regenerates the TTIR for every launch, up to four times a launch in
     one compile (functionalization, Inductor's lowering and graph passes), 9.7 s a pass for ConvNeXt-tiny's 86
     launches on a 2-core CPU (a depthwise 7x7 launch 384 ms). Its result depends on the kernel, the tensors' dtypes
-    (torch compiles against `torch.empty(2, dtype)` stand-ins and 2 for each symbolic value) and the other
-    arguments' values: those key the memo, which returns a copy (its callers may change the result). Other kernels
-    than dropin's go straight to torch's; without the analysis (another torch) nothing changes."""
+    (torch compiles against `torch.empty(2, dtype)` stand-ins and 2 for each symbolic value), the constexprs' and
+    other arguments' values, and of an integer that is no constexpr only what Triton specializes it on: those key
+    the memo (`_argument_key`), which returns a copy (its callers may change the result). Other kernels than
+    dropin's go straight to torch's; without the analysis (another torch) nothing changes."""
     try:
         from torch._higher_order_ops import triton_kernel_wrap as wrap
     except ImportError:
@@ -152,8 +153,10 @@ def _memoized(analysis):
         if isinstance(kernel, triton.runtime.Autotuner):
             jit = kernel.fn
             arguments.update(kernel.configs[0].kwargs if kernel.configs else {})
+        constexpr = {p.name: p.is_constexpr for p in getattr(jit, "params", ())}
         try:
-            key = (jit, tuple(sorted((name, _argument_key(v)) for name, v in arguments.items())), repr(rest))
+            key = (jit, tuple(sorted((name, _argument_key(v, constexpr.get(name, True)))
+                                     for name, v in arguments.items())), repr(rest))
             result = cache.get(key)
         except Exception:  # noqa: BLE001 (an argument that cannot key: torch's own analysis decides)
             return analysis(kernel, kwargs, *rest)
@@ -170,14 +173,18 @@ def _memoized(analysis):
     return memo
 
 
-def _argument_key(value):
+def _argument_key(value, constexpr: bool = True):
     """What torch's TTIR generation reads of one launch argument: a tensor's dtype (a FakeTensor or Inductor's
-    TensorBox alike), nothing of a symbolic value, the value of anything else."""
+    TensorBox alike), nothing of a symbolic value, of an integer that is no constexpr what Triton specializes it on
+    (its type, i32, i64 or u64 by its range; divisibility by 16; 1), the value of anything else. (ConvNeXt-tiny's
+    TTIRs a compile: 27 -> 20; of its four depthwise 7x7 ones, 0.2-0.4 s each on a 2-core CPU, two.)"""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or type(value).__module__.startswith("sympy"):
         return ("symbolic",)
     ir = sys.modules.get("torch._inductor.ir")
     if isinstance(value, torch.Tensor) or ir is not None and isinstance(value, ir.IRNode):
         return ("tensor", str(value.dtype))
+    if type(value) is int and not constexpr:
+        return ("integer", -2**31 <= value < 2**31, -2**63 <= value < 2**63, value % 16 == 0, value == 1)
     return ("value", type(value).__name__, value)
 
 
