@@ -320,7 +320,7 @@ def report() -> dict:
     called = {r["op"].split("::")[1] for r in records if r["op"]}
     return {"records": records, "failed": failed, "uncalled": sorted(registered - called - OPAQUE),
             "without_case": sorted(set(ops.__all__) - NOT_OPS - OPAQUE - {c[0] for c in cases}),
-            "memo": memo_report()}
+            "memo": memo_report(), "source_memo": source_memo_report()}
 
 
 def memo_report() -> dict:
@@ -367,6 +367,42 @@ def memo_report() -> dict:
             "hits": after["hits"] - before["hits"], "specializations": len(_analysed),
             "shared": sum(len(texts) - 1 for texts in groups.values()),
             "split": sorted(k[0].fn.__name__ for k, texts in groups.items() if len(set(texts)) > 1)}
+
+
+def source_memo_report() -> dict:
+    """Inductor's collection of a kernel's source code as dropin memoizes it (`_runtime.memoize_kernel_source`), on
+    every Triton kernel of dropin's modules, against torch's own: the kernels whose source differs, the memo's
+    misses and hits over two calls a kernel, and whether a kernel whose helper Triton function is replaced in its
+    module (a global it reads) gets the new source."""
+    import triton
+    from torch._inductor.codegen import wrapper
+
+    from dropin import _runtime
+
+    _runtime.memoize_kernel_source()
+    memo = getattr(wrapper, _runtime._KERNEL_SOURCE, None)
+    if memo is None or not hasattr(memo, "__wrapped__"):
+        return {"installed": False}
+    own = memo.__wrapped__
+    kernels = {id(v): v for name, module in list(sys.modules.items()) if name.startswith("dropin.")
+               for v in vars(module).values() if isinstance(v, triton.runtime.JITFunction)}.values()
+    before = memo.cache_info()
+    mismatched = sorted({k.fn.__name__ for k in kernels for _ in range(2) if memo(k) != own(k)})
+    after = memo.cache_info()
+    kernel, name = next((k, n) for k in kernels for n in k.fn.__code__.co_names
+                        if isinstance(k.fn.__globals__.get(n), triton.runtime.JITFunction))
+    def stand_in(x):
+        return x
+
+    helper, old = kernel.fn.__globals__[name], memo(kernel)
+    kernel.fn.__globals__[name] = triton.jit(stand_in)
+    try:
+        replaced = memo(kernel) == own(kernel) != old
+    finally:
+        kernel.fn.__globals__[name] = helper
+    return {"installed": True, "kernels": len(kernels), "mismatched": mismatched,
+            "misses": after["misses"] - before["misses"], "hits": after["hits"] - before["hits"],
+            "replaced": replaced, "restored": memo(kernel) == old}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ with one). A launch fails where torch's analysis raises (Inductor then takes eve
 where a tensor it takes as written is, or shares storage with, an input of the registered op that does not
 declare it written (mutates_args: Inductor clones the input; under autograd a leaf that requires grad fails "in
 an in-place operation"), or where one tensor fills two of its slots (`_dispatch.absent`). dropin's memo of that
-analysis (`_runtime.memoize_launch_analysis`) gives torch's own results."""
+analysis (`_runtime.memoize_launch_analysis`) gives torch's own results, and its memo of Inductor's collection of a
+kernel's source code (`_runtime.memoize_kernel_source`) torch's own source."""
 import json
 import os
 import subprocess
@@ -56,3 +57,6 @@ def test_kernels_write_only_their_outputs():
     assert memo["misses"] <= memo["specializations"] and memo["hits"] >= memo["launches"] - memo["misses"], memo
     # (specializations that differ in integers Triton does not specialize on share an analysis: one TTIR)
     assert memo["shared"] > 0 and not memo["split"], memo
+    source = report["source_memo"]  # (kernel sources: torch's, one collection a kernel, a changed global seen)
+    assert source["installed"] and source["kernels"] > 20 and not source["mismatched"], source
+    assert source["misses"] == source["hits"] == source["kernels"] and source["replaced"] and source["restored"], source

@@ -360,6 +360,7 @@ class Launch:
         if self.traced:
             if _runtime.INTERPRET and any(is_fake(a) for a in args if isinstance(a, torch.Tensor)):
                 return  # the fake of an op (`torch_op`): only the outputs' metadata counts
+            _runtime.memoize_kernel_source()  # (Inductor's collection of kernel sources: once a process)
             # Inductor's launcher of a wrap_triton kernel takes every parameter: the defaults spelled out
             defaults = {p.name: p.default for p in getattr(self.kernel, "params", ())[len(args):]
                         if p.name not in self.constexprs and p.default is not inspect.Parameter.empty}
