@@ -632,7 +632,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     x, weight, bias = _gemm.autocast(x, weight, bias)  # (first: autocast accepts operands of different float dtypes)
     act = _checked.once((x, weight, bias), (activation,), lambda: _check_linear(x, weight, bias, activation))
     N = weight.shape[0] if weight.dim() == 2 else 1
-    b = None if bias is None else bias.reshape(N).contiguous()  # the kernels read bias with unit stride
+    # the kernels read bias with unit stride (a 1-D one passed as it is: no view node a call in traced graphs)
+    b = bias if bias is None or bias.dim() == 1 and bias.stride(0) == 1 else bias.reshape(N).contiguous()
     operands = (*_linear_operands(x, weight), b)
     c = canonical_product(*operands, act)
     y = c.view(*x.shape[:-1], N) if weight.dim() == 2 else c.view(x.shape[:-1])
