@@ -240,6 +240,37 @@ def test_narrow_tma_tiles(dtype, monkeypatch):
     assert_close(c, a.double() @ b.double(), dtype, "fwd", torch_out=a @ b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_matrix_vector_runs_transposed(dtype, monkeypatch):
+    """A matrix-vector product (one column, A's rows K-contiguous, no bias) of at least VECTOR_MATRIX_MIN elements of
+    A is planned as the vector-matrix product it transposes to (one row to the kernels), through the op and its
+    eager shortcut; batched, with an activation and the saved pre-activation, against float64. With a bias, or A
+    M-contiguous, it is planned as it comes."""
+    monkeypatch.setattr(mm, "VECTOR_MATRIX_MIN", 70 * 40)
+    planned, make_plan = [], mm._make_plan
+    monkeypatch.setattr(mm, "_make_plan", lambda a, b, *rest: planned.append((a.shape[1], b.shape[2]))
+                        or make_plan(a, b, *rest))
+    a = torch.randn(2, 70, 40, dtype=dtype, device=DEVICE)
+    b = torch.randn(2, 40, 1, dtype=dtype, device=DEVICE)
+    z_ref = torch.bmm(a.double(), b.double())
+    _check.replan(mm)
+    try:
+        c, z = mm.mm_impl(a, b, None, "silu", True)
+        assert planned == [(1, 70)] and c.shape == (2, 70, 1) and c.is_contiguous()
+        assert_close(z, z_ref, dtype, "fwd", torch_out=torch.bmm(a, b), what="pre-activation")
+        assert_close(c, torch.nn.functional.silu(z_ref), dtype, "fwd", what="output")
+        for _ in range(2):  # (the second call through the op's shortcut)
+            y = dropin.ops.matmul(a[0], b[0])
+            assert_close(y, z_ref[0], dtype, "fwd", torch_out=a[0] @ b[0], what="dropin.ops.matmul")
+        assert all(shape == (1, 70) for shape in planned)
+        planned.clear()
+        mm.mm_impl(a, b, torch.randn(1, dtype=dtype, device=DEVICE), "none", False)
+        mm.mm_impl(a.mT.contiguous().mT, b, None, "none", False)
+        assert planned == [(70, 1)] * 2
+    finally:
+        _check.replan(mm)
+
+
 @pytest.mark.parametrize("kernel", ["tma", "ptr"])
 def test_tf32x3(kernel, monkeypatch):
     """True fp32 as three tf32 products (the GPU's default for fp32 without TF32): the split of each operand
