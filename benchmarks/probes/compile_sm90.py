@@ -84,8 +84,9 @@ def matmul_cases(quick: bool, match: str = ""):
               for cfg in matmul.TMA_SPLIT_CONFIGS[:1 if quick else None]]
     cases += [("bf16", "ieee narrow", a_t, b_t, cfg) for a_t, b_t in ((False, False), (True, True))
               for cfg in matmul.TMA_NARROW_CONFIGS[2][:1 if quick else None]]
-    cases += [("fp32", p + " narrow", False, True, dict(cfg, BLOCK_K=min(cfg["BLOCK_K"], 256 if "rounded" in p else 32)))
-              for p in ("tf32x3", "tf32_rounded") for cfg in matmul.TMA_NARROW_CONFIGS[4][:1 if quick else None]]
+    cases += [("fp32", p + " narrow", False, True, dict(cfg, BLOCK_K=min(cfg["BLOCK_K"], k_max)))
+              for p, k_max in (("tf32x3", 32), ("tf32_rounded", 256))
+              for cfg in matmul.TMA_NARROW_CONFIGS[4][:1 if quick else None]]
     for dtype, precision, a_t, b_t, cfg in cases:
         if match and match not in f"{dtype} {precision}":
             continue

@@ -1,8 +1,8 @@
 """Every candidate config of the matmul kernels is right, whatever the tuner picks.
 
-The tuner is bypassed: each config of matmul_configs' `TMA_CONFIGS`, `PTR_CONFIGS`, `SKINNY_CONFIGS` and
-`FMA_CONFIGS` (split-K ones included) and `TMA_NARROW_CONFIGS` is forced on operands with ragged edges, with bias, activation and the saved
-pre-activation, in every operand layout.
+The tuner is bypassed: each config of matmul_configs' `TMA_CONFIGS`, `TMA_NARROW_CONFIGS`, `PTR_CONFIGS`,
+`SKINNY_CONFIGS` and `FMA_CONFIGS` (split-K ones included) is forced on operands with ragged edges, with bias,
+activation and the saved pre-activation, in every operand layout.
 Under the interpreter the TMA kernel runs too (tensor descriptors are emulated).
 """
 import pytest

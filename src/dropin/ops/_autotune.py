@@ -191,8 +191,9 @@ def _tuning_times(prepare, configs: list, graph: bool) -> list:
 
 def pick(name: str, key: tuple, configs: list, prepare, graph: bool = False) -> dict:
     """The config for `key`: a remembered one if it is still a candidate, else (when tuning) the one whose
-    launch `prepare(config)` runs fastest (slow ones screened out by one launch each: SCREEN), else configs[0]. While a CUDA graph is being captured nothing can
-    be timed, nor under `untimed`: configs[0], not remembered, so that the next call that may time tunes.
+    launch `prepare(config)` runs fastest (slow ones screened out by one launch each: SCREEN), else configs[0].
+    While a CUDA graph is being captured nothing can be timed, nor under `untimed`: configs[0], not remembered, so
+    that the next call that may time tunes.
     graph: time the launches replayed in a CUDA graph, the GPU's time alone (the launch must be capture-safe), L2
     flushed before each; timed as eager calls, kernels shorter than their launch's host time (a decoding step's
     products) are timed by the host."""
