@@ -1,7 +1,8 @@
 """Helpers shared by the ops: the versions of tensors that cached values are made from, memory formats (outputs in
 one, the format torch picks), and for the memory-bound ops (pooling, norms, softmax, activations, batch_norm) dtype
-checks, strided views and their merged dims, row and pixel tiles, the launch heuristics for row-wise kernels (whole
-rows, or long rows in chunks); the column sums of per-program fp32 partials (the norms' weight gradients)."""
+checks, per-channel parameters as unit-stride dims, strided views and their merged dims, row and pixel tiles, the
+launch heuristics for row-wise kernels (whole rows, or long rows in chunks); the column sums of per-program fp32
+partials (the norms' weight gradients)."""
 import torch
 import triton
 import triton.language as tl
@@ -75,6 +76,14 @@ def check_float(op: str, **tensors) -> None:
         if t is not None and t.dtype not in FLOAT_DTYPES:
             raise error(f"{op}: argument '{name}' has dtype {t.dtype}; dropin supports {FLOAT_DTYPES}")
         error = RuntimeError
+
+
+def flat_param(t):
+    """A per-channel parameter (weight, bias) as one unit-stride dim, a copy only for a strided one; a 1-D
+    unit-stride one as it is (no view: under torch.compile each view is a node of the graph); None for None."""
+    if t is None or t.dim() == 1 and t.stride(0) == 1:
+        return t
+    return t.reshape(-1).contiguous()
 
 
 def merge_dims(sizes, strides) -> list:

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import check_float, empty_in, is_channels_last, joint_dims, merge_dims, pixel, pixel_tiles
+from ._common import check_float, empty_in, flat_param, is_channels_last, joint_dims, merge_dims, pixel, pixel_tiles
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, shaped, switch, torch_op,
                         writing)
 
@@ -548,7 +548,7 @@ def batch_norm(input: torch.Tensor, running_mean: Optional[torch.Tensor], runnin
     if running_mean is not None and not (running_mean.is_contiguous() and running_var.is_contiguous()):
         raise RuntimeError("batch_norm: 'running_mean' and 'running_var' must be contiguous (they are updated in "
                            "place)")
-    w, b = (None if t is None else t.reshape(-1).contiguous() for t in (weight, bias))  # [C]: a copy only if strided
+    w, b = flat_param(weight), flat_param(bias)  # [C]
     args = (bool(training), float(momentum), float(eps))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
         y = _BatchNormFunction.apply(input, w, b, running_mean, running_var, *args)

@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from ._common import (check_float, chunk_config, column_sums_run, long_row, row_config, row_offsets, row_start,
-                      rows_or_copy)
+from ._common import (check_float, chunk_config, column_sums_run, flat_param, long_row, row_config, row_offsets,
+                      row_start, rows_or_copy)
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, shaped, switch, torch_op,
                         writing)
 
@@ -376,14 +376,6 @@ class _LayerNormFunction(torch.autograd.Function):
 
 # --- 6. Public function ----------------------------------------------------------------------------------
 
-def _flat_param(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """weight / bias as one unit-stride dim (a copy only for a non-contiguous parameter, N elements): a 1-D
-    unit-stride one as it is (no view: under torch.compile each is a node of the graph)."""
-    if t is None or t.dim() == 1 and t.stride(0) == 1:
-        return t
-    return t.reshape(-1).contiguous()
-
-
 def _check_layer_norm(input, normalized_shape, weight, bias) -> int:
     """layer_norm's argument checks; the number of normalized dims."""
     op = "layer_norm"
@@ -475,7 +467,7 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
         return shortcut(input, weight, bias)
     n_last = _checked.once((input, weight, bias), (normalized_shape,),
                            lambda: _check_layer_norm(input, normalized_shape, weight, bias))
-    w, b = _flat_param(weight), _flat_param(bias)
+    w, b = flat_param(weight), flat_param(bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
         y = _LayerNormFunction.apply(input, n_last, w, b, float(eps))
         _shortcuts.keep(key, lambda: _LayerNormShortcut.make(input, n_last, w, b, float(eps), key[0], weight, bias),

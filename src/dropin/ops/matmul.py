@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from .. import _runtime
 from . import _autotune, _gemm
+from ._common import flat_param
 from ._dispatch import (Checks, Differentiable, Launch, Shortcuts, absent, aligned, plan, switch, torch_op,
                         writing)
 from .activations import FROM_OUTPUT, activation_ref, check_activation, derivative_at, stores_preactivation
@@ -643,8 +644,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     x, weight, bias = _gemm.autocast(x, weight, bias)  # (first: autocast accepts operands of different float dtypes)
     act = _checked.once((x, weight, bias), (activation,), lambda: _check_linear(x, weight, bias, activation))
     N = weight.shape[0] if weight.dim() == 2 else 1
-    # the kernels read bias with unit stride (a 1-D one passed as it is: no view node a call in traced graphs)
-    b = bias if bias is None or bias.dim() == 1 and bias.stride(0) == 1 else bias.reshape(N).contiguous()
+    b = flat_param(bias)  # (the kernels read bias with unit stride)
     operands = (*_linear_operands(x, weight), b)
     c = canonical_product(*operands, act)
     y = c.view(*x.shape[:-1], N) if weight.dim() == 2 else c.view(x.shape[:-1])
